@@ -1,0 +1,16 @@
+//! pet-backend: the pet adoption interface (`openapi.yaml`) on SQLite.
+//!
+//! One module per concern: [`routes`] (what is served), [`api`] (handlers), [`pet`] and
+//! [`query`] (the interface's rules), [`store`] (SQLite), [`error`] (the Error body),
+//! [`server`] (connections and shutdown).
+
+pub mod api;
+pub mod error;
+pub mod pet;
+pub mod query;
+pub mod routes;
+pub mod server;
+pub mod store;
+
+pub use server::{run, shutdown_signal};
+pub use store::PetStore;

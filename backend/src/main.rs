@@ -1,0 +1,54 @@
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// The pet adoption backend: serves the interface on SQLite. Meant to sit behind pet-gateway,
+/// which authenticates and rate-limits; it does neither itself.
+#[derive(Parser)]
+#[command(name = "pet-backend", version)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "PET_BACKEND_LISTEN", default_value = "127.0.0.1:8081")]
+    listen: SocketAddr,
+    /// SQLite database file; its directory is created when missing.
+    #[arg(long, env = "PET_BACKEND_DB", default_value = "./data/pets.db")]
+    db: PathBuf,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("pet-backend: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let store = match backend::PetStore::open(&args.db) {
+            Ok(store) => store,
+            Err(e) => {
+                eprintln!("pet-backend: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let listener = match tokio::net::TcpListener::bind(args.listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("pet-backend: cannot listen on {}: {e}", args.listen);
+                return ExitCode::FAILURE;
+            }
+        };
+        tracing::info!(listen = %args.listen, db = %args.db.display(), "pet-backend serving");
+        backend::run(listener, store, backend::shutdown_signal()).await;
+        ExitCode::SUCCESS
+    })
+}
