@@ -52,11 +52,13 @@ impl ListQuery {
             }
             match slot {
                 0 => q.limit = parse_limit(&value)?,
-                1 => q.status = Some(PetStatus::parse(&value).ok_or_else(|| {
-                    ApiError::invalid_parameter(
+                1 => {
+                    q.status = Some(PetStatus::parse(&value).ok_or_else(|| {
+                        ApiError::invalid_parameter(
                         "query parameter `status` must be one of `available`, `pending`, `sold`",
                     )
-                })?),
+                    })?)
+                }
                 _ => {
                     q.after = parse_decimal(&value).filter(|&a| a >= 0).ok_or_else(|| {
                         ApiError::invalid_parameter(format!(

@@ -1,0 +1,90 @@
+//! The real `pet-backend` binary as an operator runs it: durability across SIGKILL, and a
+//! clean exit on SIGTERM that lets in-flight requests finish.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use e2e::{Backend, Process};
+use serde_json::{json, Value};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+#[test]
+fn a_201_survives_sigkill_right_after_the_response() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("pets.db");
+    let rt = runtime();
+    let client = reqwest::Client::new();
+
+    let mut created = Vec::new();
+    for round in 0..3 {
+        let backend = Backend::start(&db);
+        // Several creates, the last answered immediately before the kill: no time to flush.
+        for i in 0..5 {
+            let pet: Value = rt.block_on(async {
+                let resp = client
+                    .post(backend.url("/v1/pets"))
+                    .json(&json!({"name": format!("r{round}p{i}"), "categoryId": 1}))
+                    .send()
+                    .await
+                    .expect("create");
+                assert_eq!(resp.status(), 201);
+                resp.json().await.expect("pet")
+            });
+            created.push(pet);
+        }
+        backend.process.kill_hard();
+    }
+
+    let backend = Backend::start(&db);
+    for pet in &created {
+        let found: Value = rt.block_on(async {
+            let resp = client
+                .get(backend.url(&format!("/v1/pets/{}", pet["id"])))
+                .send()
+                .await
+                .expect("get");
+            assert_eq!(resp.status(), 200, "pet {pet} lost after SIGKILL");
+            resp.json().await.expect("pet")
+        });
+        assert_eq!(&found, pet);
+    }
+}
+
+#[test]
+fn sigterm_finishes_the_in_flight_request_then_exits_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::start(&dir.path().join("pets.db"));
+    let body = br#"{"name":"Drain","categoryId":1}"#;
+
+    let mut stream = TcpStream::connect(backend.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "POST /v1/pets HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    stream.write_all(&body[..4]).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+
+    backend.process.signal(15);
+    std::thread::sleep(Duration::from_millis(200));
+    stream.write_all(&body[4..]).unwrap();
+
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+
+    let code = Process::wait_exit(backend.process, Duration::from_secs(10));
+    assert_eq!(code, Some(0), "pet-backend exits 0 after draining");
+}
