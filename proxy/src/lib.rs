@@ -1,4 +1,9 @@
-//! pet-gateway: authentication, plan quotas and bans in front of pet-backend.
+//! pet-gateway: authentication, plan quotas and bans in front of pet-backend, on pingora.
 //!
-//! Not built yet: the gateway issue fills this crate. It exists now so the workspace has its
-//! final layout.
+//! One module per concern: [`config`] (file, environment and flags into one `Config`),
+//! [`plans`] and [`keys`] (the hand-edited files), [`auth`] (the bearer token), [`quota`] (the
+//! window arithmetic), [`store`] (where counts live), [`gateway`] (the pingora phases),
+//! [`reload`] (picking up edited files), [`server`] (assembling and running it all).
+
+pub mod quota;
+pub mod store;

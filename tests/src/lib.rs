@@ -139,3 +139,62 @@ impl Backend {
         format!("http://{}{path}", self.addr)
     }
 }
+
+/// A private `redis-server` on a free loopback port, with persistence off; killed on drop.
+pub struct RedisServer {
+    pub addr: SocketAddr,
+    pub process: Process,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        Self::start_at(free_addr())
+    }
+
+    /// Starts (or restarts, after a kill) a server on a given address.
+    pub fn start_at(addr: SocketAddr) -> RedisServer {
+        let process = Process::spawn(
+            "redis-server",
+            Command::new(redis_server_path())
+                .args(["--port", &addr.port().to_string()])
+                .args(["--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .args(["--loglevel", "warning"])
+                .stdout(Stdio::null()),
+        );
+        wait_for_listener(addr, Duration::from_secs(10));
+        RedisServer { addr, process }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://{}/", self.addr)
+    }
+}
+
+fn redis_server_path() -> PathBuf {
+    for dir in std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/local/bin")])
+    {
+        let candidate = dir.join("redis-server");
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    panic!("redis-server is not installed: run scripts/test, which installs it, or `apt-get install redis-server`")
+}
+
+/// Sleeps, if needed, so that at least `margin` seconds remain in the current UTC minute: tests
+/// that count within one minute window must not straddle two.
+pub fn fresh_minute(margin: Duration) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970");
+    let into_minute = Duration::from_millis((now.as_millis() % 60_000) as u64);
+    let left = Duration::from_secs(60) - into_minute;
+    if left < margin {
+        std::thread::sleep(left + Duration::from_millis(50));
+    }
+}

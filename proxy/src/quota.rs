@@ -1,0 +1,341 @@
+//! The quota rules, as plain arithmetic: fixed windows aligned to UTC (the minute and the UTC
+//! day), admission only when both windows have room, strikes for requests sent after a refusal,
+//! and escalating bans. The in-memory store runs exactly this code; the Redis script
+//! (`store/scripts.rs`) is its transcription to Lua, and the store behaviour suite holds the two
+//! to the same results.
+
+pub const MINUTE_SECS: u64 = 60;
+pub const DAY_SECS: u64 = 86_400;
+
+/// A plan's quotas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub per_minute: u64,
+    pub per_day: u64,
+}
+
+/// When a key that keeps sending after its 429s is banned, and for how long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BanPolicy {
+    /// Refused requests allowed inside one minute window; the next one starts a ban.
+    pub strikes: u64,
+    /// Ban lengths in seconds by level: the first ban is `durations[0]`, the next one longer, and
+    /// the last entry repeats.
+    pub durations: Vec<u64>,
+    /// A key whose last ban ended this many seconds ago starts again at the first level.
+    pub decay_secs: u64,
+}
+
+impl Default for BanPolicy {
+    fn default() -> Self {
+        BanPolicy {
+            strikes: 10,
+            durations: vec![60, 600, 3_600, 86_400],
+            decay_secs: DAY_SECS,
+        }
+    }
+}
+
+impl BanPolicy {
+    pub fn duration_for_level(&self, level: u64) -> u64 {
+        let last = self.durations.len().saturating_sub(1);
+        let index = usize::try_from(level).unwrap_or(usize::MAX).min(last);
+        self.durations.get(index).copied().unwrap_or(60)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Counted in both windows; forward the request.
+    Admitted,
+    /// A window is full; nothing was counted.
+    Limited,
+    /// The key is banned (possibly by this very request); nothing was counted.
+    Banned,
+}
+
+/// What a store answers for one request: enough to write every rate-limit header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    pub outcome: Outcome,
+    /// The store's clock, Unix seconds (Redis `TIME` in Redis mode).
+    pub now: u64,
+    /// Requests counted in the current minute and day windows, this one included if admitted.
+    pub minute_count: u64,
+    pub day_count: u64,
+    /// Unix second at which the ban ends; 0 when not banned.
+    pub ban_until: u64,
+}
+
+/// One API key's counters. Window numbers say which window a count belongs to, so a count from
+/// an older window reads as zero without anything having to reset it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyState {
+    pub minute_window: u64,
+    pub minute_count: u64,
+    pub day_window: u64,
+    pub day_count: u64,
+    pub strike_window: u64,
+    pub strikes: u64,
+    pub ban_until: u64,
+    pub ban_level: u64,
+    /// After this Unix second the ban level decays back to zero.
+    pub level_until: u64,
+}
+
+impl KeyState {
+    /// Decides one request at `now` and updates the counters.
+    pub fn acquire(&mut self, now: u64, limits: Limits, ban: &BanPolicy) -> Verdict {
+        let minute = now / MINUTE_SECS;
+        let day = now / DAY_SECS;
+        if self.minute_window != minute {
+            self.minute_window = minute;
+            self.minute_count = 0;
+        }
+        if self.day_window != day {
+            self.day_window = day;
+            self.day_count = 0;
+        }
+        let verdict = |outcome, s: &KeyState| Verdict {
+            outcome,
+            now,
+            minute_count: s.minute_count,
+            day_count: s.day_count,
+            ban_until: if s.ban_until > now { s.ban_until } else { 0 },
+        };
+        if self.ban_until > now {
+            return verdict(Outcome::Banned, self);
+        }
+        if self.minute_count < limits.per_minute && self.day_count < limits.per_day {
+            self.minute_count += 1;
+            self.day_count += 1;
+            return verdict(Outcome::Admitted, self);
+        }
+        if self.strike_window != minute {
+            self.strike_window = minute;
+            self.strikes = 0;
+        }
+        self.strikes += 1;
+        if self.strikes <= ban.strikes {
+            return verdict(Outcome::Limited, self);
+        }
+        if self.level_until <= now {
+            self.ban_level = 0;
+        }
+        self.ban_until = now + ban.duration_for_level(self.ban_level);
+        self.ban_level += 1;
+        self.level_until = self.ban_until + ban.decay_secs;
+        self.strikes = 0;
+        verdict(Outcome::Banned, self)
+    }
+
+    /// True when nothing in this state can matter any more: its day is over and no ban or ban
+    /// level is pending. Such entries are evicted to keep memory bounded.
+    pub fn is_idle(&self, now: u64) -> bool {
+        self.day_window < now / DAY_SECS && self.ban_until <= now && self.level_until <= now
+    }
+}
+
+/// The numbers behind the rate-limit headers of one response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateView {
+    pub limits: Limits,
+    pub now: u64,
+    pub minute_remaining: u64,
+    pub minute_reset: u64,
+    pub day_remaining: u64,
+    pub day_reset: u64,
+    /// The binding window, reported in `X-RateLimit-*`.
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset: u64,
+    /// Whole seconds, at least 1; only on refusals.
+    pub retry_after: Option<u64>,
+}
+
+impl RateView {
+    pub fn new(v: &Verdict, limits: Limits) -> RateView {
+        let minute_reset = (v.now / MINUTE_SECS + 1) * MINUTE_SECS;
+        let day_reset = (v.now / DAY_SECS + 1) * DAY_SECS;
+        let minute_remaining = limits.per_minute.saturating_sub(v.minute_count);
+        let day_remaining = limits.per_day.saturating_sub(v.day_count);
+        let minute = (limits.per_minute, minute_remaining, minute_reset);
+        let day = (limits.per_day, day_remaining, day_reset);
+        // The binding window has the fewest requests remaining, the minute on a tie; when a
+        // request is refused because both are full, the day binds: waiting for the minute would
+        // not help.
+        let day_binds = day_remaining < minute_remaining
+            || (v.outcome != Outcome::Admitted && day_remaining == 0);
+        let (limit, mut remaining, mut reset) = if day_binds { day } else { minute };
+        let retry_after = match v.outcome {
+            Outcome::Admitted => None,
+            Outcome::Limited => Some(reset.saturating_sub(v.now).max(1)),
+            Outcome::Banned => {
+                remaining = 0;
+                reset = v.ban_until.max(v.now + 1);
+                Some(reset - v.now)
+            }
+        };
+        RateView {
+            limits,
+            now: v.now,
+            minute_remaining,
+            minute_reset,
+            day_remaining,
+            day_reset,
+            limit,
+            remaining,
+            reset,
+            retry_after,
+        }
+    }
+
+    /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers).
+    pub fn policy_header(&self) -> String {
+        format!(
+            "\"minute\";q={};w={MINUTE_SECS}, \"day\";q={};w={DAY_SECS}",
+            self.limits.per_minute, self.limits.per_day
+        )
+    }
+
+    /// `RateLimit` (draft-ietf-httpapi-ratelimit-headers): remaining and seconds to reset.
+    pub fn ratelimit_header(&self) -> String {
+        format!(
+            "\"minute\";r={};t={}, \"day\";r={};t={}",
+            self.minute_remaining,
+            self.minute_reset - self.now,
+            self.day_remaining,
+            self.day_reset - self.now
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FREE: Limits = Limits {
+        per_minute: 60,
+        per_day: 1000,
+    };
+
+    #[test]
+    fn admits_up_to_the_minute_limit_then_refuses_without_counting() {
+        let ban = BanPolicy::default();
+        let mut s = KeyState::default();
+        let t0 = 1_000_020; // 20 s into a minute
+        for i in 1..=60 {
+            let v = s.acquire(t0, FREE, &ban);
+            assert_eq!(v.outcome, Outcome::Admitted);
+            let view = RateView::new(&v, FREE);
+            assert_eq!((view.limit, view.remaining), (60, 60 - i));
+        }
+        let v = s.acquire(t0 + 5, FREE, &ban);
+        assert_eq!(v.outcome, Outcome::Limited);
+        assert_eq!(v.day_count, 60, "refused requests do not count");
+        let view = RateView::new(&v, FREE);
+        assert_eq!(view.reset, 1_000_020 - 20 + 60);
+        assert_eq!(view.retry_after, Some(35));
+        // The next minute has room again.
+        assert_eq!(s.acquire(t0 + 40, FREE, &ban).outcome, Outcome::Admitted);
+    }
+
+    #[test]
+    fn the_day_binds_when_it_has_fewer_remaining() {
+        let limits = Limits {
+            per_minute: 100,
+            per_day: 5,
+        };
+        let mut s = KeyState::default();
+        let now = 10 * DAY_SECS + 3_600;
+        for _ in 0..5 {
+            assert_eq!(
+                s.acquire(now, limits, &BanPolicy::default()).outcome,
+                Outcome::Admitted
+            );
+        }
+        let v = s.acquire(now, limits, &BanPolicy::default());
+        assert_eq!(v.outcome, Outcome::Limited);
+        let view = RateView::new(&v, limits);
+        assert_eq!(
+            (view.limit, view.remaining, view.reset),
+            (5, 0, 11 * DAY_SECS)
+        );
+        assert_eq!(view.retry_after, Some(DAY_SECS - 3_600));
+    }
+
+    #[test]
+    fn strikes_past_the_threshold_ban_with_escalating_then_decaying_levels() {
+        let limits = Limits {
+            per_minute: 1,
+            per_day: 1000,
+        };
+        let ban = BanPolicy {
+            strikes: 2,
+            durations: vec![10, 100],
+            decay_secs: 1_000,
+        };
+        let mut s = KeyState::default();
+        let t = 600;
+        assert_eq!(s.acquire(t, limits, &ban).outcome, Outcome::Admitted);
+        assert_eq!(s.acquire(t, limits, &ban).outcome, Outcome::Limited);
+        assert_eq!(s.acquire(t, limits, &ban).outcome, Outcome::Limited);
+        let v = s.acquire(t, limits, &ban);
+        assert_eq!((v.outcome, v.ban_until), (Outcome::Banned, t + 10));
+        let view = RateView::new(&v, limits);
+        assert_eq!(
+            (view.remaining, view.reset, view.retry_after),
+            (0, t + 10, Some(10))
+        );
+        assert_eq!(s.acquire(t + 9, limits, &ban).outcome, Outcome::Banned);
+        // Ban over; a new minute has room.
+        assert_eq!(s.acquire(t + 60, limits, &ban).outcome, Outcome::Admitted);
+        // Second ban inside the decay period is longer.
+        for _ in 0..2 {
+            assert_eq!(s.acquire(t + 60, limits, &ban).outcome, Outcome::Limited);
+        }
+        assert_eq!(s.acquire(t + 60, limits, &ban).ban_until, t + 160);
+        // Third, still escalated: the last duration repeats.
+        let t2 = t + 240;
+        assert_eq!(s.acquire(t2, limits, &ban).outcome, Outcome::Admitted);
+        for _ in 0..2 {
+            s.acquire(t2, limits, &ban);
+        }
+        assert_eq!(s.acquire(t2, limits, &ban).ban_until, t2 + 100);
+        // After a quiet period longer than the decay the level starts over.
+        let t3 = t2 + 100 + 1_000 + 60;
+        assert_eq!(s.acquire(t3, limits, &ban).outcome, Outcome::Admitted);
+        for _ in 0..2 {
+            s.acquire(t3, limits, &ban);
+        }
+        assert_eq!(s.acquire(t3, limits, &ban).ban_until, t3 + 10);
+    }
+
+    #[test]
+    fn headers_are_formatted_per_the_draft() {
+        let v = Verdict {
+            outcome: Outcome::Admitted,
+            now: 120 + 18,
+            minute_count: 1,
+            day_count: 1,
+            ban_until: 0,
+        };
+        let view = RateView::new(&v, FREE);
+        assert_eq!(
+            view.policy_header(),
+            "\"minute\";q=60;w=60, \"day\";q=1000;w=86400"
+        );
+        assert_eq!(
+            view.ratelimit_header(),
+            "\"minute\";r=59;t=42, \"day\";r=999;t=86262"
+        );
+    }
+
+    #[test]
+    fn idle_states_are_those_of_past_days_without_bans() {
+        let mut s = KeyState::default();
+        s.acquire(DAY_SECS + 5, FREE, &BanPolicy::default());
+        assert!(!s.is_idle(DAY_SECS + 100));
+        assert!(s.is_idle(2 * DAY_SECS));
+    }
+}

@@ -1,0 +1,131 @@
+//! The embedded store: every key's [`KeyState`] in a sharded map in this process. Shards keep
+//! two worker threads from contending on one lock; idle entries (a past day, no ban pending) are
+//! swept out once a minute per shard, so memory follows the keys in use today, not every key
+//! ever seen.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+
+use super::{Ban, QuotaStore, StoreError};
+use crate::quota::{BanPolicy, KeyState, Limits, Verdict, MINUTE_SECS};
+
+const SHARDS: usize = 64;
+
+#[derive(Default)]
+struct Shard {
+    keys: HashMap<Box<str>, KeyState>,
+    swept_minute: u64,
+}
+
+pub struct MemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    clock: fn() -> u64,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::with_clock(unix_now)
+    }
+}
+
+impl MemoryStore {
+    pub fn new() -> MemoryStore {
+        Self::default()
+    }
+
+    /// For tests that need to move time: `clock` returns Unix seconds.
+    pub fn with_clock(clock: fn() -> u64) -> MemoryStore {
+        MemoryStore {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            clock,
+        }
+    }
+
+    /// Number of keys currently held (for tests and memory figures).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).keys.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn shard(&self, key_id: &str) -> &Mutex<Shard> {
+        // FNV-1a: cheap, and key ids are random already.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in key_id.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        &self.shards[(h % SHARDS as u64) as usize]
+    }
+}
+
+/// A poisoned shard only means another thread panicked mid-update of plain counters; the
+/// counters are still usable, so carry on rather than fail every later request.
+fn lock(m: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[async_trait]
+impl QuotaStore for MemoryStore {
+    async fn acquire(
+        &self,
+        key_id: &str,
+        limits: Limits,
+        ban: &BanPolicy,
+    ) -> Result<Verdict, StoreError> {
+        let now = (self.clock)();
+        let mut shard = lock(self.shard(key_id));
+        let minute = now / MINUTE_SECS;
+        if shard.swept_minute != minute {
+            shard.swept_minute = minute;
+            shard.keys.retain(|_, s| !s.is_idle(now));
+        }
+        let verdict = match shard.keys.get_mut(key_id) {
+            Some(state) => state.acquire(now, limits, ban),
+            None => {
+                let mut state = KeyState::default();
+                let verdict = state.acquire(now, limits, ban);
+                shard.keys.insert(key_id.into(), state);
+                verdict
+            }
+        };
+        Ok(verdict)
+    }
+
+    async fn lift_ban(&self, key_id: &str) -> Result<bool, StoreError> {
+        let now = (self.clock)();
+        let mut shard = lock(self.shard(key_id));
+        Ok(match shard.keys.get_mut(key_id) {
+            Some(state) if state.ban_until > now => {
+                state.ban_until = 0;
+                state.strikes = 0;
+                true
+            }
+            _ => false,
+        })
+    }
+
+    async fn ban_of(&self, key_id: &str) -> Result<Option<Ban>, StoreError> {
+        let now = (self.clock)();
+        let shard = lock(self.shard(key_id));
+        Ok(shard
+            .keys
+            .get(key_id)
+            .filter(|s| s.ban_until > now)
+            .map(|s| Ban {
+                key_id: key_id.to_owned(),
+                until: s.ban_until,
+            }))
+    }
+}

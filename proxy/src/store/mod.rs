@@ -1,0 +1,56 @@
+//! Where quota counters and bans live. One trait, two implementations with identical
+//! behaviour (the suite in `tests/store_behaviour.rs` runs the same tests against both):
+//!
+//! - [`MemoryStore`]: in this process; the embedded default for a single node.
+//! - [`RedisStore`]: in Redis, so that every gateway node shares one exact count.
+
+mod memory;
+mod redis;
+pub mod scripts;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use self::memory::MemoryStore;
+pub use self::redis::RedisStore;
+use crate::quota::{BanPolicy, Limits, Verdict};
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("quota store did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("quota store unreachable: {0}")]
+    Unavailable(String),
+    #[error("quota store answered something unexpected: {0}")]
+    Protocol(String),
+    #[error("invalid Redis URL: {0}")]
+    Config(String),
+}
+
+/// A ban as the admin commands show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ban {
+    pub key_id: String,
+    pub until: u64,
+}
+
+#[async_trait]
+pub trait QuotaStore: Send + Sync {
+    /// Decides one request of `key_id` (an API key's id, never the key) under `limits`:
+    /// refuses during a ban; admits and counts in both windows when both have room; otherwise
+    /// counts a strike and bans once the strikes pass the policy's threshold. Atomic: concurrent
+    /// calls for one key never admit more than the limits.
+    async fn acquire(
+        &self,
+        key_id: &str,
+        limits: Limits,
+        ban: &BanPolicy,
+    ) -> Result<Verdict, StoreError>;
+
+    /// Ends a key's ban now (and forgets its strikes); returns whether one was active.
+    async fn lift_ban(&self, key_id: &str) -> Result<bool, StoreError>;
+
+    /// The ban of `key_id`, if one is active.
+    async fn ban_of(&self, key_id: &str) -> Result<Option<Ban>, StoreError>;
+}

@@ -1,0 +1,379 @@
+//! One behaviour suite for every quota store: the same tests, instantiated per store by
+//! `store_suite!`, against the in-memory store and against a real `redis-server` started on a
+//! free loopback port. Whatever one store does, the other must do too.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use e2e::{fresh_minute, RedisServer};
+use proxy::quota::{BanPolicy, Limits, Outcome, RateView};
+use proxy::store::{MemoryStore, QuotaStore, RedisStore};
+
+/// A store under test, with whatever keeps it alive (the Redis process).
+struct Subject {
+    store: Arc<dyn QuotaStore>,
+    _redis: Option<RedisServer>,
+}
+
+fn memory() -> Subject {
+    Subject {
+        store: Arc::new(MemoryStore::new()),
+        _redis: None,
+    }
+}
+
+fn redis() -> Subject {
+    let server = RedisServer::start();
+    let store = RedisStore::new(&server.url(), "test", Duration::from_millis(500)).expect("store");
+    Subject {
+        store: Arc::new(store),
+        _redis: Some(server),
+    }
+}
+
+const NO_BANS: fn() -> BanPolicy = || BanPolicy {
+    strikes: u64::MAX / 2,
+    ..BanPolicy::default()
+};
+
+async fn admits_exactly_the_minute_limit_and_refusals_do_not_count(store: &dyn QuotaStore) {
+    fresh_minute(Duration::from_secs(10));
+    let limits = Limits {
+        per_minute: 5,
+        per_day: 100,
+    };
+    for i in 1..=5 {
+        let v = store.acquire("k1", limits, &NO_BANS()).await.unwrap();
+        assert_eq!(v.outcome, Outcome::Admitted, "request {i}");
+        assert_eq!((v.minute_count, v.day_count), (i, i));
+        assert_eq!(RateView::new(&v, limits).remaining, 5 - i);
+    }
+    for _ in 0..3 {
+        let v = store.acquire("k1", limits, &NO_BANS()).await.unwrap();
+        assert_eq!(v.outcome, Outcome::Limited);
+        assert_eq!(
+            (v.minute_count, v.day_count),
+            (5, 5),
+            "a refusal counts in neither window"
+        );
+        let view = RateView::new(&v, limits);
+        assert_eq!(view.reset, (v.now / 60 + 1) * 60);
+        assert_eq!(view.retry_after, Some(view.reset - v.now));
+        assert!(view.retry_after.unwrap() >= 1);
+    }
+}
+
+async fn the_day_window_binds_when_it_is_smaller(store: &dyn QuotaStore) {
+    let limits = Limits {
+        per_minute: 100,
+        per_day: 3,
+    };
+    for _ in 0..3 {
+        assert_eq!(
+            store
+                .acquire("k2", limits, &NO_BANS())
+                .await
+                .unwrap()
+                .outcome,
+            Outcome::Admitted
+        );
+    }
+    let v = store.acquire("k2", limits, &NO_BANS()).await.unwrap();
+    assert_eq!(v.outcome, Outcome::Limited);
+    let view = RateView::new(&v, limits);
+    assert_eq!(
+        (view.limit, view.remaining, view.reset),
+        (3, 0, (v.now / 86_400 + 1) * 86_400)
+    );
+}
+
+async fn concurrent_requests_never_exceed_the_limit(store: Arc<dyn QuotaStore>) {
+    fresh_minute(Duration::from_secs(15));
+    let limits = Limits {
+        per_minute: 50,
+        per_day: 1_000,
+    };
+    let tasks: Vec<_> = (0..300)
+        .map(|_| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                store
+                    .acquire("hot", limits, &NO_BANS())
+                    .await
+                    .unwrap()
+                    .outcome
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        if t.await.unwrap() == Outcome::Admitted {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 50);
+}
+
+async fn keys_are_counted_apart(store: &dyn QuotaStore) {
+    fresh_minute(Duration::from_secs(10));
+    let limits = Limits {
+        per_minute: 1,
+        per_day: 10,
+    };
+    assert_eq!(
+        store
+            .acquire("a", limits, &NO_BANS())
+            .await
+            .unwrap()
+            .outcome,
+        Outcome::Admitted
+    );
+    assert_eq!(
+        store
+            .acquire("a", limits, &NO_BANS())
+            .await
+            .unwrap()
+            .outcome,
+        Outcome::Limited
+    );
+    assert_eq!(
+        store
+            .acquire("b", limits, &NO_BANS())
+            .await
+            .unwrap()
+            .outcome,
+        Outcome::Admitted
+    );
+}
+
+async fn an_edited_limit_applies_to_the_next_request(store: &dyn QuotaStore) {
+    fresh_minute(Duration::from_secs(10));
+    let small = Limits {
+        per_minute: 2,
+        per_day: 100,
+    };
+    let large = Limits {
+        per_minute: 4,
+        per_day: 100,
+    };
+    for _ in 0..2 {
+        store.acquire("edit", small, &NO_BANS()).await.unwrap();
+    }
+    assert_eq!(
+        store
+            .acquire("edit", small, &NO_BANS())
+            .await
+            .unwrap()
+            .outcome,
+        Outcome::Limited
+    );
+    let v = store.acquire("edit", large, &NO_BANS()).await.unwrap();
+    assert_eq!((v.outcome, v.minute_count), (Outcome::Admitted, 3));
+}
+
+async fn strikes_past_the_threshold_ban_until_the_ban_ends(store: &dyn QuotaStore) {
+    fresh_minute(Duration::from_secs(15));
+    let limits = Limits {
+        per_minute: 1,
+        per_day: 100,
+    };
+    let ban = BanPolicy {
+        strikes: 3,
+        durations: vec![2, 30],
+        decay_secs: 3_600,
+    };
+    assert_eq!(
+        store.acquire("bad", limits, &ban).await.unwrap().outcome,
+        Outcome::Admitted
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            store.acquire("bad", limits, &ban).await.unwrap().outcome,
+            Outcome::Limited
+        );
+    }
+    assert_eq!(store.ban_of("bad").await.unwrap(), None);
+    let v = store.acquire("bad", limits, &ban).await.unwrap();
+    assert_eq!(v.outcome, Outcome::Banned);
+    assert_eq!(v.ban_until, v.now + 2);
+    let view = RateView::new(&v, limits);
+    assert_eq!(
+        (view.remaining, view.reset, view.retry_after),
+        (0, v.now + 2, Some(2))
+    );
+    let banned = store.ban_of("bad").await.unwrap().expect("ban visible");
+    assert_eq!(banned.until, v.ban_until);
+    // Still banned, whatever the request.
+    let again = store.acquire("bad", limits, &ban).await.unwrap();
+    assert_eq!(
+        (again.outcome, again.ban_until),
+        (Outcome::Banned, v.ban_until)
+    );
+    // The ban ends by itself.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    assert_eq!(store.ban_of("bad").await.unwrap(), None);
+    assert_ne!(
+        store.acquire("bad", limits, &ban).await.unwrap().outcome,
+        Outcome::Banned
+    );
+}
+
+async fn the_second_ban_is_longer(store: &dyn QuotaStore) {
+    fresh_minute(Duration::from_secs(10));
+    let limits = Limits {
+        per_minute: 0,
+        per_day: 100,
+    };
+    let ban = BanPolicy {
+        strikes: 1,
+        durations: vec![1, 40],
+        decay_secs: 3_600,
+    };
+    store.acquire("esc", limits, &ban).await.unwrap();
+    let first = store.acquire("esc", limits, &ban).await.unwrap();
+    assert_eq!(first.ban_until - first.now, 1);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    store.acquire("esc", limits, &ban).await.unwrap();
+    let second = store.acquire("esc", limits, &ban).await.unwrap();
+    assert_eq!(second.outcome, Outcome::Banned);
+    assert_eq!(second.ban_until - second.now, 40);
+}
+
+async fn lifting_a_ban_ends_it_now(store: &dyn QuotaStore) {
+    let limits = Limits {
+        per_minute: 0,
+        per_day: 100,
+    };
+    let ban = BanPolicy {
+        strikes: 0,
+        durations: vec![600],
+        decay_secs: 3_600,
+    };
+    assert_eq!(
+        store.acquire("lift", limits, &ban).await.unwrap().outcome,
+        Outcome::Banned
+    );
+    assert!(store.lift_ban("lift").await.unwrap());
+    assert_eq!(store.ban_of("lift").await.unwrap(), None);
+    assert!(
+        !store.lift_ban("lift").await.unwrap(),
+        "nothing left to lift"
+    );
+    assert!(!store.lift_ban("never-seen").await.unwrap());
+}
+
+macro_rules! store_suite {
+    ($($store:ident),*) => {$(
+        mod $store {
+            use super::*;
+
+            #[tokio::test]
+            async fn admits_exactly_the_minute_limit_and_refusals_do_not_count() {
+                super::admits_exactly_the_minute_limit_and_refusals_do_not_count(&*$store().store).await
+            }
+            #[tokio::test]
+            async fn the_day_window_binds_when_it_is_smaller() {
+                super::the_day_window_binds_when_it_is_smaller(&*$store().store).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn concurrent_requests_never_exceed_the_limit() {
+                let subject = $store();
+                super::concurrent_requests_never_exceed_the_limit(Arc::clone(&subject.store)).await
+            }
+            #[tokio::test]
+            async fn keys_are_counted_apart() {
+                super::keys_are_counted_apart(&*$store().store).await
+            }
+            #[tokio::test]
+            async fn an_edited_limit_applies_to_the_next_request() {
+                super::an_edited_limit_applies_to_the_next_request(&*$store().store).await
+            }
+            #[tokio::test]
+            async fn strikes_past_the_threshold_ban_until_the_ban_ends() {
+                super::strikes_past_the_threshold_ban_until_the_ban_ends(&*$store().store).await
+            }
+            #[tokio::test]
+            async fn the_second_ban_is_longer() {
+                super::the_second_ban_is_longer(&*$store().store).await
+            }
+            #[tokio::test]
+            async fn lifting_a_ban_ends_it_now() {
+                super::lifting_a_ban_ends_it_now(&*$store().store).await
+            }
+        }
+    )*};
+}
+
+store_suite!(memory, redis);
+
+/// Redis only: environments sharing one Redis never share counts, every key expires, and all
+/// of a key's state sits under its hash tag.
+#[tokio::test]
+async fn redis_prefixes_keep_environments_apart_and_keys_expire() {
+    fresh_minute(Duration::from_secs(10));
+    let server = RedisServer::start();
+    let production =
+        RedisStore::new(&server.url(), "pet:production", Duration::from_millis(500)).unwrap();
+    let staging =
+        RedisStore::new(&server.url(), "pet:staging", Duration::from_millis(500)).unwrap();
+    let limits = Limits {
+        per_minute: 2,
+        per_day: 100,
+    };
+    for _ in 0..2 {
+        staging.acquire("k", limits, &NO_BANS()).await.unwrap();
+    }
+    assert_eq!(
+        staging
+            .acquire("k", limits, &NO_BANS())
+            .await
+            .unwrap()
+            .outcome,
+        Outcome::Limited
+    );
+    let v = production.acquire("k", limits, &NO_BANS()).await.unwrap();
+    assert_eq!((v.outcome, v.minute_count), (Outcome::Admitted, 1));
+
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    keys.sort();
+    assert_eq!(keys, ["pet:production:quota:{k}", "pet:staging:quota:{k}"]);
+    for key in keys {
+        let ttl: i64 = ::redis::cmd("TTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(ttl > 0 && ttl <= 86_400, "{key} expires (ttl {ttl})");
+    }
+}
+
+/// Redis only: a dead Redis is an error within the deadline, never a hang.
+#[tokio::test]
+async fn redis_unreachable_fails_within_the_deadline() {
+    let addr = e2e::free_addr();
+    let store =
+        RedisStore::new(&format!("redis://{addr}/"), "t", Duration::from_millis(100)).unwrap();
+    let started = std::time::Instant::now();
+    let result = store
+        .acquire(
+            "k",
+            Limits {
+                per_minute: 1,
+                per_day: 1,
+            },
+            &NO_BANS(),
+        )
+        .await;
+    assert!(result.is_err(), "{result:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(600),
+        "took {:?}",
+        started.elapsed()
+    );
+}
