@@ -1,6 +1,7 @@
 use std::process::ExitCode;
 
+use clap::Parser;
+
 fn main() -> ExitCode {
-    eprintln!("pet-gateway is not built yet; run pet-backend directly (see README.md)");
-    ExitCode::FAILURE
+    proxy::commands::run(proxy::cli::Cli::parse())
 }

@@ -223,7 +223,8 @@ mod tests {
     fn admits_up_to_the_minute_limit_then_refuses_without_counting() {
         let ban = BanPolicy::default();
         let mut s = KeyState::default();
-        let t0 = 1_000_020; // 20 s into a minute
+        let minute_start = 60 * 16_667;
+        let t0 = minute_start + 20;
         for i in 1..=60 {
             let v = s.acquire(t0, FREE, &ban);
             assert_eq!(v.outcome, Outcome::Admitted);
@@ -234,7 +235,7 @@ mod tests {
         assert_eq!(v.outcome, Outcome::Limited);
         assert_eq!(v.day_count, 60, "refused requests do not count");
         let view = RateView::new(&v, FREE);
-        assert_eq!(view.reset, 1_000_020 - 20 + 60);
+        assert_eq!(view.reset, minute_start + 60);
         assert_eq!(view.retry_after, Some(35));
         // The next minute has room again.
         assert_eq!(s.acquire(t0 + 40, FREE, &ban).outcome, Outcome::Admitted);

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-pub use self::memory::MemoryStore;
+pub use self::memory::{unix_now as memory_now, MemoryStore};
 pub use self::redis::RedisStore;
 use crate::quota::{BanPolicy, Limits, Verdict};
 

@@ -1,0 +1,79 @@
+//! The command line: a stable contract that operators and tests script against.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::Overrides;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "pet-gateway",
+    version,
+    about = "Edge gateway for the pet adoption API"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway.
+    Serve(ServeArgs),
+    /// Validate the config, the plans and the keys file; exit non-zero naming what is wrong.
+    Check(ServeArgs),
+    /// Issue, list and revoke API keys.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Config file (TOML). Flags and environment variables override it.
+    #[arg(long, env = "PET_GATEWAY_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub overrides: Overrides,
+}
+
+/// Where the keys file and plans are: from `--config`, or given directly.
+#[derive(Debug, Args)]
+pub struct KeyFiles {
+    /// Config file naming the keys file and plans directory.
+    #[arg(long, env = "PET_GATEWAY_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The keys file (overrides the config file's).
+    #[arg(long, env = "PET_GATEWAY_KEYS_FILE", value_name = "PATH")]
+    pub keys_file: Option<PathBuf>,
+    /// The plans directory (overrides the config file's).
+    #[arg(long, env = "PET_GATEWAY_PLANS_DIR", value_name = "DIR")]
+    pub plans_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Create a key; prints it once, alone on the last line.
+    Issue {
+        #[command(flatten)]
+        files: KeyFiles,
+        /// Plan of the key: the name of a file in the plans directory.
+        #[arg(long)]
+        plan: String,
+        /// A label for people (customer, purpose).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// List keys (never the keys themselves).
+    List {
+        #[command(flatten)]
+        files: KeyFiles,
+    },
+    /// Revoke a key by id; a running gateway refuses it within seconds.
+    Revoke {
+        #[command(flatten)]
+        files: KeyFiles,
+        /// The key's id, as `keys list` shows it.
+        id: String,
+    },
+}

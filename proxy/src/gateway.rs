@@ -1,0 +1,423 @@
+//! The pingora phases, following pingora's own examples: every decision in `request_filter`,
+//! headers on the way in (`upstream_request_filter`) and out (`response_filter`), error bodies
+//! in `fail_to_proxy`, the access log in `logging`.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::upstreams::peer::HttpPeer;
+use pingora::{Error, ErrorSource, ErrorType, Result};
+use rand::RngCore;
+
+use crate::auth::{bearer_token, AuthFailure};
+use crate::catalog::Catalog;
+use crate::config::{Config, OnStoreError};
+use crate::keys::KeyInfo;
+use crate::quota::{BanPolicy, Limits, Outcome, RateView, Verdict};
+use crate::responses::{error_body, error_head, insert_rate_headers, ErrorCode, RateHeaders};
+use crate::store::{MemoryStore, QuotaStore};
+use crate::unauth::{UnauthDecision, UnauthLimiter};
+
+/// The operation a request is for: the only route label metrics and logs ever carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Route {
+    ListPets,
+    CreatePet,
+    GetPet,
+    ListOrders,
+    #[default]
+    Other,
+}
+
+impl Route {
+    pub fn of(method: &http::Method, path: &str) -> Route {
+        let get = method == http::Method::GET;
+        match path.strip_prefix("/v1") {
+            Some("/pets") if get => Route::ListPets,
+            Some("/pets") if method == http::Method::POST => Route::CreatePet,
+            Some("/store/orders") if get => Route::ListOrders,
+            Some(rest) if get => match rest.strip_prefix("/pets/") {
+                Some(id) if !id.is_empty() && !id.contains('/') => Route::GetPet,
+                _ => Route::Other,
+            },
+            _ => Route::Other,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Route::ListPets => "listPets",
+            Route::CreatePet => "createPet",
+            Route::GetPet => "getPet",
+            Route::ListOrders => "listOrders",
+            Route::Other => "other",
+        }
+    }
+}
+
+/// Per-request state, carried from phase to phase.
+#[derive(Default)]
+pub struct Ctx {
+    request_id: String,
+    route: Route,
+    key: Option<Arc<KeyInfo>>,
+    rate: Option<RateView>,
+    auth_failure: Option<AuthFailure>,
+    store_time: Option<Duration>,
+    store_degraded: bool,
+    upstream: Option<SocketAddr>,
+}
+
+pub struct Gateway {
+    catalog: Arc<Catalog>,
+    store: Arc<dyn QuotaStore>,
+    /// Counts on this node alone while the shared store fails (`on_store_error = "local"`).
+    fallback: MemoryStore,
+    on_store_error: OnStoreError,
+    ban: BanPolicy,
+    unauth: Arc<UnauthLimiter>,
+    upstreams: Vec<SocketAddr>,
+    next_upstream: AtomicUsize,
+    connect_timeout: Duration,
+    read_timeout: Duration,
+}
+
+impl Gateway {
+    pub fn new(
+        config: &Config,
+        catalog: Arc<Catalog>,
+        store: Arc<dyn QuotaStore>,
+        unauth: Arc<UnauthLimiter>,
+    ) -> Gateway {
+        Gateway {
+            catalog,
+            store,
+            fallback: MemoryStore::new(),
+            on_store_error: config.on_store_error,
+            ban: config.ban.clone(),
+            unauth,
+            upstreams: config.upstreams.clone(),
+            next_upstream: AtomicUsize::new(0),
+            connect_timeout: config.upstream_connect_timeout,
+            read_timeout: config.upstream_read_timeout,
+        }
+    }
+
+    /// Asks the store; when it fails, applies `on_store_error`. `Err(())` means: refuse (503).
+    async fn acquire(
+        &self,
+        key_id: &str,
+        limits: Limits,
+        ctx: &mut Ctx,
+    ) -> std::result::Result<Verdict, ()> {
+        let started = Instant::now();
+        let result = self.store.acquire(key_id, limits, &self.ban).await;
+        ctx.store_time = Some(started.elapsed());
+        let error = match result {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        ctx.store_degraded = true;
+        tracing::warn!(error = %error, key_id, mode = ?self.on_store_error, "quota store failed");
+        match self.on_store_error {
+            OnStoreError::Closed => Err(()),
+            OnStoreError::Open => Ok(Verdict {
+                outcome: Outcome::Admitted,
+                now: crate::store::memory_now(),
+                minute_count: 0,
+                day_count: 0,
+                ban_until: 0,
+            }),
+            OnStoreError::Local => {
+                // The day quota pauses: only this node's share of the minute is known.
+                let minute_only = Limits {
+                    per_minute: limits.per_minute,
+                    per_day: u64::MAX,
+                };
+                let mut v = self
+                    .fallback
+                    .acquire(key_id, minute_only, &self.ban)
+                    .await
+                    .map_err(|_| ())?;
+                v.day_count = 0;
+                Ok(v)
+            }
+        }
+    }
+
+    async fn refuse_unauthenticated(&self, session: &mut Session, ctx: &mut Ctx, why: AuthFailure) {
+        ctx.auth_failure = Some(why);
+        let ip = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(SocketAddr::ip)
+            .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        match self.unauth.check(ip, crate::store::memory_now()) {
+            UnauthDecision::Allowed(limit) => {
+                let body = error_body(401, ErrorCode::Unauthorized, why.message());
+                let mut head =
+                    error_head(401, body.len(), &ctx.request_id, RateHeaders::Simple(limit));
+                let _ = head.insert_header("www-authenticate", "Bearer");
+                write(session, head, body).await;
+            }
+            UnauthDecision::Refused { limit, retry_after } => {
+                let body = error_body(
+                    429,
+                    ErrorCode::RateLimited,
+                    "too many requests without a valid API key from this address",
+                );
+                let mut head =
+                    error_head(429, body.len(), &ctx.request_id, RateHeaders::Simple(limit));
+                let _ = head.insert_header("retry-after", retry_after);
+                write(session, head, body).await;
+            }
+        }
+    }
+}
+
+async fn write(session: &mut Session, head: ResponseHeader, body: bytes::Bytes) {
+    if let Err(e) = session.write_response_header(Box::new(head), false).await {
+        tracing::debug!(error = %e, "client went away before the response head");
+        return;
+    }
+    if let Err(e) = session.write_response_body(Some(body), true).await {
+        tracing::debug!(error = %e, "client went away before the response body");
+    }
+}
+
+/// Keeps a client's `X-Request-Id` when it is sane (short, visible ASCII), else makes one.
+fn request_id(req: &RequestHeader) -> String {
+    if let Some(v) = req.headers.get("x-request-id") {
+        let b = v.as_bytes();
+        if !b.is_empty() && b.len() <= 128 && b.iter().all(|c| c.is_ascii_graphic()) {
+            if let Ok(s) = v.to_str() {
+                return s.to_owned();
+            }
+        }
+    }
+    let mut raw = [0u8; 16];
+    rand::rng().fill_bytes(&mut raw);
+    hex::encode(raw)
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = Ctx;
+
+    fn new_ctx(&self) -> Ctx {
+        Ctx::default()
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        let req = session.req_header();
+        ctx.request_id = request_id(req);
+        ctx.route = Route::of(&req.method, req.uri.path());
+        let token = bearer_token(
+            req.headers
+                .get_all("authorization")
+                .iter()
+                .map(|v| v.as_bytes()),
+        );
+
+        // Read what this request needs from the current keys and plans, then let go of the
+        // snapshot before awaiting anything.
+        let found = {
+            let snapshot = self.catalog.snapshot();
+            token.and_then(|t| {
+                let key = snapshot.keys.lookup(t).ok_or(AuthFailure::Unknown)?;
+                Ok((
+                    Arc::clone(key),
+                    snapshot.plans.get(&key.plan).map(|p| p.limits),
+                ))
+            })
+        };
+        let (key, limits) = match found {
+            Ok(found) => found,
+            Err(why) => {
+                self.refuse_unauthenticated(session, ctx, why).await;
+                return Ok(true);
+            }
+        };
+        ctx.key = Some(Arc::clone(&key));
+        let Some(limits) = limits else {
+            // Reloads refuse keys whose plan is missing, so this is a bug, not an input error.
+            tracing::error!(key_id = %key.id, plan = %key.plan, "key's plan is missing");
+            let body = error_body(500, ErrorCode::Internal, "the key's plan is not configured");
+            write(
+                session,
+                error_head(500, body.len(), &ctx.request_id, RateHeaders::None),
+                body,
+            )
+            .await;
+            return Ok(true);
+        };
+
+        let verdict = match self.acquire(&key.id, limits, ctx).await {
+            Ok(v) => v,
+            Err(()) => {
+                let body = error_body(
+                    503,
+                    ErrorCode::Internal,
+                    "the rate-limit store is unavailable; try again shortly",
+                );
+                let mut head = error_head(503, body.len(), &ctx.request_id, RateHeaders::None);
+                let _ = head.insert_header("retry-after", 1);
+                write(session, head, body).await;
+                return Ok(true);
+            }
+        };
+        let view = RateView::new(&verdict, limits);
+        ctx.rate = Some(view);
+        let (code, message) = match verdict.outcome {
+            Outcome::Admitted => return Ok(false),
+            Outcome::Limited => (
+                ErrorCode::RateLimited,
+                "rate limit exceeded; retry after the number of seconds in Retry-After",
+            ),
+            Outcome::Banned => (
+                ErrorCode::ApiKeyBanned,
+                "this API key is temporarily banned for sending requests after being rate limited",
+            ),
+        };
+        let body = error_body(429, code, message);
+        let mut head = error_head(429, body.len(), &ctx.request_id, RateHeaders::Plan(&view));
+        let _ = head.insert_header("retry-after", view.retry_after.unwrap_or(1));
+        write(session, head, body).await;
+        Ok(true)
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+        let i = self.next_upstream.fetch_add(1, Ordering::Relaxed) % self.upstreams.len();
+        let addr = self.upstreams[i];
+        ctx.upstream = Some(addr);
+        let mut peer = HttpPeer::new(addr, false, String::new());
+        peer.options.connection_timeout = Some(self.connect_timeout);
+        peer.options.total_connection_timeout = Some(self.connect_timeout);
+        peer.options.read_timeout = Some(self.read_timeout);
+        peer.options.write_timeout = Some(self.read_timeout);
+        peer.options.idle_timeout = Some(Duration::from_secs(60));
+        Ok(Box::new(peer))
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream: &mut RequestHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        // The backend learns who is calling from the gateway, never from the client: the key
+        // stays here and client-sent identity headers are replaced.
+        upstream.remove_header("authorization");
+        if let Some(key) = &ctx.key {
+            upstream.insert_header("x-api-key-id", &*key.id)?;
+            upstream.insert_header("x-plan", &*key.plan)?;
+        }
+        upstream.insert_header("x-request-id", &ctx.request_id)?;
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if let Some(view) = &ctx.rate {
+            insert_rate_headers(upstream_response, RateHeaders::Plan(view));
+        }
+        upstream_response.insert_header("x-request-id", &ctx.request_id)?;
+        Ok(())
+    }
+
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        use ErrorType::*;
+        let (status, code, message) = match (e.esource(), e.etype()) {
+            (_, HTTPStatus(status)) if *status >= 400 && *status < 500 => (
+                *status,
+                ErrorCode::InvalidRequest,
+                "the request could not be processed",
+            ),
+            (ErrorSource::Upstream, ConnectTimedout | ReadTimedout | WriteTimedout) => (
+                504,
+                ErrorCode::GatewayTimeout,
+                "the backend did not answer in time",
+            ),
+            (ErrorSource::Upstream, _) | (_, ConnectRefused | ConnectNoRoute | ConnectError) => (
+                502,
+                ErrorCode::BadGateway,
+                "the backend could not be reached",
+            ),
+            (ErrorSource::Downstream, ReadError | WriteError | ConnectionClosed) => {
+                return FailToProxy {
+                    error_code: 0,
+                    can_reuse_downstream: false,
+                }
+            }
+            (ErrorSource::Downstream, _) => (
+                400,
+                ErrorCode::InvalidRequest,
+                "the request could not be read",
+            ),
+            _ => (
+                500,
+                ErrorCode::Internal,
+                "the gateway failed to handle the request",
+            ),
+        };
+        let body = error_body(status, code, message);
+        let rate = ctx
+            .rate
+            .as_ref()
+            .map_or(RateHeaders::None, RateHeaders::Plan);
+        let head = error_head(status, body.len(), &ctx.request_id, rate);
+        write(session, head, body).await;
+        FailToProxy {
+            error_code: status,
+            can_reuse_downstream: false,
+        }
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        tracing::info!(
+            target: "access",
+            request_id = %ctx.request_id,
+            route = ctx.route.as_str(),
+            key_id = ctx.key.as_ref().map(|k| &*k.id),
+            plan = ctx.key.as_ref().map(|k| &*k.plan),
+            auth_failure = ctx.auth_failure.map(AuthFailure::as_str),
+            status,
+            upstream = ctx.upstream.map(|a| a.to_string()),
+            store_us = ctx.store_time.map(|d| d.as_micros() as u64),
+            store_degraded = ctx.store_degraded,
+            error = e.map(|e| e.etype().as_str()),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_are_the_operation_names() {
+        let get = http::Method::GET;
+        assert_eq!(Route::of(&get, "/v1/pets"), Route::ListPets);
+        assert_eq!(Route::of(&http::Method::POST, "/v1/pets"), Route::CreatePet);
+        assert_eq!(Route::of(&get, "/v1/pets/42"), Route::GetPet);
+        assert_eq!(Route::of(&get, "/v1/store/orders"), Route::ListOrders);
+        for (m, p) in [
+            (&get, "/v1/pets/"),
+            (&get, "/v1/pets/1/x"),
+            (&get, "/admin"),
+            (&http::Method::DELETE, "/v1/pets"),
+        ] {
+            assert_eq!(Route::of(m, p), Route::Other, "{m} {p}");
+        }
+    }
+}

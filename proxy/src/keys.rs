@@ -1,0 +1,404 @@
+//! The keys file: which API keys exist, their plan, name and id. It holds only the SHA-256 hash
+//! of each key: whoever reads the file (or a backup of it) cannot use the keys. `keys issue`
+//! prints a new key once; nothing can print it again.
+//!
+//! Writes go through a lock file and an atomic rename, so two `keys` commands never lose each
+//! other's change and a running gateway never reads a half-written file.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::plans::Plans;
+
+/// Random bytes in a key: 256 bits, far beyond guessing.
+const KEY_BYTES: usize = 32;
+pub const KEY_PREFIX: &str = "pet_";
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeysError {
+    #[error("{}: cannot read: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: cannot write: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {message}", path.display())]
+    Invalid { path: PathBuf, message: String },
+    #[error("no plan `{plan}` (plans: {known}); add {plan}.toml to the plans directory first")]
+    UnknownPlan { plan: String, known: String },
+    #[error("no key with id `{0}`")]
+    NoSuchKey(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyRecord {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub plan: String,
+    /// Hex SHA-256 of the key.
+    pub sha256: String,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeysFile {
+    #[serde(default, rename = "key")]
+    pub keys: Vec<KeyRecord>,
+}
+
+/// What the gateway needs to know about a valid key on the hot path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyInfo {
+    pub id: Arc<str>,
+    pub plan: Arc<str>,
+}
+
+/// Active (not revoked) keys by the SHA-256 of the key.
+#[derive(Debug, Clone, Default)]
+pub struct KeyIndex {
+    by_hash: HashMap<[u8; 32], Arc<KeyInfo>>,
+}
+
+impl KeyIndex {
+    pub fn lookup(&self, token: &str) -> Option<&Arc<KeyInfo>> {
+        self.by_hash.get(&sha256(token))
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_hash.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_hash.is_empty()
+    }
+}
+
+pub fn sha256(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+impl KeysFile {
+    /// Reads the file; a file that does not exist yet holds no keys.
+    pub fn load(path: &Path) -> Result<KeysFile, KeysError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(KeysFile::default()),
+            Err(source) => {
+                return Err(KeysError::Read {
+                    path: path.to_owned(),
+                    source,
+                })
+            }
+        };
+        let file: KeysFile = toml::from_str(&text).map_err(|e| KeysError::Invalid {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        file.validate(path)?;
+        Ok(file)
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), KeysError> {
+        let invalid = |message: String| KeysError::Invalid {
+            path: path.to_owned(),
+            message,
+        };
+        let mut ids = HashSet::new();
+        let mut hashes = HashSet::new();
+        for (i, k) in self.keys.iter().enumerate() {
+            let at = format!("key #{} (id `{}`)", i + 1, k.id);
+            if k.id.is_empty() || !ids.insert(k.id.as_str()) {
+                return Err(invalid(format!("{at}: field `id` is empty or repeated")));
+            }
+            if k.sha256.len() != 64 || hex::decode(&k.sha256).is_err() {
+                return Err(invalid(format!(
+                    "{at}: field `sha256` must be 64 hex digits"
+                )));
+            }
+            if !hashes.insert(k.sha256.to_ascii_lowercase()) {
+                return Err(invalid(format!(
+                    "{at}: field `sha256` repeats another key's"
+                )));
+            }
+            if k.plan.is_empty() {
+                return Err(invalid(format!("{at}: field `plan` is empty")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every active key's plan must exist.
+    pub fn check_plans(&self, path: &Path, plans: &Plans) -> Result<(), KeysError> {
+        for k in self.keys.iter().filter(|k| k.revoked_at.is_none()) {
+            if !plans.contains(&k.plan) {
+                return Err(KeysError::Invalid {
+                    path: path.to_owned(),
+                    message: format!(
+                        "key `{}`: field `plan`: no plan `{}` in the plans directory (plans: {})",
+                        k.id,
+                        k.plan,
+                        plans.names().join(", ")
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub fn index(&self) -> KeyIndex {
+        let by_hash = self
+            .keys
+            .iter()
+            .filter(|k| k.revoked_at.is_none())
+            .filter_map(|k| {
+                let mut hash = [0u8; 32];
+                hex::decode_to_slice(&k.sha256, &mut hash).ok()?;
+                Some((
+                    hash,
+                    Arc::new(KeyInfo {
+                        id: k.id.as_str().into(),
+                        plan: k.plan.as_str().into(),
+                    }),
+                ))
+            })
+            .collect();
+        KeyIndex { by_hash }
+    }
+
+    fn save(&self, path: &Path) -> Result<(), KeysError> {
+        let write_err = |source| KeysError::Write {
+            path: path.to_owned(),
+            source,
+        };
+        let body = toml::to_string(self).map_err(|e| KeysError::Invalid {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        let tmp = path.with_extension("toml.tmp");
+        {
+            let mut f = private_file(&tmp).map_err(write_err)?;
+            f.write_all(
+                b"# Managed by `pet-gateway keys`: SHA-256 hashes of API keys, never the keys.\n\n",
+            )
+            .map_err(write_err)?;
+            f.write_all(body.as_bytes()).map_err(write_err)?;
+            f.sync_all().map_err(write_err)?;
+        }
+        std::fs::rename(&tmp, path).map_err(write_err)
+    }
+}
+
+#[cfg(unix)]
+fn private_file(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+}
+
+#[cfg(not(unix))]
+fn private_file(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+}
+
+/// Runs `change` on the keys file under an exclusive lock and saves the result.
+fn modify<T>(
+    path: &Path,
+    change: impl FnOnce(&mut KeysFile) -> Result<T, KeysError>,
+) -> Result<T, KeysError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| KeysError::Write {
+            path: dir.to_owned(),
+            source,
+        })?;
+    }
+    let lock_path = path.with_extension("toml.lock");
+    let lock = private_file(&lock_path).map_err(|source| KeysError::Write {
+        path: lock_path.clone(),
+        source,
+    })?;
+    lock.lock().map_err(|source| KeysError::Write {
+        path: lock_path,
+        source,
+    })?;
+    let mut file = KeysFile::load(path)?;
+    let out = change(&mut file)?;
+    file.save(path)?;
+    Ok(out)
+}
+
+/// Creates a key for `plan`; returns its record and the key itself (to be shown once).
+pub fn issue(
+    path: &Path,
+    plans: &Plans,
+    plan: &str,
+    name: Option<&str>,
+) -> Result<(KeyRecord, String), KeysError> {
+    if !plans.contains(plan) {
+        return Err(KeysError::UnknownPlan {
+            plan: plan.to_owned(),
+            known: plans.names().join(", "),
+        });
+    }
+    modify(path, |file| {
+        let mut rng = rand::rng();
+        let mut secret = [0u8; KEY_BYTES];
+        rng.fill_bytes(&mut secret);
+        let key = format!("{KEY_PREFIX}{}", hex::encode(secret));
+        let id = loop {
+            let mut raw = [0u8; 6];
+            rng.fill_bytes(&mut raw);
+            let id = format!("key_{}", hex::encode(raw));
+            if file.keys.iter().all(|k| k.id != id) {
+                break id;
+            }
+        };
+        let record = KeyRecord {
+            id,
+            name: name.map(str::to_owned),
+            plan: plan.to_owned(),
+            sha256: hex::encode(sha256(&key)),
+            created_at: rfc3339_now(),
+            revoked_at: None,
+        };
+        file.keys.push(record.clone());
+        Ok((record, key))
+    })
+}
+
+/// Marks a key revoked (the record stays, for the audit trail); the gateway refuses it from its
+/// next reload on.
+pub fn revoke(path: &Path, id: &str) -> Result<KeyRecord, KeysError> {
+    modify(path, |file| {
+        let record = file
+            .keys
+            .iter_mut()
+            .find(|k| k.id == id)
+            .ok_or_else(|| KeysError::NoSuchKey(id.to_owned()))?;
+        if record.revoked_at.is_none() {
+            record.revoked_at = Some(rfc3339_now());
+        }
+        Ok(record.clone())
+    })
+}
+
+fn rfc3339_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    rfc3339(secs)
+}
+
+/// UTC date-time for Unix seconds (civil-from-days, H. Hinnant's algorithm).
+pub fn rfc3339(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3_600,
+        rem % 3_600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plans(dir: &Path) -> Plans {
+        std::fs::write(
+            dir.join("free.toml"),
+            "requests_per_minute = 60\nrequests_per_day = 1000\n",
+        )
+        .unwrap();
+        Plans::load_dir(dir).unwrap()
+    }
+
+    #[test]
+    fn issued_keys_are_found_by_hash_and_never_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let plans = plans(dir.path());
+        let path = dir.path().join("keys.toml");
+        let (record, key) = issue(&path, &plans, "free", Some("demo")).unwrap();
+        assert!(key.starts_with(KEY_PREFIX) && key.len() == KEY_PREFIX.len() + 64);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            !text.contains(&key[KEY_PREFIX.len()..]),
+            "the key itself is not stored"
+        );
+        assert!(text.contains(&record.sha256));
+        let file = KeysFile::load(&path).unwrap();
+        let found = file.index().lookup(&key).cloned().unwrap();
+        assert_eq!((&*found.id, &*found.plan), (record.id.as_str(), "free"));
+        assert!(file.index().lookup("pet_not-a-key").is_none());
+    }
+
+    #[test]
+    fn revoked_keys_leave_the_index_but_stay_on_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let plans = plans(dir.path());
+        let path = dir.path().join("keys.toml");
+        let (a, key_a) = issue(&path, &plans, "free", None).unwrap();
+        let (_, key_b) = issue(&path, &plans, "free", None).unwrap();
+        revoke(&path, &a.id).unwrap();
+        let file = KeysFile::load(&path).unwrap();
+        assert_eq!(file.keys.len(), 2);
+        assert!(file.keys[0].revoked_at.is_some());
+        assert!(file.index().lookup(&key_a).is_none());
+        assert!(file.index().lookup(&key_b).is_some());
+        assert!(matches!(
+            revoke(&path, "key_nope"),
+            Err(KeysError::NoSuchKey(_))
+        ));
+    }
+
+    #[test]
+    fn unknown_plans_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let plans = plans(dir.path());
+        let err = issue(&dir.path().join("keys.toml"), &plans, "gold", None).unwrap_err();
+        assert!(err.to_string().contains("gold"), "{err}");
+        assert!(!dir.path().join("keys.toml").exists());
+    }
+
+    #[test]
+    fn dates_are_rfc3339_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_795_312_091), "2026-11-22T01:48:11Z");
+    }
+}

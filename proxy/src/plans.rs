@@ -1,0 +1,211 @@
+//! Plan files: one TOML file per plan in the plans directory, edited by hand. The plan's name is
+//! the file's name (`free.toml` is the plan `free`). Every field is checked by hand rather than
+//! by a derive, so that an error names the file and the field an operator has to fix.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::quota::Limits;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("{}: cannot read: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {message}", path.display())]
+    Invalid { path: PathBuf, message: String },
+    #[error("{}: holds no plan files (*.toml)", dir.display())]
+    Empty { dir: PathBuf },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub name: Arc<str>,
+    pub limits: Limits,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Plans {
+    by_name: HashMap<String, Arc<Plan>>,
+}
+
+const FIELDS: [&str; 3] = ["requests_per_minute", "requests_per_day", "description"];
+
+impl Plans {
+    /// Loads every `*.toml` in `dir` (hidden files and other extensions are ignored). Any bad
+    /// file fails the whole load, so a half-applied edit never takes effect.
+    pub fn load_dir(dir: &Path) -> Result<Plans, PlanError> {
+        let read_err = |source| PlanError::Read {
+            path: dir.to_owned(),
+            source,
+        };
+        let mut by_name = HashMap::new();
+        for entry in std::fs::read_dir(dir).map_err(read_err)? {
+            let path = entry.map_err(read_err)?.path();
+            let Some(name) = plan_name(&path) else {
+                continue;
+            };
+            let invalid = |message: String| PlanError::Invalid {
+                path: path.clone(),
+                message,
+            };
+            if !name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+            {
+                return Err(invalid(
+                    "a plan file's name must use only a-z, 0-9, '-' and '_'".into(),
+                ));
+            }
+            let text = std::fs::read_to_string(&path).map_err(|source| PlanError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            let limits = parse_limits(&text).map_err(invalid)?;
+            by_name.insert(
+                name.to_owned(),
+                Arc::new(Plan {
+                    name: name.into(),
+                    limits,
+                }),
+            );
+        }
+        if by_name.is_empty() {
+            return Err(PlanError::Empty {
+                dir: dir.to_owned(),
+            });
+        }
+        Ok(Plans { by_name })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<Plan>> {
+        self.by_name.get(name)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// Plan names, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.by_name.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        names
+    }
+}
+
+fn plan_name(path: &Path) -> Option<&str> {
+    let file = path.file_name()?.to_str()?;
+    if file.starts_with('.') || path.extension()? != "toml" {
+        return None;
+    }
+    path.file_stem()?.to_str()
+}
+
+fn parse_limits(text: &str) -> Result<Limits, String> {
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| format!("not valid TOML: {}", e.to_string().trim_end()))?;
+    if let Some(unknown) = table.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(format!(
+            "unknown field `{unknown}`; a plan has {}",
+            FIELDS.join(", ")
+        ));
+    }
+    if let Some(d) = table.get("description") {
+        if !d.is_str() {
+            return Err("field `description` must be a string".into());
+        }
+    }
+    let positive = |field: &str| -> Result<u64, String> {
+        match table.get(field) {
+            None => Err(format!("field `{field}` is missing")),
+            Some(toml::Value::Integer(n)) if *n >= 1 => Ok(*n as u64),
+            Some(v) => Err(format!(
+                "field `{field}` must be a whole number of requests, at least 1 (got {v})"
+            )),
+        }
+    };
+    Ok(Limits {
+        per_minute: positive("requests_per_minute")?,
+        per_day: positive("requests_per_day")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str) {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+
+    #[test]
+    fn loads_every_plan_file_and_ignores_other_files() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            "free.toml",
+            "requests_per_minute = 60\nrequests_per_day = 1000\n",
+        );
+        write(
+            dir.path(),
+            "acme-corp.toml",
+            "description = \"custom\"\nrequests_per_minute = 7\nrequests_per_day = 9\n",
+        );
+        write(dir.path(), "README.md", "not a plan");
+        write(dir.path(), ".free.toml.swp", "junk");
+        let plans = Plans::load_dir(dir.path()).unwrap();
+        assert_eq!(plans.names(), ["acme-corp", "free"]);
+        assert_eq!(
+            plans.get("free").unwrap().limits,
+            Limits {
+                per_minute: 60,
+                per_day: 1000
+            }
+        );
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_field() {
+        let cases = [
+            (
+                "requests_per_minute = \"60\"\nrequests_per_day = 1",
+                "`requests_per_minute`",
+            ),
+            (
+                "requests_per_minute = 0\nrequests_per_day = 1",
+                "`requests_per_minute`",
+            ),
+            ("requests_per_minute = 1", "`requests_per_day`"),
+            (
+                "requests_per_minute = 1\nrequests_per_day = -4",
+                "`requests_per_day`",
+            ),
+            (
+                "requests_per_minute = 1\nrequests_per_day = 4\nburst = 3",
+                "`burst`",
+            ),
+            ("requests_per_minute = = 1", "not valid TOML"),
+        ];
+        for (text, expected) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            write(dir.path(), "pro.toml", text);
+            let message = Plans::load_dir(dir.path()).unwrap_err().to_string();
+            assert!(message.contains("pro.toml"), "{message}");
+            assert!(message.contains(expected), "{text:?}: {message}");
+        }
+    }
+
+    #[test]
+    fn an_empty_directory_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            Plans::load_dir(dir.path()),
+            Err(PlanError::Empty { .. })
+        ));
+    }
+}
