@@ -198,3 +198,184 @@ pub fn fresh_minute(margin: Duration) {
         std::thread::sleep(left + Duration::from_millis(50));
     }
 }
+
+/// Writes a plan file `<name>.toml` into `dir`.
+pub fn write_plan(dir: &Path, name: &str, per_minute: u64, per_day: u64) {
+    std::fs::create_dir_all(dir).expect("plans dir");
+    std::fs::write(
+        dir.join(format!("{name}.toml")),
+        format!("requests_per_minute = {per_minute}\nrequests_per_day = {per_day}\n"),
+    )
+    .expect("write plan");
+}
+
+/// Runs `pet-gateway` with `args` to completion.
+pub fn gateway_cli(args: &[&str]) -> std::process::Output {
+    Command::new(bin_path("pet-gateway"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run pet-gateway")
+}
+
+/// Issues a key through the real CLI and returns it (the last line of its output).
+pub fn issue_key(keys_file: &Path, plans_dir: &Path, plan: &str) -> String {
+    let out = gateway_cli(&[
+        "keys",
+        "issue",
+        "--keys-file",
+        &keys_file.to_string_lossy(),
+        "--plans-dir",
+        &plans_dir.to_string_lossy(),
+        "--plan",
+        plan,
+    ]);
+    assert!(
+        out.status.success(),
+        "keys issue failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout.lines().last().expect("a key line").trim().to_owned()
+}
+
+/// How to start one gateway process; written to a config file the gateway reads.
+#[derive(Debug, Clone)]
+pub struct GatewaySpec {
+    pub environment: String,
+    pub upstreams: Vec<SocketAddr>,
+    pub redis_url: Option<String>,
+    pub key_prefix: String,
+    pub keys_file: PathBuf,
+    pub plans_dir: PathBuf,
+    /// More TOML for the config file (top-level keys first, then tables such as `[ban]`).
+    pub extra: String,
+}
+
+impl GatewaySpec {
+    pub fn new(upstream: SocketAddr, keys_file: &Path, plans_dir: &Path) -> GatewaySpec {
+        GatewaySpec {
+            environment: "test".to_owned(),
+            upstreams: vec![upstream],
+            redis_url: None,
+            key_prefix: "pet:test".to_owned(),
+            keys_file: keys_file.to_owned(),
+            plans_dir: plans_dir.to_owned(),
+            extra: String::new(),
+        }
+    }
+}
+
+/// A running `pet-gateway serve`; its log (standard error) goes to `log`.
+pub struct GatewayProcess {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub log: PathBuf,
+    pub config: PathBuf,
+    pub process: Process,
+}
+
+impl GatewayProcess {
+    pub fn start(dir: &Path, spec: &GatewaySpec) -> GatewayProcess {
+        let addr = free_addr();
+        let admin = free_addr();
+        let upstreams: Vec<String> = spec.upstreams.iter().map(|u| format!("\"{u}\"")).collect();
+        let mut toml = format!(
+            "environment = \"{}\"\nlisten = \"{addr}\"\nadmin_listen = \"{admin}\"\n\
+             upstreams = [{}]\nkey_prefix = \"{}\"\nkeys_file = \"{}\"\nplans_dir = \"{}\"\n",
+            spec.environment,
+            upstreams.join(", "),
+            spec.key_prefix,
+            spec.keys_file.display(),
+            spec.plans_dir.display(),
+        );
+        if let Some(url) = &spec.redis_url {
+            toml.push_str(&format!("redis_url = \"{url}\"\n"));
+        }
+        toml.push_str(&spec.extra);
+        let config = dir.join(format!("gateway-{}.toml", addr.port()));
+        std::fs::write(&config, toml).expect("write gateway config");
+        let log = dir.join(format!("gateway-{}.log", addr.port()));
+        let log_file = std::fs::File::create(&log).expect("gateway log file");
+        let process = Process::spawn(
+            "pet-gateway",
+            Command::new(bin_path("pet-gateway"))
+                .arg("serve")
+                .arg("--config")
+                .arg(&config)
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(log_file),
+        );
+        wait_for_listener(addr, Duration::from_secs(10));
+        GatewayProcess {
+            addr,
+            admin,
+            log,
+            config,
+            process,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// An upstream that answers every request with 200 and the request's head as the body, so tests
+/// can see exactly what the gateway forwarded. Thread per connection, keep-alive.
+pub struct EchoUpstream {
+    pub addr: SocketAddr,
+}
+
+impl EchoUpstream {
+    pub fn start() -> EchoUpstream {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind echo upstream");
+        let addr = listener.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().expect("clone stream"));
+                    let mut writer = stream;
+                    loop {
+                        let mut head = String::new();
+                        let mut length = 0usize;
+                        loop {
+                            let mut line = String::new();
+                            match reader.read_line(&mut line) {
+                                Ok(0) | Err(_) => return,
+                                Ok(_) => {}
+                            }
+                            if let Some(v) =
+                                line.to_ascii_lowercase().strip_prefix("content-length:")
+                            {
+                                length = v.trim().parse().unwrap_or(0);
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                            head.push_str(&line);
+                        }
+                        let mut body = vec![0u8; length];
+                        if reader.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        let response = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{head}",
+                            head.len()
+                        );
+                        if writer.write_all(response.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        EchoUpstream { addr }
+    }
+}

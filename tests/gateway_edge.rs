@@ -1,0 +1,444 @@
+//! The gateway at its edges, end to end with real processes: who gets in (401 and the per-IP
+//! limit), what reaches the backend, hot reload of keys and plans, a lost backend, and the
+//! `check` command on the shipped configs.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use e2e::{
+    fresh_minute, gateway_cli, issue_key, write_plan, Backend, EchoUpstream, GatewayProcess,
+    GatewaySpec,
+};
+use serde_json::Value;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
+    resp.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    plans: PathBuf,
+    keys: PathBuf,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let plans = dir.path().join("plans");
+    write_plan(&plans, "free", 60, 1000);
+    let keys = dir.path().join("keys.toml");
+    Setup { dir, plans, keys }
+}
+
+async fn expect_401(resp: reqwest::Response) {
+    assert_eq!(resp.status(), 401);
+    assert_eq!(header(&resp, "www-authenticate").as_deref(), Some("Bearer"));
+    assert_eq!(
+        header(&resp, "content-type").as_deref(),
+        Some("application/json")
+    );
+    for h in [
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+    ] {
+        assert!(header(&resp, h).is_some(), "401 carries {h}");
+    }
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["code"], "unauthorized");
+    assert_eq!(body["status"], 401);
+}
+
+#[tokio::test]
+async fn missing_malformed_unknown_and_revoked_keys_get_401_and_are_never_forwarded() {
+    let s = setup();
+    let key = issue_key(&s.keys, &s.plans, "free");
+    let revoked = issue_key(&s.keys, &s.plans, "free");
+    let list = gateway_cli(&["keys", "list", "--keys-file", &s.keys.to_string_lossy()]);
+    let listing = String::from_utf8_lossy(&list.stdout).to_string();
+    assert!(
+        !listing.contains(&key[4..]) && !listing.contains(&revoked[4..]),
+        "keys list never shows keys"
+    );
+    let revoked_id = listing
+        .lines()
+        .nth(2)
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    let out = gateway_cli(&[
+        "keys",
+        "revoke",
+        "--keys-file",
+        &s.keys.to_string_lossy(),
+        &revoked_id,
+    ]);
+    assert!(out.status.success());
+
+    // Nothing listens upstream: a forwarded request would be a 502, not a 401.
+    let nowhere = e2e::free_addr();
+    let gw = GatewayProcess::start(s.dir.path(), &GatewaySpec::new(nowhere, &s.keys, &s.plans));
+    let client = reqwest::Client::new();
+    let url = gw.url("/v1/pets");
+    expect_401(client.get(&url).send().await.unwrap()).await;
+    for value in ["Basic dXNlcjpwYXNz", "Bearer", "Bearer a b", "Token abc"] {
+        expect_401(
+            client
+                .get(&url)
+                .header("authorization", value)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+    }
+    expect_401(
+        client
+            .get(&url)
+            .bearer_auth("pet_0000")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    expect_401(client.get(&url).bearer_auth(&revoked).send().await.unwrap()).await;
+    // The valid key does get forwarded (and fails upstream).
+    assert_eq!(
+        client
+            .get(&url)
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        502
+    );
+    // No key material in the log.
+    let log = gw.log_text();
+    assert!(
+        !log.contains(&key[4..]) && !log.contains(&revoked[4..]),
+        "the log never holds a key"
+    );
+}
+
+#[tokio::test]
+async fn unauthenticated_requests_are_limited_per_address() {
+    let s = setup();
+    let mut spec = GatewaySpec::new(e2e::free_addr(), &s.keys, &s.plans);
+    spec.extra = "unauthenticated_per_minute = 3\n".into();
+    let gw = GatewayProcess::start(s.dir.path(), &spec);
+    let client = reqwest::Client::new();
+    for remaining in [2, 1, 0] {
+        let resp = client
+            .get(gw.url("/v1/pets"))
+            .bearer_auth("pet_guess")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 401);
+        assert_eq!(header(&resp, "x-ratelimit-limit").as_deref(), Some("3"));
+        assert_eq!(
+            header(&resp, "x-ratelimit-remaining"),
+            Some(remaining.to_string())
+        );
+    }
+    let resp = client
+        .get(gw.url("/v1/pets"))
+        .bearer_auth("pet_guess")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 429);
+    let retry: u64 = header(&resp, "retry-after").unwrap().parse().unwrap();
+    assert!((1..=20).contains(&retry), "{retry}");
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["code"], "rate_limited");
+}
+
+#[tokio::test]
+async fn the_backend_gets_identity_headers_instead_of_the_key() {
+    let s = setup();
+    let key = issue_key(&s.keys, &s.plans, "free");
+    let echo = EchoUpstream::start();
+    let gw = GatewayProcess::start(
+        s.dir.path(),
+        &GatewaySpec::new(echo.addr, &s.keys, &s.plans),
+    );
+    let client = reqwest::Client::new();
+    let resp = client
+        .get(gw.url("/v1/pets"))
+        .bearer_auth(&key)
+        .header("x-request-id", "trace-123")
+        .header("x-api-key-id", "forged")
+        .header("x-plan", "enterprise")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "x-request-id").as_deref(), Some("trace-123"));
+    let seen = resp.text().await.unwrap().to_ascii_lowercase();
+    assert!(!seen.contains("authorization"), "{seen}");
+    assert!(!seen.contains(&key[4..]), "{seen}");
+    assert!(seen.contains("x-api-key-id: key_"), "{seen}");
+    assert!(
+        !seen.contains("forged") && !seen.contains("x-plan: enterprise"),
+        "{seen}"
+    );
+    assert!(seen.contains("x-plan: free"), "{seen}");
+    assert!(seen.contains("x-request-id: trace-123"), "{seen}");
+
+    // Without a client id the gateway makes one, sends it upstream and echoes it.
+    let resp = client
+        .get(gw.url("/v1/pets"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    let id = header(&resp, "x-request-id").expect("generated request id");
+    assert!(id.len() >= 16);
+    assert!(resp
+        .text()
+        .await
+        .unwrap()
+        .contains(&format!("x-request-id: {id}")));
+}
+
+/// Polls until `check` holds or `within` passes; returns how long it took.
+async fn eventually<F, Fut>(within: Duration, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    loop {
+        if check().await {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < within, "not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn limit_of(client: &reqwest::Client, gw: &GatewayProcess, key: &str) -> Option<String> {
+    let resp = client
+        .get(gw.url("/v1/pets"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    header(&resp, "x-ratelimit-limit").filter(|_| resp.status() != 401)
+}
+
+#[tokio::test]
+async fn revocations_and_plan_edits_apply_within_two_seconds_and_bad_edits_are_refused() {
+    let s = setup();
+    let key = issue_key(&s.keys, &s.plans, "free");
+    let other = issue_key(&s.keys, &s.plans, "free");
+    let backend = Backend::start(&s.dir.path().join("pets.db"));
+    let gw = GatewayProcess::start(
+        s.dir.path(),
+        &GatewaySpec::new(backend.addr, &s.keys, &s.plans),
+    );
+    let client = reqwest::Client::new();
+    fresh_minute(Duration::from_secs(15));
+    assert_eq!(limit_of(&client, &gw, &key).await.as_deref(), Some("60"));
+
+    // Revoke: 401 within 2 s, no restart.
+    let file = std::fs::read_to_string(&s.keys).unwrap();
+    let id = file
+        .lines()
+        .find_map(|l| l.strip_prefix("id = \""))
+        .map(|l| l.trim_end_matches('"').to_owned())
+        .unwrap();
+    assert!(gateway_cli(&[
+        "keys",
+        "revoke",
+        "--keys-file",
+        &s.keys.to_string_lossy(),
+        &id
+    ])
+    .status
+    .success());
+    let took = eventually(Duration::from_secs(2), || async {
+        client
+            .get(gw.url("/v1/pets"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            == 401
+    })
+    .await;
+    println!("revocation applied after {took:?}");
+
+    // Edit a limit: the next requests see it within 2 s.
+    write_plan(&s.plans, "free", 30, 1000);
+    eventually(Duration::from_secs(2), || async {
+        limit_of(&client, &gw, &other).await.as_deref() == Some("30")
+    })
+    .await;
+
+    // A broken edit is refused, logged naming file and field; the last good limits stay.
+    std::fs::write(
+        s.plans.join("free.toml"),
+        "requests_per_minute = \"lots\"\nrequests_per_day = 1000\n",
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    assert_eq!(limit_of(&client, &gw, &other).await.as_deref(), Some("30"));
+    let log = gw.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("free.toml") && l.contains("requests_per_minute")),
+        "the refusal names the file and the field:\n{log}"
+    );
+    assert!(gw.process.pid() > 0);
+}
+
+#[tokio::test]
+async fn sighup_reloads_at_once() {
+    let s = setup();
+    let key = issue_key(&s.keys, &s.plans, "free");
+    let backend = Backend::start(&s.dir.path().join("pets.db"));
+    let mut spec = GatewaySpec::new(backend.addr, &s.keys, &s.plans);
+    // Polling is slowed to a minute, so only the signal can explain a prompt reload.
+    spec.extra = "reload_interval_ms = 60000\n".into();
+    let gw = GatewayProcess::start(s.dir.path(), &spec);
+    let client = reqwest::Client::new();
+    assert_eq!(limit_of(&client, &gw, &key).await.as_deref(), Some("60"));
+    write_plan(&s.plans, "free", 42, 1000);
+    gw.process.signal(1);
+    eventually(Duration::from_secs(2), || async {
+        limit_of(&client, &gw, &key).await.as_deref() == Some("42")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_stopped_backend_gives_a_fast_502_and_traffic_resumes_when_it_returns() {
+    let s = setup();
+    let key = issue_key(&s.keys, &s.plans, "free");
+    let db = s.dir.path().join("pets.db");
+    let backend = Backend::start(&db);
+    let addr = backend.addr;
+    let gw = GatewayProcess::start(s.dir.path(), &GatewaySpec::new(addr, &s.keys, &s.plans));
+    let client = reqwest::Client::new();
+    assert_eq!(
+        client
+            .get(gw.url("/v1/pets"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    backend.process.kill_hard();
+    let started = Instant::now();
+    let resp = client
+        .get(gw.url("/v1/pets"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(resp.status(), 502);
+    assert!(header(&resp, "x-ratelimit-remaining").is_some());
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["code"], "bad_gateway");
+    assert_eq!(body["status"], 502);
+
+    let _back = Backend::start_at(addr, &db);
+    eventually(Duration::from_secs(5), || async {
+        client
+            .get(gw.url("/v1/pets"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            == 200
+    })
+    .await;
+}
+
+#[test]
+fn check_passes_on_every_shipped_config_and_names_the_field_of_a_broken_one() {
+    let deploy = repo_root().join("deploy");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&deploy).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let out = gateway_cli(&["check", "--config", &path.to_string_lossy()]);
+            assert!(
+                out.status.success(),
+                "{}: {}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            checked += 1;
+        }
+    }
+    assert!(
+        checked >= 3,
+        "production, staging and local configs are shipped"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("broken.toml");
+    std::fs::write(
+        &broken,
+        "listen = \"127.0.0.1:8080\"\nstore_timeout_ms = 0\n",
+    )
+    .unwrap();
+    let out = gateway_cli(&["check", "--config", &broken.to_string_lossy()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("broken.toml") && err.contains("store_timeout_ms"),
+        "{err}"
+    );
+
+    // A broken plan is reported with its file and field.
+    let plans = dir.path().join("plans");
+    std::fs::create_dir_all(&plans).unwrap();
+    std::fs::write(plans.join("pro.toml"), "requests_per_minute = 300\n").unwrap();
+    let cfg = dir.path().join("gw.toml");
+    std::fs::write(&cfg, "plans_dir = \"plans\"\n").unwrap();
+    let out = gateway_cli(&["check", "--config", &cfg.to_string_lossy()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("pro.toml") && err.contains("requests_per_day"),
+        "{err}"
+    );
+}
+
+#[test]
+fn keys_issue_refuses_a_plan_without_a_file() {
+    let s = setup();
+    let out = gateway_cli(&[
+        "keys",
+        "issue",
+        "--keys-file",
+        &s.keys.to_string_lossy(),
+        "--plans-dir",
+        &s.plans.to_string_lossy(),
+        "--plan",
+        "platinum",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("platinum"));
+    assert!(!s.keys.exists());
+}

@@ -1,0 +1,293 @@
+//! The gateway's quotas end to end: real `pet-gateway`, `pet-backend` and `redis-server`
+//! processes on loopback, driven over HTTP.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use e2e::{fresh_minute, issue_key, write_plan, Backend, GatewayProcess, GatewaySpec, RedisServer};
+use serde_json::Value;
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn header(resp: &reqwest::Response, name: &str) -> String {
+    resp.headers()
+        .get(name)
+        .unwrap_or_else(|| panic!("response {} has no {name}", resp.status()))
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn num(resp: &reqwest::Response, name: &str) -> u64 {
+    header(resp, name)
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} is a number"))
+}
+
+async fn get(client: &reqwest::Client, url: &str, key: &str) -> reqwest::Response {
+    client
+        .get(url)
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("request")
+}
+
+async fn expect_429(resp: reqwest::Response, code: &str) -> (u64, u64, String) {
+    assert_eq!(resp.status(), 429);
+    assert_eq!(header(&resp, "content-type"), "application/json");
+    let retry_after = num(&resp, "retry-after");
+    let reset = num(&resp, "x-ratelimit-reset");
+    let ratelimit = header(&resp, "ratelimit");
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["code"], code, "{body}");
+    assert_eq!(body["status"], 429);
+    (retry_after, reset, ratelimit)
+}
+
+/// Free key: requests 1..60 are admitted with Remaining 59..0; the 61st gets 429 with
+/// Retry-After = the seconds left in the minute and Reset = the minute's end; the refusal does
+/// not consume the day quota.
+async fn free_key_minute_window(redis: Option<&RedisServer>) {
+    let dir = tempfile::tempdir().unwrap();
+    let plans = dir.path().join("plans");
+    write_plan(&plans, "free", 60, 1000);
+    let keys = dir.path().join("keys.toml");
+    let key = issue_key(&keys, &plans, "free");
+    let backend = Backend::start(&dir.path().join("pets.db"));
+    let mut spec = GatewaySpec::new(backend.addr, &keys, &plans);
+    spec.redis_url = redis.map(RedisServer::url);
+    let gw = GatewayProcess::start(dir.path(), &spec);
+    let client = reqwest::Client::new();
+
+    fresh_minute(Duration::from_secs(20));
+    let minute_end = (unix_now() / 60 + 1) * 60;
+    for i in 1..=60u64 {
+        let resp = get(&client, &gw.url("/v1/pets"), &key).await;
+        assert_eq!(resp.status(), 200, "request {i}");
+        assert_eq!(num(&resp, "x-ratelimit-limit"), 60);
+        assert_eq!(num(&resp, "x-ratelimit-remaining"), 60 - i, "request {i}");
+        assert_eq!(num(&resp, "x-ratelimit-reset"), minute_end);
+        assert_eq!(
+            header(&resp, "ratelimit-policy"),
+            "\"minute\";q=60;w=60, \"day\";q=1000;w=86400"
+        );
+    }
+    let resp = get(&client, &gw.url("/v1/pets"), &key).await;
+    let now = unix_now();
+    assert_eq!(num(&resp, "x-ratelimit-remaining"), 0);
+    let (retry_after, reset, ratelimit) = expect_429(resp, "rate_limited").await;
+    assert_eq!(reset, minute_end);
+    assert!(
+        retry_after >= 1 && retry_after.abs_diff(minute_end - now) <= 1,
+        "Retry-After {retry_after}, {} s left",
+        minute_end - now
+    );
+    // 60 admitted, one refused: the day window still has 940.
+    assert!(ratelimit.contains("\"day\";r=940;"), "{ratelimit}");
+    let again = get(&client, &gw.url("/v1/pets"), &key).await;
+    let (_, _, ratelimit) = expect_429(again, "rate_limited").await;
+    assert!(ratelimit.contains("\"day\";r=940;"), "{ratelimit}");
+}
+
+#[tokio::test]
+async fn free_key_minute_window_embedded() {
+    free_key_minute_window(None).await;
+}
+
+#[tokio::test]
+async fn free_key_minute_window_redis() {
+    let redis = RedisServer::start();
+    free_key_minute_window(Some(&redis)).await;
+}
+
+#[tokio::test]
+async fn the_day_quota_binds_with_the_days_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    let plans = dir.path().join("plans");
+    write_plan(&plans, "tiny-day", 100, 5);
+    let keys = dir.path().join("keys.toml");
+    let key = issue_key(&keys, &plans, "tiny-day");
+    let backend = Backend::start(&dir.path().join("pets.db"));
+    let gw = GatewayProcess::start(dir.path(), &GatewaySpec::new(backend.addr, &keys, &plans));
+    let client = reqwest::Client::new();
+    let day_end = (unix_now() / 86_400 + 1) * 86_400;
+    for i in 1..=5u64 {
+        let resp = get(&client, &gw.url("/v1/pets"), &key).await;
+        assert_eq!(resp.status(), 200);
+        // The day binds from the start: it has fewer requests remaining than the minute.
+        assert_eq!(
+            (
+                num(&resp, "x-ratelimit-limit"),
+                num(&resp, "x-ratelimit-remaining")
+            ),
+            (5, 5 - i)
+        );
+        assert_eq!(num(&resp, "x-ratelimit-reset"), day_end);
+    }
+    let resp = get(&client, &gw.url("/v1/pets"), &key).await;
+    let now = unix_now();
+    assert_eq!(num(&resp, "x-ratelimit-limit"), 5);
+    let (retry_after, reset, _) = expect_429(resp, "rate_limited").await;
+    assert_eq!(reset, day_end);
+    assert!(retry_after.abs_diff(day_end - now) <= 1, "{retry_after}");
+}
+
+/// Sends `total` concurrent requests with `key`, spread round-robin over `gateways`; returns
+/// how many got each status.
+async fn burst(gateways: &[GatewayProcess], key: &str, total: usize) -> HashMap<u16, usize> {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let tasks: Vec<_> = (0..total)
+        .map(|i| {
+            let url = gateways[i % gateways.len()].url("/v1/pets");
+            let client = client.clone();
+            let key = key.to_owned();
+            tokio::spawn(async move {
+                client
+                    .get(url)
+                    .bearer_auth(key)
+                    .send()
+                    .await
+                    .expect("request")
+                    .status()
+                    .as_u16()
+            })
+        })
+        .collect();
+    let mut counts = HashMap::new();
+    for t in tasks {
+        *counts.entry(t.await.unwrap()).or_insert(0) += 1;
+    }
+    counts
+}
+
+fn exactness_setup(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    let plans = dir.join("plans");
+    write_plan(&plans, "free", 60, 1000);
+    let keys = dir.join("keys.toml");
+    let key = issue_key(&keys, &plans, "free");
+    (plans, keys, key)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_sharing_redis_admit_exactly_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plans, keys, key) = exactness_setup(dir.path());
+    let redis = RedisServer::start();
+    let backend = Backend::start(&dir.path().join("pets.db"));
+    let mut spec = GatewaySpec::new(backend.addr, &keys, &plans);
+    spec.redis_url = Some(redis.url());
+    // Generous deadline: this test is about exactness on a loaded 2-core machine, not latency.
+    spec.extra = "threads = 1\nstore_timeout_ms = 2000\non_store_error = \"closed\"\n".into();
+    let gateways: Vec<_> = (0..3)
+        .map(|_| GatewayProcess::start(dir.path(), &spec))
+        .collect();
+    fresh_minute(Duration::from_secs(25));
+    let counts = burst(&gateways, &key, 300).await;
+    assert_eq!(counts.get(&200), Some(&60), "{counts:?}");
+    assert_eq!(counts.get(&429), Some(&240), "{counts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_gateway_with_the_embedded_store_admits_exactly_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plans, keys, key) = exactness_setup(dir.path());
+    let backend = Backend::start(&dir.path().join("pets.db"));
+    let gw = GatewayProcess::start(dir.path(), &GatewaySpec::new(backend.addr, &keys, &plans));
+    fresh_minute(Duration::from_secs(25));
+    let counts = burst(std::slice::from_ref(&gw), &key, 300).await;
+    assert_eq!(counts.get(&200), Some(&60), "{counts:?}");
+    assert_eq!(counts.get(&429), Some(&240), "{counts:?}");
+}
+
+#[tokio::test]
+async fn a_key_that_keeps_sending_is_banned_on_every_node_until_the_ban_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let plans = dir.path().join("plans");
+    write_plan(&plans, "small", 2, 1000);
+    let keys = dir.path().join("keys.toml");
+    let key = issue_key(&keys, &plans, "small");
+    let redis = RedisServer::start();
+    let backend = Backend::start(&dir.path().join("pets.db"));
+    let mut spec = GatewaySpec::new(backend.addr, &keys, &plans);
+    spec.redis_url = Some(redis.url());
+    spec.extra = "[ban]\nstrikes = 3\ndurations_secs = [3, 600]\n".into();
+    let a = GatewayProcess::start(dir.path(), &spec);
+    let b = GatewayProcess::start(dir.path(), &spec);
+    let client = reqwest::Client::new();
+    fresh_minute(Duration::from_secs(20));
+
+    for _ in 0..2 {
+        assert_eq!(get(&client, &a.url("/v1/pets"), &key).await.status(), 200);
+    }
+    for _ in 0..3 {
+        expect_429(get(&client, &a.url("/v1/pets"), &key).await, "rate_limited").await;
+    }
+    // The fourth refusal in the minute passes the 3 strikes: banned for 3 s.
+    let resp = get(&client, &a.url("/v1/pets"), &key).await;
+    let now = unix_now();
+    let (retry_after, reset, _) = expect_429(resp, "api_key_banned").await;
+    assert!((2..=3).contains(&retry_after), "{retry_after}");
+    assert!(reset.abs_diff(now + 3) <= 1);
+    // The other node enforces the same ban.
+    let (retry_b, _, _) = expect_429(
+        get(&client, &b.url("/v1/pets"), &key).await,
+        "api_key_banned",
+    )
+    .await;
+    assert!(retry_b <= retry_after);
+    // It lifts when it ends: the key is back to plain rate limiting (the minute is still full).
+    tokio::time::sleep(Duration::from_millis(retry_after * 1000 + 300)).await;
+    let resp = get(&client, &b.url("/v1/pets"), &key).await;
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["code"], "rate_limited", "{body}");
+}
+
+#[tokio::test]
+async fn staging_and_production_on_one_redis_count_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let plans = dir.path().join("plans");
+    write_plan(&plans, "small", 3, 1000);
+    // The same key registered in both environments, so only the prefix keeps them apart.
+    let keys = dir.path().join("keys.toml");
+    let key = issue_key(&keys, &plans, "small");
+    let redis = RedisServer::start();
+    let backend = Backend::start(&dir.path().join("pets.db"));
+    let mut spec = GatewaySpec::new(backend.addr, &keys, &plans);
+    spec.redis_url = Some(redis.url());
+    spec.environment = "staging".into();
+    spec.key_prefix = "pet:staging".into();
+    let staging = GatewayProcess::start(dir.path(), &spec);
+    spec.environment = "production".into();
+    spec.key_prefix = "pet:production".into();
+    let production = GatewayProcess::start(dir.path(), &spec);
+    let client = reqwest::Client::new();
+    fresh_minute(Duration::from_secs(15));
+
+    for _ in 0..3 {
+        assert_eq!(
+            get(&client, &staging.url("/v1/pets"), &key).await.status(),
+            200
+        );
+    }
+    expect_429(
+        get(&client, &staging.url("/v1/pets"), &key).await,
+        "rate_limited",
+    )
+    .await;
+    let resp = get(&client, &production.url("/v1/pets"), &key).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        num(&resp, "x-ratelimit-remaining"),
+        2,
+        "production's quota is untouched"
+    );
+}
