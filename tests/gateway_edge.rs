@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use e2e::{
     fresh_minute, gateway_cli, issue_key, write_plan, Backend, EchoUpstream, GatewayProcess,
-    GatewaySpec,
+    GatewaySpec, SilentUpstream,
 };
 use serde_json::Value;
 
@@ -354,6 +354,11 @@ async fn a_stopped_backend_gives_a_fast_502_and_traffic_resumes_when_it_returns(
         started.elapsed()
     );
     assert_eq!(resp.status(), 502);
+    assert_eq!(
+        header(&resp, "connection").as_deref(),
+        Some("close"),
+        "the gateway closes after a 502 and says so"
+    );
     assert!(header(&resp, "x-ratelimit-remaining").is_some());
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["code"], "bad_gateway");
@@ -371,6 +376,34 @@ async fn a_stopped_backend_gives_a_fast_502_and_traffic_resumes_when_it_returns(
             == 200
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_backend_that_does_not_answer_gives_504_after_the_read_timeout() {
+    let s = setup();
+    let key = issue_key(&s.keys, &s.plans, "free");
+    let hung = SilentUpstream::start();
+    let mut spec = GatewaySpec::new(hung.addr, &s.keys, &s.plans);
+    spec.extra = "upstream_read_timeout_ms = 500\n".into();
+    let gw = GatewayProcess::start(s.dir.path(), &spec);
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let resp = client
+        .get(gw.url("/v1/pets"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(resp.status(), 504);
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_secs(3),
+        "took {took:?}"
+    );
+    assert!(header(&resp, "x-ratelimit-limit").is_some());
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["code"], "gateway_timeout");
+    assert_eq!(body["status"], 504);
 }
 
 #[test]

@@ -24,18 +24,24 @@ pub fn run(cli: Cli) -> ExitCode {
     }
 }
 
-fn init_logging() {
+/// Logs go to standard error through a background writer: a slow or blocked stderr (a full
+/// pipe, a stalled journald) must never stall a proxy thread inside a request. When the buffer
+/// is full, lines are dropped rather than waited for. Keep the guard alive until exit: dropping
+/// it flushes what is buffered.
+fn init_logging() -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
+    guard
 }
 
 fn serve(args: ServeArgs) -> Result<(), String> {
-    init_logging();
+    let _flush_on_exit = init_logging();
     let config =
         Config::load(args.config.as_deref(), &args.overrides).map_err(|e| e.to_string())?;
     crate::server::run(config, Box::new(pingora::server::UnixShutdownSignalWatch))

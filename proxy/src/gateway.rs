@@ -369,6 +369,9 @@ impl ProxyHttp for Gateway {
                 "the gateway failed to handle the request",
             ),
         };
+        // Pingora closes the client connection after a failed proxy attempt; say so in the
+        // response, or a client would reuse the connection and lose its next request.
+        session.set_keepalive(None);
         let body = error_body(status, code, message);
         let rate = ctx
             .rate

@@ -379,3 +379,26 @@ impl EchoUpstream {
         EchoUpstream { addr }
     }
 }
+
+/// An upstream that accepts connections and reads requests but never answers: a hung backend.
+pub struct SilentUpstream {
+    pub addr: SocketAddr,
+}
+
+impl SilentUpstream {
+    pub fn start() -> SilentUpstream {
+        use std::io::Read;
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind silent upstream");
+        let addr = listener.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            for mut stream in listener.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut sink = [0u8; 4096];
+                    // Read until the gateway gives up and closes; never write.
+                    while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+                });
+            }
+        });
+        SilentUpstream { addr }
+    }
+}
