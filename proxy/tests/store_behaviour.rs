@@ -36,6 +36,15 @@ const NO_BANS: fn() -> BanPolicy = || BanPolicy {
     ..BanPolicy::default()
 };
 
+/// The outcome of one request, for tests that need nothing else of the verdict.
+async fn outcome(store: &dyn QuotaStore, key: &str, limits: Limits, ban: &BanPolicy) -> Outcome {
+    store
+        .acquire(key, limits, ban)
+        .await
+        .expect("store answers")
+        .outcome
+}
+
 async fn admits_exactly_the_minute_limit_and_refusals_do_not_count(store: &dyn QuotaStore) {
     fresh_minute(Duration::from_secs(10));
     let limits = Limits {
@@ -70,11 +79,7 @@ async fn the_day_window_binds_when_it_is_smaller(store: &dyn QuotaStore) {
     };
     for _ in 0..3 {
         assert_eq!(
-            store
-                .acquire("k2", limits, &NO_BANS())
-                .await
-                .unwrap()
-                .outcome,
+            outcome(store, "k2", limits, &NO_BANS()).await,
             Outcome::Admitted
         );
     }
@@ -96,13 +101,7 @@ async fn concurrent_requests_never_exceed_the_limit(store: Arc<dyn QuotaStore>) 
     let tasks: Vec<_> = (0..300)
         .map(|_| {
             let store = Arc::clone(&store);
-            tokio::spawn(async move {
-                store
-                    .acquire("hot", limits, &NO_BANS())
-                    .await
-                    .unwrap()
-                    .outcome
-            })
+            tokio::spawn(async move { outcome(&*store, "hot", limits, &NO_BANS()).await })
         })
         .collect();
     let mut admitted = 0;
@@ -121,27 +120,15 @@ async fn keys_are_counted_apart(store: &dyn QuotaStore) {
         per_day: 10,
     };
     assert_eq!(
-        store
-            .acquire("a", limits, &NO_BANS())
-            .await
-            .unwrap()
-            .outcome,
+        outcome(store, "a", limits, &NO_BANS()).await,
         Outcome::Admitted
     );
     assert_eq!(
-        store
-            .acquire("a", limits, &NO_BANS())
-            .await
-            .unwrap()
-            .outcome,
+        outcome(store, "a", limits, &NO_BANS()).await,
         Outcome::Limited
     );
     assert_eq!(
-        store
-            .acquire("b", limits, &NO_BANS())
-            .await
-            .unwrap()
-            .outcome,
+        outcome(store, "b", limits, &NO_BANS()).await,
         Outcome::Admitted
     );
 }
@@ -160,11 +147,7 @@ async fn an_edited_limit_applies_to_the_next_request(store: &dyn QuotaStore) {
         store.acquire("edit", small, &NO_BANS()).await.unwrap();
     }
     assert_eq!(
-        store
-            .acquire("edit", small, &NO_BANS())
-            .await
-            .unwrap()
-            .outcome,
+        outcome(store, "edit", small, &NO_BANS()).await,
         Outcome::Limited
     );
     let v = store.acquire("edit", large, &NO_BANS()).await.unwrap();
@@ -182,15 +165,9 @@ async fn strikes_past_the_threshold_ban_until_the_ban_ends(store: &dyn QuotaStor
         durations: vec![2, 30],
         decay_secs: 3_600,
     };
-    assert_eq!(
-        store.acquire("bad", limits, &ban).await.unwrap().outcome,
-        Outcome::Admitted
-    );
+    assert_eq!(outcome(store, "bad", limits, &ban).await, Outcome::Admitted);
     for _ in 0..3 {
-        assert_eq!(
-            store.acquire("bad", limits, &ban).await.unwrap().outcome,
-            Outcome::Limited
-        );
+        assert_eq!(outcome(store, "bad", limits, &ban).await, Outcome::Limited);
     }
     assert_eq!(store.ban_of("bad").await.unwrap(), None);
     let v = store.acquire("bad", limits, &ban).await.unwrap();
@@ -212,10 +189,7 @@ async fn strikes_past_the_threshold_ban_until_the_ban_ends(store: &dyn QuotaStor
     // The ban ends by itself.
     tokio::time::sleep(Duration::from_millis(2_100)).await;
     assert_eq!(store.ban_of("bad").await.unwrap(), None);
-    assert_ne!(
-        store.acquire("bad", limits, &ban).await.unwrap().outcome,
-        Outcome::Banned
-    );
+    assert_ne!(outcome(store, "bad", limits, &ban).await, Outcome::Banned);
 }
 
 async fn the_second_ban_is_longer(store: &dyn QuotaStore) {
@@ -249,10 +223,7 @@ async fn lifting_a_ban_ends_it_now(store: &dyn QuotaStore) {
         durations: vec![600],
         decay_secs: 3_600,
     };
-    assert_eq!(
-        store.acquire("lift", limits, &ban).await.unwrap().outcome,
-        Outcome::Banned
-    );
+    assert_eq!(outcome(store, "lift", limits, &ban).await, Outcome::Banned);
     assert!(store.lift_ban("lift").await.unwrap());
     assert_eq!(store.ban_of("lift").await.unwrap(), None);
     assert!(
@@ -324,11 +295,7 @@ async fn redis_prefixes_keep_environments_apart_and_keys_expire() {
         staging.acquire("k", limits, &NO_BANS()).await.unwrap();
     }
     assert_eq!(
-        staging
-            .acquire("k", limits, &NO_BANS())
-            .await
-            .unwrap()
-            .outcome,
+        outcome(&staging, "k", limits, &NO_BANS()).await,
         Outcome::Limited
     );
     let v = production.acquire("k", limits, &NO_BANS()).await.unwrap();
