@@ -22,14 +22,27 @@ pub enum Command {
     /// Run the gateway.
     Serve(ServeArgs),
     /// Validate the config, the plans and the keys file; exit non-zero naming what is wrong.
-    Check(ServeArgs),
+    Check(ConfigArgs),
     /// Issue, list and revoke API keys.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// List and lift bans, through the running gateway's admin listener.
+    #[command(subcommand)]
+    Bans(BansCommand),
 }
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Take the listening sockets over from the running gateway of the same environment and port
+    /// (send it SIGQUIT after starting this one): a restart without dropped requests.
+    #[arg(long)]
+    pub upgrade: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
     /// Config file (TOML). Flags and environment variables override it.
     #[arg(long, env = "PET_GATEWAY_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -68,12 +81,43 @@ pub enum KeysCommand {
     List {
         #[command(flatten)]
         files: KeyFiles,
+        /// The running gateway's admin address, asked which keys are banned (overrides the
+        /// config file's).
+        #[arg(long, env = "PET_GATEWAY_ADMIN_LISTEN", value_name = "ADDR")]
+        admin_listen: Option<String>,
     },
     /// Revoke a key by id; a running gateway refuses it within seconds.
     Revoke {
         #[command(flatten)]
         files: KeyFiles,
         /// The key's id, as `keys list` shows it.
+        id: String,
+    },
+}
+
+/// Where the running gateway's admin listener is: from `--config`, or given directly.
+#[derive(Debug, Args)]
+pub struct AdminArgs {
+    /// Config file naming the admin listener.
+    #[arg(long, env = "PET_GATEWAY_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The gateway's admin address (overrides the config file's).
+    #[arg(long, env = "PET_GATEWAY_ADMIN_LISTEN", value_name = "ADDR")]
+    pub admin_listen: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BansCommand {
+    /// Active bans: key id, plan, and when each ends.
+    List {
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// End a key's ban now.
+    Lift {
+        #[command(flatten)]
+        admin: AdminArgs,
+        /// The key's id, as `keys list` or `bans list` shows it.
         id: String,
     },
 }

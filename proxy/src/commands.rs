@@ -3,9 +3,12 @@
 
 use std::process::ExitCode;
 
+use crate::admin::{self, Bans};
 use crate::catalog::Snapshot;
-use crate::cli::{Cli, Command, KeyFiles, KeysCommand, ServeArgs};
-use crate::config::{Config, Overrides};
+use crate::cli::{
+    AdminArgs, BansCommand, Cli, Command, ConfigArgs, KeyFiles, KeysCommand, ServeArgs,
+};
+use crate::config::{Config, LogFormat, Overrides};
 use crate::keys::{self, KeysFile};
 use crate::plans::Plans;
 
@@ -14,6 +17,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Check(args) => check(args),
         Command::Keys(cmd) => keys_command(cmd),
+        Command::Bans(cmd) => bans_command(cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -28,27 +32,35 @@ pub fn run(cli: Cli) -> ExitCode {
 /// pipe, a stalled journald) must never stall a proxy thread inside a request. When the buffer
 /// is full, lines are dropped rather than waited for. Keep the guard alive until exit: dropping
 /// it flushes what is buffered.
-fn init_logging() -> tracing_appender::non_blocking::WorkerGuard {
+fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(writer)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+        .with_writer(writer);
+    let _ = match format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+    };
     guard
 }
 
 fn serve(args: ServeArgs) -> Result<(), String> {
-    let _flush_on_exit = init_logging();
-    let config =
-        Config::load(args.config.as_deref(), &args.overrides).map_err(|e| e.to_string())?;
-    crate::server::run(config, Box::new(pingora::server::UnixShutdownSignalWatch))
-        .map_err(|e| e.to_string())
+    let c = &args.config;
+    let config = Config::load(c.config.as_deref(), &c.overrides).map_err(|e| e.to_string())?;
+    let _flush_on_exit = init_logging(config.log_format);
+    crate::server::run(
+        config,
+        args.upgrade,
+        Box::new(pingora::server::UnixShutdownSignalWatch),
+    )
+    .map_err(|e| e.to_string())
 }
 
-fn check(args: ServeArgs) -> Result<(), String> {
+fn check(args: ConfigArgs) -> Result<(), String> {
     let config =
         Config::load(args.config.as_deref(), &args.overrides).map_err(|e| e.to_string())?;
     let snapshot =
@@ -92,23 +104,38 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             println!("{key}");
             Ok(())
         }
-        KeysCommand::List { files } => {
+        KeysCommand::List {
+            files,
+            admin_listen,
+        } => {
             let config = key_config(&files)?;
             let file = KeysFile::load(&config.keys_file).map_err(|e| e.to_string())?;
+            let admin = admin_addr(admin_listen.as_deref(), config.admin_listen)?;
+            let bans = match fetch_bans(admin) {
+                Ok(bans) => Some(bans),
+                Err(e) => {
+                    eprintln!("note: ban status unknown: {e}");
+                    None
+                }
+            };
             println!(
-                "{:<18} {:<12} {:<9} {:<22} NAME",
+                "{:<18} {:<12} {:<32} {:<22} NAME",
                 "ID", "PLAN", "STATUS", "CREATED"
             );
             for k in &file.keys {
+                let ban = bans
+                    .as_ref()
+                    .and_then(|b| b.bans.iter().find(|b| b.key_id == k.id));
+                let status = match (&k.revoked_at, ban) {
+                    (Some(_), _) => "revoked".to_owned(),
+                    (None, Some(ban)) => format!("banned until {}", ban.until_utc),
+                    (None, None) => "active".to_owned(),
+                };
                 println!(
-                    "{:<18} {:<12} {:<9} {:<22} {}",
+                    "{:<18} {:<12} {:<32} {:<22} {}",
                     k.id,
                     k.plan,
-                    if k.revoked_at.is_some() {
-                        "revoked"
-                    } else {
-                        "active"
-                    },
+                    status,
                     k.created_at,
                     k.name.as_deref().unwrap_or("-")
                 );
@@ -123,6 +150,62 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
                 record.id,
                 record.plan,
                 record.revoked_at.as_deref().unwrap_or("?")
+            );
+            Ok(())
+        }
+    }
+}
+
+fn admin_addr(
+    flag: Option<&str>,
+    configured: std::net::SocketAddr,
+) -> Result<std::net::SocketAddr, String> {
+    match flag {
+        None => Ok(configured),
+        Some(a) => a
+            .parse()
+            .map_err(|e| format!("--admin-listen: `{a}` is not an address: {e}")),
+    }
+}
+
+fn admin_of(args: &AdminArgs) -> Result<std::net::SocketAddr, String> {
+    let config =
+        Config::load(args.config.as_deref(), &Overrides::default()).map_err(|e| e.to_string())?;
+    admin_addr(args.admin_listen.as_deref(), config.admin_listen)
+}
+
+fn fetch_bans(addr: std::net::SocketAddr) -> Result<Bans, String> {
+    let (status, body) = admin::call(addr, "GET", "/bans")?;
+    if status != 200 {
+        return Err(format!("the gateway answered {status}: {body}"));
+    }
+    serde_json::from_str(&body).map_err(|e| format!("unexpected answer from the gateway: {e}"))
+}
+
+fn bans_command(cmd: BansCommand) -> Result<(), String> {
+    match cmd {
+        BansCommand::List { admin } => {
+            let bans = fetch_bans(admin_of(&admin)?)?;
+            println!("{:<18} {:<12} UNTIL", "ID", "PLAN");
+            for b in &bans.bans {
+                println!("{:<18} {:<12} {}", b.key_id, b.plan, b.until_utc);
+            }
+            Ok(())
+        }
+        BansCommand::Lift { admin, id } => {
+            let addr = admin_of(&admin)?;
+            let (status, body) = admin::call(addr, "POST", &format!("/bans/{id}/lift"))?;
+            if status != 200 {
+                return Err(format!("the gateway answered {status}: {body}"));
+            }
+            let lifted = body.contains("\"lifted\":true");
+            println!(
+                "{}",
+                if lifted {
+                    format!("lifted the ban of {id}")
+                } else {
+                    format!("{id} was not banned")
+                }
             );
             Ok(())
         }

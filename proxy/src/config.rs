@@ -26,6 +26,24 @@ pub enum OnStoreError {
     Closed,
 }
 
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// For people at a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line, for log pipelines.
+    Json,
+}
+
+/// The certificate chain and private key (PEM) of the public listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// Name of the deployment (`production`, `staging`, `local`), for logs and metrics.
@@ -47,8 +65,15 @@ pub struct Config {
     pub ban: BanPolicy,
     pub upstream_connect_timeout: Duration,
     pub upstream_read_timeout: Duration,
-    /// How often the keys file and plans directory are checked for edits.
+    /// How often the keys file, plans directory and certificate are checked for edits.
     pub reload_interval: Duration,
+    /// `Some`: the public listener speaks TLS (HTTP/2 and HTTP/1.1); `None`: plain HTTP.
+    pub tls: Option<TlsFiles>,
+    pub log_format: LogFormat,
+    /// After SIGTERM: how long to keep accepting while load balancers notice, then how long
+    /// in-flight requests get to finish.
+    pub grace_period_secs: u64,
+    pub shutdown_timeout_secs: u64,
 }
 
 /// The layers above the file: each is `Some` when given as a flag or environment variable.
@@ -83,6 +108,15 @@ pub struct Overrides {
     /// What to do when the quota store fails: local, open or closed.
     #[arg(long, env = "PET_GATEWAY_ON_STORE_ERROR", value_name = "MODE")]
     pub on_store_error: Option<OnStoreError>,
+    /// Certificate chain (PEM) for TLS on the public listener; needs --tls-key.
+    #[arg(long, env = "PET_GATEWAY_TLS_CERT", value_name = "PATH")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) for TLS on the public listener; needs --tls-cert.
+    #[arg(long, env = "PET_GATEWAY_TLS_KEY", value_name = "PATH")]
+    pub tls_key: Option<PathBuf>,
+    /// Log format: text or json.
+    #[arg(long, env = "PET_GATEWAY_LOG_FORMAT", value_name = "FORMAT")]
+    pub log_format: Option<LogFormat>,
 }
 
 /// The config file's shape. Every field is optional: defaults fill the rest.
@@ -104,6 +138,11 @@ struct FileConfig {
     upstream_connect_timeout_ms: Option<u64>,
     upstream_read_timeout_ms: Option<u64>,
     reload_interval_ms: Option<u64>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    log_format: Option<LogFormat>,
+    grace_period_secs: Option<u64>,
+    shutdown_timeout_secs: Option<u64>,
     ban: Option<FileBan>,
 }
 
@@ -268,6 +307,20 @@ impl Config {
             }
         }
 
+        let tls_cert = over.tls_cert.clone().or_else(|| fc.tls_cert.map(&in_file));
+        let tls_key = over.tls_key.clone().or_else(|| fc.tls_key.map(&in_file));
+        let tls = match (tls_cert, tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            (None, None) => None,
+            _ => {
+                return Err(file_err(
+                    "tls_cert",
+                    "tls_cert and tls_key go together: give both (TLS) or neither (plain HTTP)"
+                        .into(),
+                ))
+            }
+        };
+
         let ms = |v: Option<u64>, default: u64, field: &str| match v.unwrap_or(default) {
             0 => Err(file_err(field, "must be at least 1".into())),
             n => Ok(Duration::from_millis(n)),
@@ -300,6 +353,10 @@ impl Config {
                 "upstream_read_timeout_ms",
             )?,
             reload_interval: ms(fc.reload_interval_ms, 500, "reload_interval_ms")?,
+            tls,
+            log_format: over.log_format.or(fc.log_format).unwrap_or_default(),
+            grace_period_secs: fc.grace_period_secs.unwrap_or(1),
+            shutdown_timeout_secs: fc.shutdown_timeout_secs.unwrap_or(30),
         })
     }
 }

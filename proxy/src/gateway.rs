@@ -18,6 +18,7 @@ use crate::auth::{bearer_token, AuthFailure};
 use crate::catalog::Catalog;
 use crate::config::{Config, OnStoreError};
 use crate::keys::KeyInfo;
+use crate::metrics::METRICS;
 use crate::quota::{BanPolicy, Limits, Outcome, RateView, Verdict};
 use crate::responses::{error_body, error_head, insert_rate_headers, ErrorCode, RateHeaders};
 use crate::store::{MemoryStore, QuotaStore};
@@ -61,8 +62,8 @@ impl Route {
 }
 
 /// Per-request state, carried from phase to phase.
-#[derive(Default)]
 pub struct Ctx {
+    started: Instant,
     request_id: String,
     route: Route,
     key: Option<Arc<KeyInfo>>,
@@ -71,9 +72,12 @@ pub struct Ctx {
     store_time: Option<Duration>,
     store_degraded: bool,
     upstream: Option<SocketAddr>,
+    upstream_started: Option<Instant>,
+    upstream_time: Option<Duration>,
 }
 
 pub struct Gateway {
+    env: String,
     catalog: Arc<Catalog>,
     store: Arc<dyn QuotaStore>,
     /// Counts on this node alone while the shared store fails (`on_store_error = "local"`).
@@ -95,6 +99,7 @@ impl Gateway {
         unauth: Arc<UnauthLimiter>,
     ) -> Gateway {
         Gateway {
+            env: config.environment.clone(),
             catalog,
             store,
             fallback: MemoryStore::new(),
@@ -117,12 +122,22 @@ impl Gateway {
     ) -> std::result::Result<Verdict, ()> {
         let started = Instant::now();
         let result = self.store.acquire(key_id, limits, &self.ban).await;
-        ctx.store_time = Some(started.elapsed());
+        let elapsed = started.elapsed();
+        ctx.store_time = Some(elapsed);
+        METRICS.store_duration.observe(elapsed.as_secs_f64());
         let error = match result {
-            Ok(v) => return Ok(v),
+            Ok(v) => {
+                METRICS.store_fallback.set(0);
+                return Ok(v);
+            }
             Err(e) => e,
         };
         ctx.store_degraded = true;
+        METRICS
+            .store_errors
+            .with_label_values(&[error.kind()])
+            .inc();
+        METRICS.store_fallback.set(1);
         tracing::warn!(error = %error, key_id, mode = ?self.on_store_error, "quota store failed");
         match self.on_store_error {
             OnStoreError::Closed => Err(()),
@@ -132,6 +147,7 @@ impl Gateway {
                 minute_count: 0,
                 day_count: 0,
                 ban_until: 0,
+                ban_started: false,
             }),
             OnStoreError::Local => {
                 // The day quota pauses: only this node's share of the minute is known.
@@ -152,6 +168,10 @@ impl Gateway {
 
     async fn refuse_unauthenticated(&self, session: &mut Session, ctx: &mut Ctx, why: AuthFailure) {
         ctx.auth_failure = Some(why);
+        METRICS
+            .auth_failures
+            .with_label_values(&[why.as_str()])
+            .inc();
         let ip = session
             .client_addr()
             .and_then(|a| a.as_inet())
@@ -210,7 +230,19 @@ impl ProxyHttp for Gateway {
     type CTX = Ctx;
 
     fn new_ctx(&self) -> Ctx {
-        Ctx::default()
+        Ctx {
+            started: Instant::now(),
+            request_id: String::new(),
+            route: Route::Other,
+            key: None,
+            rate: None,
+            auth_failure: None,
+            store_time: None,
+            store_degraded: false,
+            upstream: None,
+            upstream_started: None,
+            upstream_time: None,
+        }
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
@@ -244,6 +276,18 @@ impl ProxyHttp for Gateway {
             }
         };
         ctx.key = Some(Arc::clone(&key));
+        // Only the versioned API is forwarded: the backend's operational endpoints (such as its
+        // /metrics) are not for API clients.
+        if !session.req_header().uri.path().starts_with("/v1/") {
+            let body = error_body(404, ErrorCode::NotFound, "no such resource");
+            write(
+                session,
+                error_head(404, body.len(), &ctx.request_id, RateHeaders::None),
+                body,
+            )
+            .await;
+            return Ok(true);
+        }
         let Some(limits) = limits else {
             // Reloads refuse keys whose plan is missing, so this is a bug, not an input error.
             tracing::error!(key_id = %key.id, plan = %key.plan, "key's plan is missing");
@@ -273,6 +317,17 @@ impl ProxyHttp for Gateway {
         };
         let view = RateView::new(&verdict, limits);
         ctx.rate = Some(view);
+        let plan = &*key.plan;
+        let window = if verdict.outcome == Outcome::Banned {
+            "ban"
+        } else if view.limit == limits.per_day && view.reset == view.day_reset {
+            "day"
+        } else {
+            "minute"
+        };
+        if verdict.ban_started {
+            METRICS.bans.with_label_values(&[plan]).inc();
+        }
         let (code, message) = match verdict.outcome {
             Outcome::Admitted => return Ok(false),
             Outcome::Limited => (
@@ -284,6 +339,10 @@ impl ProxyHttp for Gateway {
                 "this API key is temporarily banned for sending requests after being rate limited",
             ),
         };
+        METRICS
+            .rate_limited
+            .with_label_values(&[plan, window])
+            .inc();
         let body = error_body(429, code, message);
         let mut head = error_head(429, body.len(), &ctx.request_id, RateHeaders::Plan(&view));
         let _ = head.insert_header("retry-after", view.retry_after.unwrap_or(1));
@@ -295,6 +354,7 @@ impl ProxyHttp for Gateway {
         let i = self.next_upstream.fetch_add(1, Ordering::Relaxed) % self.upstreams.len();
         let addr = self.upstreams[i];
         ctx.upstream = Some(addr);
+        ctx.upstream_started = Some(Instant::now());
         let mut peer = HttpPeer::new(addr, false, String::new());
         peer.options.connection_timeout = Some(self.connect_timeout);
         peer.options.total_connection_timeout = Some(self.connect_timeout);
@@ -327,6 +387,7 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        ctx.upstream_time = ctx.upstream_started.map(|t| t.elapsed());
         if let Some(view) = &ctx.rate {
             insert_rate_headers(upstream_response, RateHeaders::Plan(view));
         }
@@ -387,6 +448,23 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let route = ctx.route.as_str();
+        let plan = ctx.key.as_ref().map_or("none", |k| &*k.plan);
+        let mut status_buf = itoa::Buffer::new();
+        METRICS
+            .requests
+            .with_label_values(&[&self.env, route, plan, status_buf.format(status)])
+            .inc();
+        METRICS
+            .request_duration
+            .with_label_values(&[route])
+            .observe(ctx.started.elapsed().as_secs_f64());
+        if let Some(t) = ctx.upstream_time {
+            METRICS
+                .upstream_duration
+                .with_label_values(&[route])
+                .observe(t.as_secs_f64());
+        }
         tracing::info!(
             target: "access",
             request_id = %ctx.request_id,
@@ -396,7 +474,9 @@ impl ProxyHttp for Gateway {
             auth_failure = ctx.auth_failure.map(AuthFailure::as_str),
             status,
             upstream = ctx.upstream.map(|a| a.to_string()),
+            upstream_us = ctx.upstream_time.map(|d| d.as_micros() as u64),
             store_us = ctx.store_time.map(|d| d.as_micros() as u64),
+            duration_us = ctx.started.elapsed().as_micros() as u64,
             store_degraded = ctx.store_degraded,
             error = e.map(|e| e.etype().as_str()),
         );

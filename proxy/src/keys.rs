@@ -85,6 +85,11 @@ impl KeyIndex {
         self.by_hash.len()
     }
 
+    /// Every active key.
+    pub fn keys(&self) -> impl Iterator<Item = &Arc<KeyInfo>> {
+        self.by_hash.values()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.by_hash.is_empty()
     }

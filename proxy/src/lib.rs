@@ -5,6 +5,7 @@
 //! window arithmetic), [`store`] (where counts live), [`gateway`] (the pingora phases),
 //! [`catalog`] (the keys and plans in force, reloaded on edits), [`server`] (assembling and running it all).
 
+pub mod admin;
 pub mod auth;
 pub mod catalog;
 pub mod cli;
@@ -12,9 +13,11 @@ pub mod commands;
 pub mod config;
 pub mod gateway;
 pub mod keys;
+pub mod metrics;
 pub mod plans;
 pub mod quota;
 pub mod responses;
 pub mod server;
 pub mod store;
+pub mod tls;
 pub mod unauth;

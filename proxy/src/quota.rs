@@ -65,6 +65,8 @@ pub struct Verdict {
     pub day_count: u64,
     /// Unix second at which the ban ends; 0 when not banned.
     pub ban_until: u64,
+    /// This very request started the ban (for counting bans, not refusals).
+    pub ban_started: bool,
 }
 
 /// One API key's counters. Window numbers say which window a count belongs to, so a count from
@@ -102,6 +104,7 @@ impl KeyState {
             minute_count: s.minute_count,
             day_count: s.day_count,
             ban_until: if s.ban_until > now { s.ban_until } else { 0 },
+            ban_started: false,
         };
         if self.ban_until > now {
             return verdict(Outcome::Banned, self);
@@ -126,7 +129,10 @@ impl KeyState {
         self.ban_level += 1;
         self.level_until = self.ban_until + ban.decay_secs;
         self.strikes = 0;
-        verdict(Outcome::Banned, self)
+        Verdict {
+            ban_started: true,
+            ..verdict(Outcome::Banned, self)
+        }
     }
 
     /// True when nothing in this state can matter any more: its day is over and no ban or ban
@@ -282,13 +288,20 @@ mod tests {
         assert_eq!(s.acquire(t, limits, &ban).outcome, Outcome::Limited);
         assert_eq!(s.acquire(t, limits, &ban).outcome, Outcome::Limited);
         let v = s.acquire(t, limits, &ban);
-        assert_eq!((v.outcome, v.ban_until), (Outcome::Banned, t + 10));
+        assert_eq!(
+            (v.outcome, v.ban_until, v.ban_started),
+            (Outcome::Banned, t + 10, true)
+        );
         let view = RateView::new(&v, limits);
         assert_eq!(
             (view.remaining, view.reset, view.retry_after),
             (0, t + 10, Some(10))
         );
-        assert_eq!(s.acquire(t + 9, limits, &ban).outcome, Outcome::Banned);
+        let during = s.acquire(t + 9, limits, &ban);
+        assert_eq!(
+            (during.outcome, during.ban_started),
+            (Outcome::Banned, false)
+        );
         // Ban over; a new minute has room.
         assert_eq!(s.acquire(t + 60, limits, &ban).outcome, Outcome::Admitted);
         // Second ban inside the decay period is longer.
@@ -320,6 +333,7 @@ mod tests {
             minute_count: 1,
             day_count: 1,
             ban_until: 0,
+            ban_started: false,
         };
         let view = RateView::new(&v, FREE);
         assert_eq!(

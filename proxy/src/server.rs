@@ -1,23 +1,24 @@
-//! Assembles and runs the gateway: the proxy service on the public listener, the admin service,
-//! and the background reloader, in one pingora server.
+//! Assembles and runs the gateway: the proxy service on the public listener (plain HTTP, or TLS
+//! with HTTP/2), the admin service, and the background reloader, in one pingora server.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use http::Response;
-use pingora::apps::http_app::ServeHttp;
-use pingora::protocols::http::ServerSession;
-use pingora::server::configuration::ServerConf;
+use pingora::listeners::tls::TlsSettings;
+use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::{RunArgs, Server, ShutdownSignalWatch, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 
-use crate::catalog::{Catalog, CatalogError};
-use crate::config::Config;
+use crate::admin::Admin;
+use crate::catalog::{Catalog, CatalogError, Reload};
+use crate::config::{Config, OnStoreError};
 use crate::gateway::Gateway;
-use crate::responses::{error_body, ErrorCode};
+use crate::metrics::METRICS;
 use crate::store::{MemoryStore, QuotaStore, RedisStore, StoreError};
+use crate::tls::{CertResolver, TlsError};
 use crate::unauth::UnauthLimiter;
 
 #[derive(Debug, thiserror::Error)]
@@ -26,9 +27,11 @@ pub enum ServeError {
     Catalog(#[from] CatalogError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
-        addr: std::net::SocketAddr,
+        addr: SocketAddr,
         what: &'static str,
         source: std::io::Error,
     },
@@ -36,37 +39,73 @@ pub enum ServeError {
 
 /// Pingora retries a busy port for a long while before giving up; an operator who starts a
 /// second gateway on a taken port should hear about it at once instead.
-fn probe_listen(addr: std::net::SocketAddr, what: &'static str) -> Result<(), ServeError> {
+fn probe_listen(addr: SocketAddr, what: &'static str) -> Result<(), ServeError> {
     std::net::TcpListener::bind(addr)
         .map(drop)
         .map_err(|source| ServeError::Listen { addr, what, source })
 }
 
-/// Runs the gateway until `shutdown` asks it to stop (SIGTERM drains in-flight requests;
-/// SIGQUIT hands the listeners to a new process started with `--upgrade`).
-pub fn run(config: Config, shutdown: Box<dyn ShutdownSignalWatch>) -> Result<(), ServeError> {
-    probe_listen(config.listen, "listen")?;
-    probe_listen(config.admin_listen, "admin_listen")?;
+/// Where a running gateway and its successor meet for a graceful upgrade: one per environment
+/// and port, so several gateways on one host never take each other's sockets.
+pub fn upgrade_sock(config: &Config) -> String {
+    format!(
+        "/tmp/pet-gateway-{}-{}.sock",
+        config.environment,
+        config.listen.port()
+    )
+}
+
+/// Runs the gateway until `shutdown` asks it to stop. SIGTERM: stop accepting after the grace
+/// period and let in-flight requests finish. SIGQUIT: hand the listening sockets to a new
+/// process started with `upgrade = true` (`serve --upgrade`), then drain and exit.
+pub fn run(
+    config: Config,
+    upgrade: bool,
+    shutdown: Box<dyn ShutdownSignalWatch>,
+) -> Result<(), ServeError> {
+    if !upgrade {
+        probe_listen(config.listen, "listen")?;
+        probe_listen(config.admin_listen, "admin_listen")?;
+    }
     let catalog = Arc::new(Catalog::load(&config.keys_file, &config.plans_dir)?);
-    let store: Arc<dyn QuotaStore> = match &config.redis_url {
-        Some(url) => Arc::new(RedisStore::new(
-            url,
-            &config.key_prefix,
-            config.store_timeout,
-        )?),
-        None => Arc::new(MemoryStore::new()),
+    let certs = match &config.tls {
+        Some(files) => Some(Arc::new(CertResolver::load(&files.cert, &files.key)?)),
+        None => None,
+    };
+    // The proxy and the admin listener run on separate runtimes; in Redis mode each gets its
+    // own connection so admin calls never queue behind request traffic, while the embedded
+    // store must be one and the same map.
+    let (store, admin_store): (Arc<dyn QuotaStore>, Arc<dyn QuotaStore>) = match &config.redis_url {
+        Some(url) => (
+            Arc::new(RedisStore::new(
+                url,
+                &config.key_prefix,
+                config.store_timeout,
+            )?),
+            Arc::new(RedisStore::new(
+                url,
+                &config.key_prefix,
+                Duration::from_millis(500),
+            )?),
+        ),
+        None => {
+            let memory = Arc::new(MemoryStore::new());
+            (memory.clone(), memory)
+        }
     };
     {
         let snapshot = catalog.snapshot();
         tracing::info!(
             environment = %config.environment,
             listen = %config.listen,
+            tls = config.tls.is_some(),
             admin_listen = %config.admin_listen,
             upstreams = ?config.upstreams,
             store = if config.redis_url.is_some() { "redis" } else { "memory" },
             key_prefix = %config.key_prefix,
             keys = snapshot.keys.len(),
             plans = ?snapshot.plans.names(),
+            upgrade,
             "pet-gateway starting"
         );
     }
@@ -74,13 +113,9 @@ pub fn run(config: Config, shutdown: Box<dyn ShutdownSignalWatch>) -> Result<(),
 
     let conf = ServerConf {
         threads: config.threads,
-        grace_period_seconds: Some(1),
-        graceful_shutdown_timeout_seconds: Some(10),
-        upgrade_sock: format!(
-            "/tmp/pet-gateway-{}-{}.sock",
-            config.environment,
-            config.listen.port()
-        ),
+        grace_period_seconds: Some(config.grace_period_secs),
+        graceful_shutdown_timeout_seconds: Some(config.shutdown_timeout_secs),
+        upgrade_sock: upgrade_sock(&config),
         pid_file: format!(
             "/tmp/pet-gateway-{}-{}.pid",
             config.environment,
@@ -88,24 +123,47 @@ pub fn run(config: Config, shutdown: Box<dyn ShutdownSignalWatch>) -> Result<(),
         ),
         ..ServerConf::default()
     };
-    let mut server = Server::new_with_opt_and_conf(None, conf);
+    let opt = Opt {
+        upgrade,
+        ..Opt::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
     let gateway = Gateway::new(&config, Arc::clone(&catalog), store, Arc::clone(&unauth));
     let mut proxy =
         pingora::proxy::http_proxy_service_with_name(&server.configuration, gateway, "pet-gateway");
-    proxy.add_tcp(&config.listen.to_string());
+    let listen = config.listen.to_string();
+    match &certs {
+        Some(resolver) => {
+            let mut tls = TlsSettings::intermediate("", "").map_err(|e| TlsError::Load {
+                path: "tls".into(),
+                message: e.to_string(),
+            })?;
+            tls.set_cert_resolver(resolver.clone());
+            tls.enable_h2();
+            proxy.add_tls_with_settings(&listen, None, tls);
+        }
+        None => proxy.add_tcp(&listen),
+    }
     server.add_service(proxy);
 
-    let mut admin = Service::new("admin".to_owned(), Admin);
-    admin.add_tcp(&config.admin_listen.to_string());
-    admin.threads = Some(1);
-    server.add_service(admin);
+    let admin = Admin {
+        catalog: Arc::clone(&catalog),
+        store: admin_store,
+        upstreams: config.upstreams.clone(),
+        store_optional: config.redis_url.is_none() || config.on_store_error != OnStoreError::Closed,
+    };
+    let mut admin_service = Service::new("admin".to_owned(), admin);
+    admin_service.add_tcp(&config.admin_listen.to_string());
+    admin_service.threads = Some(1);
+    server.add_service(admin_service);
 
     server.add_service(background_service(
         "reloader",
         Reloader {
             catalog,
+            certs,
             unauth,
             interval: config.reload_interval,
         },
@@ -117,11 +175,21 @@ pub fn run(config: Config, shutdown: Box<dyn ShutdownSignalWatch>) -> Result<(),
     Ok(())
 }
 
-/// Watches the keys file and the plans directory (and SIGHUP) and applies edits.
+/// Watches the keys file, the plans directory and the certificate (and SIGHUP) and applies
+/// edits.
 struct Reloader {
     catalog: Arc<Catalog>,
+    certs: Option<Arc<CertResolver>>,
     unauth: Arc<UnauthLimiter>,
     interval: Duration,
+}
+
+fn count_reload(applied: Option<bool>) {
+    match applied {
+        Some(true) => METRICS.config_reloads.with_label_values(&["applied"]).inc(),
+        Some(false) => METRICS.config_reloads.with_label_values(&["refused"]).inc(),
+        None => {}
+    }
 }
 
 #[async_trait]
@@ -142,42 +210,33 @@ impl BackgroundService for Reloader {
             let force = tokio::select! {
                 _ = tick.tick() => false,
                 Some(()) = async { match hangup.as_mut() { Some(h) => h.recv().await, None => None } } => {
-                    tracing::info!("SIGHUP: reloading keys and plans");
+                    tracing::info!("SIGHUP: reloading keys, plans and certificate");
                     true
                 }
                 _ = shutdown.changed() => return,
             };
             let catalog = Arc::clone(&self.catalog);
-            if let Err(e) = tokio::task::spawn_blocking(move || catalog.reload(force)).await {
-                tracing::error!(error = %e, "reload task failed");
+            let certs = self.certs.clone();
+            let reloaded = tokio::task::spawn_blocking(move || {
+                let catalog = match catalog.reload(force) {
+                    Reload::Unchanged => None,
+                    Reload::Applied => Some(true),
+                    Reload::Refused => Some(false),
+                };
+                (catalog, certs.and_then(|c| c.reload(force)))
+            })
+            .await;
+            match reloaded {
+                Ok((catalog, certs)) => {
+                    count_reload(catalog);
+                    count_reload(certs);
+                }
+                Err(e) => tracing::error!(error = %e, "reload task failed"),
             }
             if last_sweep.elapsed() > Duration::from_secs(60) {
                 last_sweep = tokio::time::Instant::now();
                 self.unauth.sweep();
             }
         }
-    }
-}
-
-/// The admin listener: health for load balancers and supervisors.
-struct Admin;
-
-#[async_trait]
-impl ServeHttp for Admin {
-    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
-        let path = session.req_header().uri.path().to_owned();
-        let (status, body) = match path.as_str() {
-            "/healthz" => (200, br#"{"status":"ok"}"#.to_vec()),
-            _ => (
-                404,
-                error_body(404, ErrorCode::NotFound, "no such admin endpoint").to_vec(),
-            ),
-        };
-        Response::builder()
-            .status(status)
-            .header("content-type", "application/json")
-            .header("content-length", body.len())
-            .body(body)
-            .unwrap_or_default()
     }
 }

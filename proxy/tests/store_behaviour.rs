@@ -171,7 +171,7 @@ async fn strikes_past_the_threshold_ban_until_the_ban_ends(store: &dyn QuotaStor
     }
     assert_eq!(store.ban_of("bad").await.unwrap(), None);
     let v = store.acquire("bad", limits, &ban).await.unwrap();
-    assert_eq!(v.outcome, Outcome::Banned);
+    assert_eq!((v.outcome, v.ban_started), (Outcome::Banned, true));
     assert_eq!(v.ban_until, v.now + 2);
     let view = RateView::new(&v, limits);
     assert_eq!(
@@ -183,8 +183,8 @@ async fn strikes_past_the_threshold_ban_until_the_ban_ends(store: &dyn QuotaStor
     // Still banned, whatever the request.
     let again = store.acquire("bad", limits, &ban).await.unwrap();
     assert_eq!(
-        (again.outcome, again.ban_until),
-        (Outcome::Banned, v.ban_until)
+        (again.outcome, again.ban_until, again.ban_started),
+        (Outcome::Banned, v.ban_until, false)
     );
     // The ban ends by itself.
     tokio::time::sleep(Duration::from_millis(2_100)).await;

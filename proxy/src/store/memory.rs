@@ -128,4 +128,8 @@ impl QuotaStore for MemoryStore {
                 until: s.ban_until,
             }))
     }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }

@@ -28,6 +28,18 @@ pub enum StoreError {
     Config(String),
 }
 
+impl StoreError {
+    /// For the `kind` label of `pet_gateway_store_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Timeout(_) => "timeout",
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Protocol(_) => "protocol",
+            StoreError::Config(_) => "config",
+        }
+    }
+}
+
 /// A ban as the admin commands show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ban {
@@ -53,4 +65,7 @@ pub trait QuotaStore: Send + Sync {
 
     /// The ban of `key_id`, if one is active.
     async fn ban_of(&self, key_id: &str) -> Result<Option<Ban>, StoreError>;
+
+    /// Whether the store answers (for `/readyz`).
+    async fn ping(&self) -> Result<(), StoreError>;
 }

@@ -102,15 +102,16 @@ impl QuotaStore for RedisStore {
         let [outcome, now, minute_count, day_count, ban_until] = r[..] else {
             return Err(StoreError::Protocol(format!("acquire returned {r:?}")));
         };
-        let outcome = match outcome {
+        let outcome_of = match outcome {
             0 => Outcome::Admitted,
             1 => Outcome::Limited,
-            2 => Outcome::Banned,
+            2 | 3 => Outcome::Banned,
             other => return Err(StoreError::Protocol(format!("unknown outcome {other}"))),
         };
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
         Ok(Verdict {
-            outcome,
+            outcome: outcome_of,
+            ban_started: outcome == 3,
             now: n(now),
             minute_count: n(minute_count),
             day_count: n(day_count),
@@ -129,5 +130,16 @@ impl QuotaStore for RedisStore {
             key_id: key_id.to_owned(),
             until: u64::try_from(until).unwrap_or(0),
         }))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn().await?;
+        let cmd = redis::cmd("PING");
+        let ping = cmd.query_async::<String>(&mut conn);
+        match tokio::time::timeout(self.timeout, ping).await {
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+            Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
+            Ok(Ok(_)) => Ok(()),
+        }
     }
 }

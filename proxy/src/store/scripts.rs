@@ -27,7 +27,7 @@
 /// - `ARGV[5..]`: ban lengths in seconds by level; the last one repeats.
 ///
 /// Returns `{outcome, now, minute_count, day_count, ban_until}` with outcome 0 admitted,
-/// 1 limited, 2 banned. The hash expires when nothing in it can matter any more: the end of the
+/// 1 limited, 2 banned, 3 banned by this very request. The hash expires when nothing in it can matter any more: the end of the
 /// day, or the ban level's decay if later.
 pub const ACQUIRE: &str = r#"
 local key = KEYS[1]
@@ -66,7 +66,7 @@ if sc > tonumber(ARGV[3]) then
   lv = lv + 1
   lu = bu + tonumber(ARGV[4])
   sc = 0
-  outcome = 2
+  outcome = 3
 else
   bu = 0
 end

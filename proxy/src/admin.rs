@@ -1,0 +1,194 @@
+//! The admin listener (loopback by default; never expose it): health for supervisors and load
+//! balancers, metrics for Prometheus, and ban management for operators. The `bans` commands and
+//! `keys list` talk to it, so they act on the running gateway's own store, embedded or Redis.
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /healthz` | 200 while the process serves |
+//! | `GET /readyz` | 200 when the config is loaded, a backend accepts connections and the quota store answers (or a fallback covers for it); 503 otherwise, with the failing checks |
+//! | `GET /metrics` | the Prometheus text format |
+//! | `GET /bans` | the active bans of the keys in the keys file |
+//! | `POST /bans/{key id}/lift` | ends that key's ban now |
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use http::Response;
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::Catalog;
+use crate::keys::rfc3339;
+use crate::responses::{error_body, ErrorCode};
+use crate::store::QuotaStore;
+
+pub struct Admin {
+    pub catalog: Arc<Catalog>,
+    pub store: Arc<dyn QuotaStore>,
+    pub upstreams: Vec<SocketAddr>,
+    /// When the store fails, requests are still served (`on_store_error` local or open, or the
+    /// embedded store): then an unreachable store does not make the gateway unready.
+    pub store_optional: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BanEntry {
+    pub key_id: String,
+    pub plan: String,
+    /// Unix seconds.
+    pub until: u64,
+    pub until_utc: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Bans {
+    pub bans: Vec<BanEntry>,
+}
+
+fn json_response(status: u16, body: Vec<u8>) -> Response<Vec<u8>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .header("content-length", body.len())
+        .header("cache-control", "no-store")
+        .body(body)
+        .unwrap_or_default()
+}
+
+fn error(status: u16, code: ErrorCode, message: &str) -> Response<Vec<u8>> {
+    json_response(status, error_body(status, code, message).to_vec())
+}
+
+impl Admin {
+    async fn readyz(&self) -> Response<Vec<u8>> {
+        let upstream = self.upstream_reachable().await;
+        let store = match self.store.ping().await {
+            Ok(()) => "ok".to_owned(),
+            Err(e) if self.store_optional => format!("fallback active: {e}"),
+            Err(e) => format!("failing: {e}"),
+        };
+        let store_ok = store == "ok" || store.starts_with("fallback");
+        let ready = upstream && store_ok;
+        let body = serde_json::json!({
+            "status": if ready { "ready" } else { "not ready" },
+            "checks": {
+                "config": "loaded",
+                "upstream": if upstream { "reachable" } else { "unreachable" },
+                "store": store,
+            }
+        });
+        json_response(if ready { 200 } else { 503 }, body.to_string().into_bytes())
+    }
+
+    async fn upstream_reachable(&self) -> bool {
+        for addr in &self.upstreams {
+            let connect = tokio::net::TcpStream::connect(addr);
+            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(300), connect).await {
+                return true;
+            }
+        }
+        false
+    }
+
+    async fn bans(&self) -> Result<Bans, String> {
+        let keys: Vec<_> = self.catalog.snapshot().keys.keys().cloned().collect();
+        let mut bans = Vec::new();
+        for key in keys {
+            if let Some(ban) = self
+                .store
+                .ban_of(&key.id)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                bans.push(BanEntry {
+                    key_id: ban.key_id,
+                    plan: key.plan.to_string(),
+                    until: ban.until,
+                    until_utc: rfc3339(ban.until),
+                });
+            }
+        }
+        bans.sort_by(|a, b| a.key_id.cmp(&b.key_id));
+        Ok(Bans { bans })
+    }
+}
+
+#[async_trait]
+impl ServeHttp for Admin {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let method = session.req_header().method.clone();
+        let path = session.req_header().uri.path().to_owned();
+        let get = method == http::Method::GET;
+        match path.as_str() {
+            "/healthz" if get => json_response(200, br#"{"status":"ok"}"#.to_vec()),
+            "/readyz" if get => self.readyz().await,
+            "/metrics" if get => {
+                let body = crate::metrics::render();
+                Response::builder()
+                    .status(200)
+                    .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+                    .header("content-length", body.len())
+                    .body(body)
+                    .unwrap_or_default()
+            }
+            "/bans" if get => match self.bans().await {
+                Ok(bans) => json_response(200, serde_json::to_vec(&bans).unwrap_or_default()),
+                Err(e) => error(503, ErrorCode::Internal, &format!("quota store: {e}")),
+            },
+            p if p.starts_with("/bans/") && p.ends_with("/lift") => {
+                if method != http::Method::POST {
+                    return error(405, ErrorCode::MethodNotAllowed, "use POST");
+                }
+                let id = &p["/bans/".len()..p.len() - "/lift".len()];
+                match self.store.lift_ban(id).await {
+                    Ok(lifted) => json_response(
+                        200,
+                        serde_json::json!({ "key_id": id, "lifted": lifted })
+                            .to_string()
+                            .into_bytes(),
+                    ),
+                    Err(e) => error(503, ErrorCode::Internal, &format!("quota store: {e}")),
+                }
+            }
+            "/healthz" | "/readyz" | "/metrics" | "/bans" => {
+                error(405, ErrorCode::MethodNotAllowed, "use GET")
+            }
+            _ => error(404, ErrorCode::NotFound, "no such admin endpoint"),
+        }
+    }
+}
+
+/// One request to a gateway's admin listener, for the command line: `(status, body)`.
+pub fn call(addr: SocketAddr, method: &str, path: &str) -> Result<(u16, String), String> {
+    let unreachable = |e: std::io::Error| {
+        format!(
+            "the gateway's admin listener at {addr} does not answer ({e}); is the gateway running?"
+        )
+    };
+    let mut stream =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(unreachable)?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(unreachable)?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(unreachable)?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).map_err(unreachable)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("the admin listener at {addr} sent no complete response"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("the admin listener at {addr} sent no status"))?;
+    Ok((status, body.to_owned()))
+}

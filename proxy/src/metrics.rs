@@ -1,0 +1,137 @@
+//! The gateway's Prometheus metrics. They live in the prometheus crate's default registry, the
+//! one pingora registers its own metrics in and its Prometheus service serves; the admin
+//! listener's `/metrics` renders that registry. Labels are bounded by construction: the route
+//! is the operation name, the plan a plan file's name, the status an HTTP status; no label ever
+//! carries a key, a key hash or a raw path.
+
+use std::sync::LazyLock;
+
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+
+pub struct Metrics {
+    pub requests: IntCounterVec,
+    pub request_duration: HistogramVec,
+    pub upstream_duration: HistogramVec,
+    pub rate_limited: IntCounterVec,
+    pub bans: IntCounterVec,
+    pub auth_failures: IntCounterVec,
+    pub store_duration: Histogram,
+    pub store_errors: IntCounterVec,
+    pub store_fallback: IntGauge,
+    pub config_reloads: IntCounterVec,
+}
+
+/// Latency buckets from 100 µs (a local decision) to 10 s (the upstream read timeout).
+const LATENCY: &[f64] = &[
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+pub static METRICS: LazyLock<Metrics> =
+    LazyLock::new(|| Metrics::new(prometheus::default_registry()));
+
+/// Registers `metric`; a clash (a programming error, never input) is logged and the metric
+/// still counts, unexported, rather than taking the gateway down.
+fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
+    if let Err(e) = registry.register(Box::new(metric.clone())) {
+        tracing::error!(error = %e, "metric not registered");
+    }
+    metric
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let vec = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric definition");
+    register(registry, vec)
+}
+
+fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+    let opts = HistogramOpts::new(name, help).buckets(LATENCY.to_vec());
+    register(
+        registry,
+        HistogramVec::new(opts, labels).expect("valid metric definition"),
+    )
+}
+
+impl Metrics {
+    fn new(r: &Registry) -> Metrics {
+        Metrics {
+            requests: counter(
+                r,
+                "pet_gateway_requests_total",
+                "Requests answered, by environment, operation, plan and HTTP status.",
+                &["env", "route", "plan", "status"],
+            ),
+            request_duration: histogram(
+                r,
+                "pet_gateway_request_duration_seconds",
+                "Time from request head to the end of the response, by operation.",
+                &["route"],
+            ),
+            upstream_duration: histogram(
+                r,
+                "pet_gateway_upstream_duration_seconds",
+                "Time from choosing a backend to its response head, by operation.",
+                &["route"],
+            ),
+            rate_limited: counter(
+                r,
+                "pet_gateway_rate_limited_total",
+                "Requests refused with 429, by plan and the window that refused them (minute, day, ban).",
+                &["plan", "window"],
+            ),
+            bans: counter(
+                r,
+                "pet_gateway_bans_total",
+                "Bans started, by plan.",
+                &["plan"],
+            ),
+            auth_failures: counter(
+                r,
+                "pet_gateway_auth_failures_total",
+                "Requests refused with 401, by reason (missing, malformed, unknown).",
+                &["reason"],
+            ),
+            store_duration: register(
+                r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "pet_gateway_store_duration_seconds",
+                        "Time of one quota-store decision.",
+                    )
+                    .buckets(LATENCY.to_vec()),
+                )
+                .expect("valid metric definition"),
+            ),
+            store_errors: counter(
+                r,
+                "pet_gateway_store_errors_total",
+                "Quota-store calls that failed, by kind (timeout, unavailable, protocol).",
+                &["kind"],
+            ),
+            store_fallback: register(
+                r,
+                IntGauge::new(
+                    "pet_gateway_store_fallback",
+                    "1 while the quota store fails and on_store_error decides instead, else 0.",
+                )
+                .expect("valid metric definition"),
+            ),
+            config_reloads: counter(
+                r,
+                "pet_gateway_config_reloads_total",
+                "Reloads of keys, plans or the TLS certificate, by result (applied, refused).",
+                &["result"],
+            ),
+        }
+    }
+}
+
+/// The default registry in the Prometheus text format.
+pub fn render() -> Vec<u8> {
+    use prometheus::Encoder;
+    let mut out = Vec::new();
+    if let Err(e) = prometheus::TextEncoder::new().encode(&prometheus::gather(), &mut out) {
+        tracing::error!(error = %e, "cannot encode metrics");
+    }
+    out
+}
