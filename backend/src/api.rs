@@ -8,6 +8,7 @@ use hyper::body::Body;
 use serde::Serialize;
 
 use crate::error::{ApiError, ErrorCode};
+use crate::metrics::METRICS;
 use crate::pet::NewPet;
 use crate::query::{parse_pet_id, ListQuery};
 use crate::routes::{resolve, Operation, Resolved, BASE_PATH};
@@ -30,8 +31,12 @@ where
     B: Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let started = std::time::Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
+    if path == "/metrics" && method == http::Method::GET {
+        return metrics_response();
+    }
     let (op, result) = match resolve(&method, &path) {
         Resolved::NotFound => (
             None,
@@ -55,7 +60,26 @@ where
         headers.insert("sunset", HeaderValue::from_static(SUNSET));
         headers.append(header::LINK, HeaderValue::from_static(SUCCESSOR_LINK));
     }
+    let route = op.map_or("other", Operation::id);
+    let mut status = itoa::Buffer::new();
+    METRICS
+        .requests
+        .with_label_values(&[route, status.format(response.status().as_u16())])
+        .inc();
+    METRICS
+        .duration
+        .with_label_values(&[route])
+        .observe(started.elapsed().as_secs_f64());
     tracing::debug!(%method, %path, status = response.status().as_u16(), "request");
+    response
+}
+
+fn metrics_response() -> HttpResponse {
+    let mut response = Response::new(Full::new(Bytes::from(crate::metrics::render())));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
     response
 }
 
@@ -181,6 +205,7 @@ fn json<T: Serialize>(status: StatusCode, value: &T) -> HttpResponse {
 
 /// Store failures are logged in full but reported to the client without internals.
 fn internal(e: StoreError) -> ApiError {
+    METRICS.sqlite_errors.inc();
     tracing::error!(error = %e, "store error");
     internal_message("the pet store failed; try again")
 }

@@ -2,10 +2,11 @@
 //!
 //! One module per concern: [`routes`] (what is served), [`api`] (handlers), [`pet`] and
 //! [`query`] (the interface's rules), [`store`] (SQLite), [`error`] (the Error body),
-//! [`server`] (connections and shutdown).
+//! [`server`] (connections and shutdown), [`metrics`] (Prometheus).
 
 pub mod api;
 pub mod error;
+pub mod metrics;
 pub mod pet;
 pub mod query;
 pub mod routes;

@@ -70,10 +70,13 @@ pub struct Config {
     /// `Some`: the public listener speaks TLS (HTTP/2 and HTTP/1.1); `None`: plain HTTP.
     pub tls: Option<TlsFiles>,
     pub log_format: LogFormat,
-    /// After SIGTERM: how long to keep accepting while load balancers notice, then how long
-    /// in-flight requests get to finish.
+    /// After SIGTERM (or SIGQUIT, handing over to a successor) the listeners close at once and
+    /// in-flight requests get this long to finish; pingora then stops, so it should cover the
+    /// upstream read timeout.
     pub grace_period_secs: u64,
     pub shutdown_timeout_secs: u64,
+    /// Where a running gateway hands its sockets to its successor (`serve --upgrade`).
+    pub upgrade_sock: PathBuf,
 }
 
 /// The layers above the file: each is `Some` when given as a flag or environment variable.
@@ -143,6 +146,7 @@ struct FileConfig {
     log_format: Option<LogFormat>,
     grace_period_secs: Option<u64>,
     shutdown_timeout_secs: Option<u64>,
+    upgrade_sock: Option<PathBuf>,
     ban: Option<FileBan>,
 }
 
@@ -321,6 +325,14 @@ impl Config {
             }
         };
 
+        // One per environment and port, so gateways on one host never take each other's sockets.
+        let upgrade_sock = fc.upgrade_sock.map(&in_file).unwrap_or_else(|| {
+            PathBuf::from(format!(
+                "/tmp/pet-gateway-{environment}-{}.sock",
+                listen.port()
+            ))
+        });
+
         let ms = |v: Option<u64>, default: u64, field: &str| match v.unwrap_or(default) {
             0 => Err(file_err(field, "must be at least 1".into())),
             n => Ok(Duration::from_millis(n)),
@@ -355,8 +367,9 @@ impl Config {
             reload_interval: ms(fc.reload_interval_ms, 500, "reload_interval_ms")?,
             tls,
             log_format: over.log_format.or(fc.log_format).unwrap_or_default(),
-            grace_period_secs: fc.grace_period_secs.unwrap_or(1),
+            grace_period_secs: fc.grace_period_secs.unwrap_or(10),
             shutdown_timeout_secs: fc.shutdown_timeout_secs.unwrap_or(30),
+            upgrade_sock,
         })
     }
 }

@@ -53,7 +53,33 @@ fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Hi
 }
 
 impl Metrics {
+    /// Creates the zero-valued series of every plan, so dashboards and alerts see 0 rather
+    /// than nothing before the first event (a missing series makes `rate()` and `increase()`
+    /// silently empty).
+    pub fn init_plans<'a>(&self, plans: impl IntoIterator<Item = &'a str>) {
+        for plan in plans {
+            self.bans.with_label_values(&[plan]);
+            for window in ["minute", "day", "ban"] {
+                self.rate_limited.with_label_values(&[plan, window]);
+            }
+        }
+    }
+
     fn new(r: &Registry) -> Metrics {
+        let m = Self::register_all(r);
+        for kind in ["timeout", "unavailable", "protocol", "config"] {
+            m.store_errors.with_label_values(&[kind]);
+        }
+        for result in ["applied", "refused"] {
+            m.config_reloads.with_label_values(&[result]);
+        }
+        for reason in ["missing", "malformed", "unknown"] {
+            m.auth_failures.with_label_values(&[reason]);
+        }
+        m
+    }
+
+    fn register_all(r: &Registry) -> Metrics {
         Metrics {
             requests: counter(
                 r,

@@ -45,16 +45,6 @@ fn probe_listen(addr: SocketAddr, what: &'static str) -> Result<(), ServeError> 
         .map_err(|source| ServeError::Listen { addr, what, source })
 }
 
-/// Where a running gateway and its successor meet for a graceful upgrade: one per environment
-/// and port, so several gateways on one host never take each other's sockets.
-pub fn upgrade_sock(config: &Config) -> String {
-    format!(
-        "/tmp/pet-gateway-{}-{}.sock",
-        config.environment,
-        config.listen.port()
-    )
-}
-
 /// Runs the gateway until `shutdown` asks it to stop. SIGTERM: stop accepting after the grace
 /// period and let in-flight requests finish. SIGQUIT: hand the listening sockets to a new
 /// process started with `upgrade = true` (`serve --upgrade`), then drain and exit.
@@ -95,6 +85,7 @@ pub fn run(
     };
     {
         let snapshot = catalog.snapshot();
+        METRICS.init_plans(snapshot.plans.names());
         tracing::info!(
             environment = %config.environment,
             listen = %config.listen,
@@ -115,12 +106,7 @@ pub fn run(
         threads: config.threads,
         grace_period_seconds: Some(config.grace_period_secs),
         graceful_shutdown_timeout_seconds: Some(config.shutdown_timeout_secs),
-        upgrade_sock: upgrade_sock(&config),
-        pid_file: format!(
-            "/tmp/pet-gateway-{}-{}.pid",
-            config.environment,
-            config.listen.port()
-        ),
+        upgrade_sock: config.upgrade_sock.to_string_lossy().into_owned(),
         ..ServerConf::default()
     };
     let opt = Opt {
@@ -220,7 +206,10 @@ impl BackgroundService for Reloader {
             let reloaded = tokio::task::spawn_blocking(move || {
                 let catalog = match catalog.reload(force) {
                     Reload::Unchanged => None,
-                    Reload::Applied => Some(true),
+                    Reload::Applied => {
+                        METRICS.init_plans(catalog.snapshot().plans.names());
+                        Some(true)
+                    }
                     Reload::Refused => Some(false),
                 };
                 (catalog, certs.and_then(|c| c.reload(force)))

@@ -317,8 +317,37 @@ impl GatewayProcess {
         }
     }
 
+    /// Starts a second gateway on this one's config with `--upgrade`: it waits to receive the
+    /// listening sockets, which the running one hands over on SIGQUIT.
+    pub fn start_upgrade(&self) -> GatewayProcess {
+        let log = self.log.with_extension("upgrade.log");
+        let log_file = std::fs::File::create(&log).expect("gateway log file");
+        let process = Process::spawn(
+            "pet-gateway (upgrade)",
+            Command::new(bin_path("pet-gateway"))
+                .arg("serve")
+                .arg("--upgrade")
+                .arg("--config")
+                .arg(&self.config)
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(log_file),
+        );
+        GatewayProcess {
+            addr: self.addr,
+            admin: self.admin,
+            log,
+            config: self.config.clone(),
+            process,
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
     }
 
     pub fn log_text(&self) -> String {
@@ -334,6 +363,11 @@ pub struct EchoUpstream {
 
 impl EchoUpstream {
     pub fn start() -> EchoUpstream {
+        Self::start_with_delay(Duration::ZERO)
+    }
+
+    /// Like `start`, but every answer waits `delay` first: an in-flight request to hold open.
+    pub fn start_with_delay(delay: Duration) -> EchoUpstream {
         use std::io::{BufRead, BufReader, Read, Write};
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind echo upstream");
         let addr = listener.local_addr().expect("addr");
@@ -365,6 +399,7 @@ impl EchoUpstream {
                         if reader.read_exact(&mut body).is_err() {
                             return;
                         }
+                        std::thread::sleep(delay);
                         let response = format!(
                             "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{head}",
                             head.len()
@@ -401,4 +436,68 @@ impl SilentUpstream {
         });
         SilentUpstream { addr }
     }
+}
+
+/// A throw-away certificate authority and a server certificate it signed for `localhost` and
+/// `127.0.0.1`, written as PEM files.
+pub struct TestCert {
+    pub ca_der: Vec<u8>,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl TestCert {
+    pub fn generate(ca_name: &str) -> TestCert {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
+        let ca_key = KeyPair::generate().expect("CA key");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(DnType::CommonName, ca_name);
+        let ca_cert = ca.self_signed(&ca_key).expect("CA certificate");
+        let key = KeyPair::generate().expect("server key");
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress(std::net::IpAddr::from([127, 0, 0, 1])));
+        let cert = params
+            .signed_by(&key, &Issuer::from_params(&ca, &ca_key))
+            .expect("server certificate");
+        TestCert {
+            ca_der: ca_cert.der().to_vec(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        }
+    }
+
+    pub fn write(&self, cert: &Path, key: &Path) {
+        std::fs::write(cert, &self.cert_pem).expect("write certificate");
+        std::fs::write(key, &self.key_pem).expect("write key");
+    }
+
+    /// An HTTPS client that trusts only this CA and offers only `alpn` (b"h2", b"http/1.1").
+    pub fn client(&self, alpn: &[&[u8]]) -> reqwest::Client {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(rustls::pki_types::CertificateDer::from(self.ca_der.clone()))
+            .expect("trust the test CA");
+        let mut tls = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        reqwest::Client::builder()
+            .tls_backend_preconfigured(tls)
+            .build()
+            .expect("https client")
+    }
+}
+
+/// `promtool`, from Debian's `prometheus` package (scripts/test installs it).
+pub fn promtool() -> PathBuf {
+    for candidate in ["/usr/bin/promtool", "/usr/local/bin/promtool"] {
+        if Path::new(candidate).exists() {
+            return PathBuf::from(candidate);
+        }
+    }
+    panic!("promtool is not installed: run scripts/test, which installs it, or `apt-get install prometheus`")
 }
