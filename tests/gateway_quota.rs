@@ -1,10 +1,11 @@
 //! The gateway's quotas end to end: real `pet-gateway`, `pet-backend` and `redis-server`
 //! processes on loopback, driven over HTTP.
 
-use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use e2e::{fresh_minute, issue_key, write_plan, Backend, GatewayProcess, GatewaySpec, RedisServer};
+use e2e::{
+    burst, fresh_minute, issue_key, write_plan, Backend, GatewayProcess, GatewaySpec, RedisServer,
+};
 use serde_json::Value;
 
 fn unix_now() -> u64 {
@@ -136,37 +137,6 @@ async fn the_day_quota_binds_with_the_days_reset() {
     let (retry_after, reset, _) = expect_429(resp, "rate_limited").await;
     assert_eq!(reset, day_end);
     assert!(retry_after.abs_diff(day_end - now) <= 1, "{retry_after}");
-}
-
-/// Sends `total` concurrent requests with `key`, spread round-robin over `gateways`; returns
-/// how many got each status.
-async fn burst(gateways: &[GatewayProcess], key: &str, total: usize) -> HashMap<u16, usize> {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(0)
-        .build()
-        .unwrap();
-    let tasks: Vec<_> = (0..total)
-        .map(|i| {
-            let url = gateways[i % gateways.len()].url("/v1/pets");
-            let client = client.clone();
-            let key = key.to_owned();
-            tokio::spawn(async move {
-                client
-                    .get(url)
-                    .bearer_auth(key)
-                    .send()
-                    .await
-                    .expect("request")
-                    .status()
-                    .as_u16()
-            })
-        })
-        .collect();
-    let mut counts = HashMap::new();
-    for t in tasks {
-        *counts.entry(t.await.unwrap()).or_insert(0) += 1;
-    }
-    counts
 }
 
 fn exactness_setup(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, String) {

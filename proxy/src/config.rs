@@ -242,7 +242,7 @@ impl Config {
             .or(fc.redis_url)
             .filter(|u| !u.trim().is_empty());
         if let Some(url) = &redis_url {
-            if let Err(e) = redis::Client::open(url.as_str()) {
+            if let Err(e) = crate::store::RedisTarget::parse(url) {
                 let m = format!("not a usable Redis URL: {e}");
                 return Err(if over.redis_url.is_some() {
                     flag_err("redis-url", m)

@@ -3,7 +3,6 @@
 //! in `fail_to_proxy`, the access log in `logging`.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,9 +19,11 @@ use crate::config::{Config, OnStoreError};
 use crate::keys::KeyInfo;
 use crate::metrics::METRICS;
 use crate::quota::{BanPolicy, Limits, Outcome, RateView, Verdict};
+use crate::resilience::{BanCache, Breaker, LocalLimiter};
 use crate::responses::{error_body, error_head, insert_rate_headers, ErrorCode, RateHeaders};
-use crate::store::{MemoryStore, QuotaStore};
+use crate::store::QuotaStore;
 use crate::unauth::{UnauthDecision, UnauthLimiter};
+use crate::upstreams::Upstreams;
 
 /// The operation a request is for: the only route label metrics and logs ever carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -61,6 +62,32 @@ impl Route {
     }
 }
 
+/// The shared parts of the gateway's fault handling (the admin listener and the store probe
+/// hold them too).
+#[derive(Clone, Default)]
+pub struct Resilience {
+    pub breaker: Arc<Breaker>,
+    pub bans: Arc<BanCache>,
+    pub local: Arc<LocalLimiter>,
+}
+
+/// What to do with a request, and the numbers for its rate-limit headers.
+struct Decision {
+    outcome: Outcome,
+    view: RateView,
+    ban_started: bool,
+}
+
+impl Decision {
+    fn of(v: &Verdict, limits: Limits) -> Decision {
+        Decision {
+            outcome: v.outcome,
+            view: RateView::new(v, limits),
+            ban_started: v.ban_started,
+        }
+    }
+}
+
 /// Per-request state, carried from phase to phase.
 pub struct Ctx {
     started: Instant,
@@ -72,6 +99,7 @@ pub struct Ctx {
     store_time: Option<Duration>,
     store_degraded: bool,
     upstream: Option<SocketAddr>,
+    upstream_tries: usize,
     upstream_started: Option<Instant>,
     upstream_time: Option<Duration>,
 }
@@ -80,13 +108,16 @@ pub struct Gateway {
     env: String,
     catalog: Arc<Catalog>,
     store: Arc<dyn QuotaStore>,
+    /// Stops sending requests to a failing store; closed again by the probe.
+    breaker: Arc<Breaker>,
+    /// Bans this node knows of.
+    bans: Arc<BanCache>,
     /// Counts on this node alone while the shared store fails (`on_store_error = "local"`).
-    fallback: MemoryStore,
+    local: Arc<LocalLimiter>,
     on_store_error: OnStoreError,
     ban: BanPolicy,
     unauth: Arc<UnauthLimiter>,
-    upstreams: Vec<SocketAddr>,
-    next_upstream: AtomicUsize,
+    upstreams: Upstreams,
     connect_timeout: Duration,
     read_timeout: Duration,
 }
@@ -97,71 +128,99 @@ impl Gateway {
         catalog: Arc<Catalog>,
         store: Arc<dyn QuotaStore>,
         unauth: Arc<UnauthLimiter>,
+        resilience: Resilience,
     ) -> Gateway {
         Gateway {
             env: config.environment.clone(),
             catalog,
             store,
-            fallback: MemoryStore::new(),
+            breaker: resilience.breaker,
+            bans: resilience.bans,
+            local: resilience.local,
             on_store_error: config.on_store_error,
             ban: config.ban.clone(),
             unauth,
-            upstreams: config.upstreams.clone(),
-            next_upstream: AtomicUsize::new(0),
+            upstreams: Upstreams::new(config.upstreams.clone()),
             connect_timeout: config.upstream_connect_timeout,
             read_timeout: config.upstream_read_timeout,
         }
     }
 
-    /// Asks the store; when it fails, applies `on_store_error`. `Err(())` means: refuse (503).
-    async fn acquire(
+    /// Decides a request of `key`: a ban this node knows of answers at once; otherwise the store
+    /// decides, unless it is failing, in which case `on_store_error` does. `Err(())`: refuse
+    /// with 503 (`closed`).
+    async fn decide(
         &self,
-        key_id: &str,
+        key: &KeyInfo,
         limits: Limits,
         ctx: &mut Ctx,
-    ) -> std::result::Result<Verdict, ()> {
-        let started = Instant::now();
-        let result = self.store.acquire(key_id, limits, &self.ban).await;
-        let elapsed = started.elapsed();
-        ctx.store_time = Some(elapsed);
-        METRICS.store_duration.observe(elapsed.as_secs_f64());
-        let error = match result {
-            Ok(v) => {
-                METRICS.store_fallback.set(0);
-                return Ok(v);
+    ) -> std::result::Result<Decision, ()> {
+        let now = crate::store::memory_now();
+        let store_up = self.breaker.allows();
+        if let Some(until) = self.bans.banned_until(&key.id, now, store_up) {
+            return Ok(Decision::of(
+                &Verdict {
+                    outcome: Outcome::Banned,
+                    now,
+                    minute_count: 0,
+                    day_count: 0,
+                    ban_until: until,
+                    ban_started: false,
+                },
+                limits,
+            ));
+        }
+        if store_up {
+            let started = Instant::now();
+            let result = self.store.acquire(&key.id, limits, &self.ban).await;
+            let elapsed = started.elapsed();
+            ctx.store_time = Some(elapsed);
+            METRICS.store_duration.observe(elapsed.as_secs_f64());
+            match result {
+                Ok(v) => {
+                    self.breaker.success();
+                    METRICS.store_fallback.set(0);
+                    if v.outcome == Outcome::Banned {
+                        self.bans.remember(&key.id, v.ban_until);
+                    }
+                    return Ok(Decision::of(&v, limits));
+                }
+                Err(error) => {
+                    METRICS
+                        .store_errors
+                        .with_label_values(&[error.kind()])
+                        .inc();
+                    if self.breaker.failure() {
+                        tracing::error!(error = %error, mode = ?self.on_store_error,
+                            "quota store failing: deciding without it until it answers again");
+                    } else {
+                        tracing::warn!(error = %error, key_id = %key.id, "quota store call failed");
+                    }
+                }
             }
-            Err(e) => e,
-        };
+        }
         ctx.store_degraded = true;
-        METRICS
-            .store_errors
-            .with_label_values(&[error.kind()])
-            .inc();
         METRICS.store_fallback.set(1);
-        tracing::warn!(error = %error, key_id, mode = ?self.on_store_error, "quota store failed");
         match self.on_store_error {
             OnStoreError::Closed => Err(()),
-            OnStoreError::Open => Ok(Verdict {
-                outcome: Outcome::Admitted,
-                now: crate::store::memory_now(),
-                minute_count: 0,
-                day_count: 0,
-                ban_until: 0,
-                ban_started: false,
-            }),
+            OnStoreError::Open => Ok(Decision::of(
+                &Verdict {
+                    outcome: Outcome::Admitted,
+                    now,
+                    minute_count: 0,
+                    day_count: 0,
+                    ban_until: 0,
+                    ban_started: false,
+                },
+                limits,
+            )),
             OnStoreError::Local => {
-                // The day quota pauses: only this node's share of the minute is known.
-                let minute_only = Limits {
-                    per_minute: limits.per_minute,
-                    per_day: u64::MAX,
-                };
-                let mut v = self
-                    .fallback
-                    .acquire(key_id, minute_only, &self.ban)
-                    .await
-                    .map_err(|_| ())?;
-                v.day_count = 0;
-                Ok(v)
+                let (outcome, view) = self.local.check(&key.id, limits, now);
+                Ok(Decision {
+                    outcome,
+                    view,
+                    ban_started: false,
+                })
             }
         }
     }
@@ -240,6 +299,7 @@ impl ProxyHttp for Gateway {
             store_time: None,
             store_degraded: false,
             upstream: None,
+            upstream_tries: 0,
             upstream_started: None,
             upstream_time: None,
         }
@@ -301,8 +361,8 @@ impl ProxyHttp for Gateway {
             return Ok(true);
         };
 
-        let verdict = match self.acquire(&key.id, limits, ctx).await {
-            Ok(v) => v,
+        let decision = match self.decide(&key, limits, ctx).await {
+            Ok(d) => d,
             Err(()) => {
                 let body = error_body(
                     503,
@@ -315,20 +375,20 @@ impl ProxyHttp for Gateway {
                 return Ok(true);
             }
         };
-        let view = RateView::new(&verdict, limits);
+        let view = decision.view;
         ctx.rate = Some(view);
         let plan = &*key.plan;
-        let window = if verdict.outcome == Outcome::Banned {
+        let window = if decision.outcome == Outcome::Banned {
             "ban"
         } else if view.limit == limits.per_day && view.reset == view.day_reset {
             "day"
         } else {
             "minute"
         };
-        if verdict.ban_started {
+        if decision.ban_started {
             METRICS.bans.with_label_values(&[plan]).inc();
         }
-        let (code, message) = match verdict.outcome {
+        let (code, message) = match decision.outcome {
             Outcome::Admitted => return Ok(false),
             Outcome::Limited => (
                 ErrorCode::RateLimited,
@@ -351,9 +411,10 @@ impl ProxyHttp for Gateway {
     }
 
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
-        let i = self.next_upstream.fetch_add(1, Ordering::Relaxed) % self.upstreams.len();
-        let addr = self.upstreams[i];
+        // A retry goes to another backend than the one that just failed, when there is one.
+        let addr = self.upstreams.pick(ctx.upstream);
         ctx.upstream = Some(addr);
+        ctx.upstream_tries += 1;
         ctx.upstream_started = Some(Instant::now());
         let mut peer = HttpPeer::new(addr, false, String::new());
         peer.options.connection_timeout = Some(self.connect_timeout);
@@ -362,6 +423,25 @@ impl ProxyHttp for Gateway {
         peer.options.write_timeout = Some(self.read_timeout);
         peer.options.idle_timeout = Some(Duration::from_secs(60));
         Ok(Box::new(peer))
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        peer: &HttpPeer,
+        ctx: &mut Ctx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        // Nothing reached the backend, so any request may go to another one.
+        if let Some(addr) = ctx.upstream {
+            self.upstreams.mark_down(addr);
+            tracing::warn!(upstream = %addr, error = %e, "backend connection failed; skipping it for a while");
+        }
+        if ctx.upstream_tries < self.upstreams.len() {
+            e.set_retry(true);
+        }
+        let _ = peer;
+        e
     }
 
     async fn upstream_request_filter(

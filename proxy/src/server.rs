@@ -15,8 +15,9 @@ use pingora::services::listening::Service;
 use crate::admin::Admin;
 use crate::catalog::{Catalog, CatalogError, Reload};
 use crate::config::{Config, OnStoreError};
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Resilience};
 use crate::metrics::METRICS;
+use crate::resilience::Breaker;
 use crate::store::{MemoryStore, QuotaStore, RedisStore, StoreError};
 use crate::tls::{CertResolver, TlsError};
 use crate::unauth::UnauthLimiter;
@@ -116,7 +117,14 @@ pub fn run(
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
-    let gateway = Gateway::new(&config, Arc::clone(&catalog), store, Arc::clone(&unauth));
+    let resilience = Resilience::default();
+    let gateway = Gateway::new(
+        &config,
+        Arc::clone(&catalog),
+        store,
+        Arc::clone(&unauth),
+        resilience.clone(),
+    );
     let mut proxy =
         pingora::proxy::http_proxy_service_with_name(&server.configuration, gateway, "pet-gateway");
     let listen = config.listen.to_string();
@@ -136,7 +144,8 @@ pub fn run(
 
     let admin = Admin {
         catalog: Arc::clone(&catalog),
-        store: admin_store,
+        store: Arc::clone(&admin_store),
+        bans: Arc::clone(&resilience.bans),
         upstreams: config.upstreams.clone(),
         store_optional: config.redis_url.is_none() || config.on_store_error != OnStoreError::Closed,
     };
@@ -145,12 +154,22 @@ pub fn run(
     admin_service.threads = Some(1);
     server.add_service(admin_service);
 
+    if config.redis_url.is_some() {
+        server.add_service(background_service(
+            "store probe",
+            StoreProbe {
+                breaker: Arc::clone(&resilience.breaker),
+                store: admin_store,
+            },
+        ));
+    }
     server.add_service(background_service(
         "reloader",
         Reloader {
             catalog,
             certs,
             unauth,
+            resilience,
             interval: config.reload_interval,
         },
     ));
@@ -167,6 +186,7 @@ struct Reloader {
     catalog: Arc<Catalog>,
     certs: Option<Arc<CertResolver>>,
     unauth: Arc<UnauthLimiter>,
+    resilience: Resilience,
     interval: Duration,
 }
 
@@ -225,6 +245,34 @@ impl BackgroundService for Reloader {
             if last_sweep.elapsed() > Duration::from_secs(60) {
                 last_sweep = tokio::time::Instant::now();
                 self.unauth.sweep();
+                self.resilience.local.sweep();
+                self.resilience.bans.sweep(crate::store::memory_now());
+            }
+        }
+    }
+}
+
+/// While the breaker is open, asks the store every [`PROBE_INTERVAL`] whether it answers again,
+/// on its own connection, so no client request waits on a dead store; closes the breaker when
+/// it does.
+struct StoreProbe {
+    breaker: Arc<Breaker>,
+    store: Arc<dyn QuotaStore>,
+}
+
+const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+
+#[async_trait]
+impl BackgroundService for StoreProbe {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(PROBE_INTERVAL) => {}
+                _ = shutdown.changed() => return,
+            }
+            if self.breaker.is_open() && self.store.ping().await.is_ok() && self.breaker.close() {
+                METRICS.store_fallback.set(0);
+                tracing::info!("quota store answers again: exact shared counting resumes");
             }
         }
     }

@@ -1,24 +1,24 @@
 //! One behaviour suite for every quota store: the same tests, instantiated per store by
-//! `store_suite!`, against the in-memory store and against a real `redis-server` started on a
-//! free loopback port. Whatever one store does, the other must do too.
+//! `store_suite!`, against the in-memory store, a real `redis-server` started on a free loopback
+//! port, and a real three-master Redis Cluster. Whatever one store does, the others must too.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use e2e::{fresh_minute, RedisServer};
+use e2e::{fresh_minute, RedisCluster, RedisServer};
 use proxy::quota::{BanPolicy, Limits, Outcome, RateView};
 use proxy::store::{MemoryStore, QuotaStore, RedisStore};
 
 /// A store under test, with whatever keeps it alive (the Redis process).
 struct Subject {
     store: Arc<dyn QuotaStore>,
-    _redis: Option<RedisServer>,
+    _servers: Option<Box<dyn std::any::Any>>,
 }
 
 fn memory() -> Subject {
     Subject {
         store: Arc::new(MemoryStore::new()),
-        _redis: None,
+        _servers: None,
     }
 }
 
@@ -27,7 +27,16 @@ fn redis() -> Subject {
     let store = RedisStore::new(&server.url(), "test", Duration::from_millis(500)).expect("store");
     Subject {
         store: Arc::new(store),
-        _redis: Some(server),
+        _servers: Some(Box::new(server)),
+    }
+}
+
+fn cluster() -> Subject {
+    let cluster = RedisCluster::start(3, 0);
+    let store = RedisStore::new(&cluster.url(), "test", Duration::from_millis(500)).expect("store");
+    Subject {
+        store: Arc::new(store),
+        _servers: Some(Box::new(cluster)),
     }
 }
 
@@ -275,7 +284,7 @@ macro_rules! store_suite {
     )*};
 }
 
-store_suite!(memory, redis);
+store_suite!(memory, redis, cluster);
 
 /// Redis only: environments sharing one Redis never share counts, every key expires, and all
 /// of a key's state sits under its hash tag.

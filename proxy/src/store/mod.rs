@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 pub use self::memory::{unix_now as memory_now, MemoryStore};
-pub use self::redis::RedisStore;
+pub use self::redis::{RedisStore, RedisTarget};
 use crate::quota::{BanPolicy, Limits, Verdict};
 
 #[derive(Debug, Clone, thiserror::Error)]

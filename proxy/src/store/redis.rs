@@ -1,20 +1,66 @@
 //! The shared store: one Lua script per request (one round trip), over a reconnecting
-//! multiplexed connection, every call under a deadline.
+//! multiplexed connection, every call under a deadline. A single Redis or a Redis Cluster: all of
+//! one API key's state is one key, so every script touches one slot.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
 use tokio::sync::OnceCell;
 
 use super::{scripts, Ban, QuotaStore, StoreError};
 use crate::quota::{BanPolicy, Limits, Outcome, Verdict};
 
+/// Where the store's Redis is: one server, or the seed nodes of a cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    Single(String),
+    Cluster(Vec<String>),
+}
+
+impl RedisTarget {
+    /// `redis://host:port/db` (also `rediss://`, `unix://`) is one server;
+    /// `redis+cluster://host:port,host:port` or a comma-separated list of `redis://` URLs is a
+    /// cluster, given by some of its nodes.
+    pub fn parse(url: &str) -> Result<RedisTarget, StoreError> {
+        let url = url.trim();
+        let nodes: Vec<String> = if let Some(rest) = url.strip_prefix("redis+cluster://") {
+            rest.trim_end_matches('/')
+                .split(',')
+                .map(|n| format!("redis://{}", n.trim()))
+                .collect()
+        } else if url.contains(',') {
+            url.split(',').map(|n| n.trim().to_owned()).collect()
+        } else {
+            redis::Client::open(url).map_err(|e| StoreError::Config(e.to_string()))?;
+            return Ok(RedisTarget::Single(url.to_owned()));
+        };
+        for node in &nodes {
+            redis::Client::open(node.as_str())
+                .map_err(|e| StoreError::Config(format!("cluster node `{node}`: {e}")))?;
+        }
+        Ok(RedisTarget::Cluster(nodes))
+    }
+}
+
+enum Client {
+    Single(redis::Client),
+    Cluster(Box<ClusterClient>),
+}
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
 pub struct RedisStore {
-    client: redis::Client,
+    client: Client,
     /// Created on first use, inside the runtime that serves requests, so the connection's
     /// driver task lives where its callers do.
-    conn: OnceCell<ConnectionManager>,
+    conn: OnceCell<Conn>,
     prefix: String,
     timeout: Duration,
     acquire: redis::Script,
@@ -25,7 +71,19 @@ pub struct RedisStore {
 impl RedisStore {
     /// `prefix` namespaces every key (one per environment); `timeout` bounds every call.
     pub fn new(url: &str, prefix: &str, timeout: Duration) -> Result<RedisStore, StoreError> {
-        let client = redis::Client::open(url).map_err(|e| StoreError::Config(e.to_string()))?;
+        let client = match RedisTarget::parse(url)? {
+            RedisTarget::Single(url) => Client::Single(
+                redis::Client::open(url).map_err(|e| StoreError::Config(e.to_string()))?,
+            ),
+            RedisTarget::Cluster(nodes) => Client::Cluster(Box::new(
+                ClusterClient::builder(nodes)
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .retries(2)
+                    .build()
+                    .map_err(|e| StoreError::Config(e.to_string()))?,
+            )),
+        };
         Ok(RedisStore {
             client,
             conn: OnceCell::new(),
@@ -42,16 +100,32 @@ impl RedisStore {
         format!("{}:quota:{{{}}}", self.prefix, key_id)
     }
 
-    async fn conn(&self) -> Result<ConnectionManager, StoreError> {
+    async fn conn(&self) -> Result<Conn, StoreError> {
         self.conn
             .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.timeout))
-                    .set_response_timeout(Some(self.timeout))
-                    .set_number_of_retries(1)
-                    .set_max_delay(Duration::from_millis(500));
-                ConnectionManager::new_lazy_with_config(self.client.clone(), config)
-                    .map_err(|e| StoreError::Unavailable(e.to_string()))
+                match &self.client {
+                    Client::Single(client) => {
+                        let config = ConnectionManagerConfig::new()
+                            .set_connection_timeout(Some(self.timeout))
+                            .set_response_timeout(Some(self.timeout))
+                            .set_number_of_retries(1)
+                            .set_max_delay(Duration::from_millis(500));
+                        ConnectionManager::new_lazy_with_config(client.clone(), config)
+                            .map(Conn::Single)
+                            .map_err(|e| StoreError::Unavailable(e.to_string()))
+                    }
+                    // Learning the cluster's slots takes a round trip to a seed node; bounded
+                    // like any call, and retried by the next request when it fails.
+                    Client::Cluster(client) => {
+                        match tokio::time::timeout(self.timeout * 4, client.get_async_connection())
+                            .await
+                        {
+                            Err(_) => Err(StoreError::Timeout(self.timeout * 4)),
+                            Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
+                            Ok(Ok(c)) => Ok(Conn::Cluster(c)),
+                        }
+                    }
+                }
             })
             .await
             .cloned()
@@ -64,20 +138,34 @@ impl RedisStore {
         key_id: &str,
         args: &[u64],
     ) -> Result<T, StoreError> {
-        let mut conn = self.conn().await?;
         let mut invocation = script.key(self.redis_key(key_id));
         for a in args {
             invocation.arg(*a);
         }
-        match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
-            Ok(Err(e)) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
-                Err(StoreError::Unavailable(e.to_string()))
+        let call = async {
+            match self.conn().await? {
+                Conn::Single(mut c) => invoke_on(&invocation, &mut c).await,
+                Conn::Cluster(mut c) => invoke_on(&invocation, &mut c).await,
             }
-            Ok(Err(e)) => Err(StoreError::Protocol(e.to_string())),
-            Ok(Ok(v)) => Ok(v),
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+            Ok(result) => result,
         }
     }
+}
+
+async fn invoke_on<T: redis::FromRedisValue>(
+    invocation: &redis::ScriptInvocation<'_>,
+    conn: &mut (impl ConnectionLike + Send),
+) -> Result<T, StoreError> {
+    invocation.invoke_async(conn).await.map_err(|e| {
+        if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_cluster_error() {
+            StoreError::Unavailable(e.to_string())
+        } else {
+            StoreError::Protocol(e.to_string())
+        }
+    })
 }
 
 #[async_trait]
@@ -133,13 +221,17 @@ impl QuotaStore for RedisStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        let mut conn = self.conn().await?;
         let cmd = redis::cmd("PING");
-        let ping = cmd.query_async::<String>(&mut conn);
+        let ping = async {
+            let result = match self.conn().await? {
+                Conn::Single(mut c) => cmd.query_async::<String>(&mut c).await,
+                Conn::Cluster(mut c) => cmd.query_async::<String>(&mut c).await,
+            };
+            result.map_err(|e| StoreError::Unavailable(e.to_string()))
+        };
         match tokio::time::timeout(self.timeout, ping).await {
             Err(_) => Err(StoreError::Timeout(self.timeout)),
-            Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
-            Ok(Ok(_)) => Ok(()),
+            Ok(result) => result.map(drop),
         }
     }
 }

@@ -1,0 +1,371 @@
+//! Bad days, end to end with real processes: Redis killed, paused or failing over, a backend
+//! restarted, and a fleet of gateways sharing one count.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use e2e::{
+    burst, first_key_id, fresh_minute, issue_key, write_plan, Backend, GatewayProcess, GatewaySpec,
+    Process, RedisCluster, RedisServer,
+};
+use serde_json::Value;
+
+/// The store deadline the fault tests run with (the default).
+const DEADLINE: Duration = Duration::from_millis(50);
+/// What a request may take beyond it.
+const SLACK: Duration = Duration::from_millis(100);
+
+struct Setup {
+    dir: tempfile::TempDir,
+    plans: std::path::PathBuf,
+    keys: std::path::PathBuf,
+    key: String,
+}
+
+fn setup(per_minute: u64) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let plans = dir.path().join("plans");
+    write_plan(&plans, "free", per_minute, 10_000_000);
+    let keys = dir.path().join("keys.toml");
+    let key = issue_key(&keys, &plans, "free");
+    Setup {
+        dir,
+        plans,
+        keys,
+        key,
+    }
+}
+
+/// One finished request of a [`Stream`].
+#[derive(Debug)]
+struct Outcome {
+    status: Result<u16, String>,
+    took: Duration,
+}
+
+/// Steady traffic: `workers` loops, each sending one request after another until stopped.
+struct Stream {
+    stop: Arc<AtomicBool>,
+    workers: Vec<tokio::task::JoinHandle<Vec<Outcome>>>,
+}
+
+impl Stream {
+    fn start(urls: Vec<String>, key: &str, workers: usize) -> Stream {
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers = (0..workers)
+            .map(|w| {
+                let (urls, key, stop) = (urls.clone(), key.to_owned(), Arc::clone(&stop));
+                tokio::spawn(async move {
+                    let client = reqwest::Client::new();
+                    let mut seen = Vec::new();
+                    let mut i = w;
+                    while !stop.load(Ordering::Relaxed) && seen.len() < 50_000 {
+                        let started = Instant::now();
+                        let status = client
+                            .get(&urls[i % urls.len()])
+                            .bearer_auth(&key)
+                            .send()
+                            .await
+                            .map(|r| r.status().as_u16())
+                            .map_err(|e| format!("{e:?}"));
+                        seen.push(Outcome {
+                            status,
+                            took: started.elapsed(),
+                        });
+                        i += 1;
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    seen
+                })
+            })
+            .collect();
+        Stream { stop, workers }
+    }
+
+    async fn finish(self) -> Vec<Outcome> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut all = Vec::new();
+        for w in self.workers {
+            all.extend(w.await.unwrap());
+        }
+        all
+    }
+}
+
+fn assert_all(outcomes: &[Outcome], status: u16, max: Duration) {
+    assert!(
+        outcomes.len() > 20,
+        "traffic flowed: {} requests",
+        outcomes.len()
+    );
+    let bad: Vec<_> = outcomes.iter().filter(|o| o.status != Ok(status)).collect();
+    assert!(
+        bad.is_empty(),
+        "{} of {} requests did not get {status}: {:?}",
+        bad.len(),
+        outcomes.len(),
+        &bad[..bad.len().min(5)]
+    );
+    let slowest = outcomes.iter().map(|o| o.took).max().unwrap();
+    assert!(
+        slowest <= max,
+        "slowest request took {slowest:?} (allowed {max:?})"
+    );
+}
+
+async fn fallback_gauge(gw: &GatewayProcess) -> f64 {
+    let text = reqwest::get(gw.admin_url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("pet_gateway_store_fallback "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the fallback gauge")
+}
+
+async fn gauge_reaches(gw: &GatewayProcess, value: f64, within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        if fallback_gauge(gw).await == value {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "fallback gauge not {value} within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn remaining(client: &reqwest::Client, gw: &GatewayProcess, key: &str) -> u64 {
+    let resp = client
+        .get(gw.url("/v1/pets"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.headers()["x-ratelimit-remaining"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_stream_costs_no_request_in_local_mode_and_sharing_resumes() {
+    let s = setup(1_000_000);
+    let redis = RedisServer::start();
+    let redis_addr = redis.addr;
+    let backend = Backend::start(&s.dir.path().join("pets.db"));
+    let mut spec = GatewaySpec::new(backend.addr, &s.keys, &s.plans);
+    spec.redis_url = Some(redis.url());
+    let a = GatewayProcess::start(s.dir.path(), &spec);
+    let b = GatewayProcess::start(s.dir.path(), &spec);
+
+    let stream = Stream::start(vec![a.url("/v1/pets")], &s.key, 2);
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    redis.process.kill_hard();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        fallback_gauge(&a).await,
+        1.0,
+        "degraded while Redis is gone"
+    );
+    let _redis = RedisServer::start_at(redis_addr);
+    let back = gauge_reaches(&a, 0.0, Duration::from_secs(2)).await;
+    println!("exact counting resumed {back:?} after Redis returned");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let outcomes = stream.finish().await;
+    assert_all(&outcomes, 200, DEADLINE + SLACK);
+
+    // Shared again: B continues A's count.
+    let client = reqwest::Client::new();
+    let after_a = remaining(&client, &a, &s.key).await;
+    let after_b = remaining(&client, &b, &s.key).await;
+    assert_eq!(
+        after_b,
+        after_a - 1,
+        "both nodes count in the one Redis again"
+    );
+}
+
+#[tokio::test]
+async fn redis_killed_in_closed_mode_gives_503s_not_hangs() {
+    let s = setup(1_000_000);
+    let redis = RedisServer::start();
+    let backend = Backend::start(&s.dir.path().join("pets.db"));
+    let mut spec = GatewaySpec::new(backend.addr, &s.keys, &s.plans);
+    spec.redis_url = Some(redis.url());
+    spec.extra = "on_store_error = \"closed\"\n".into();
+    let gw = GatewayProcess::start(s.dir.path(), &spec);
+    let client = reqwest::Client::new();
+    assert_eq!(
+        client
+            .get(gw.url("/v1/pets"))
+            .bearer_auth(&s.key)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    redis.process.kill_hard();
+    for _ in 0..10 {
+        let started = Instant::now();
+        let resp = client
+            .get(gw.url("/v1/pets"))
+            .bearer_auth(&s.key)
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            started.elapsed() <= DEADLINE + SLACK,
+            "took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(resp.status(), 503);
+        assert_eq!(resp.headers()["content-type"], "application/json");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["status"], 503);
+        assert!(body["message"].as_str().unwrap().contains("store"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_is_treated_like_a_dead_one() {
+    let s = setup(1_000_000);
+    let redis = RedisServer::start();
+    let backend = Backend::start(&s.dir.path().join("pets.db"));
+    let mut spec = GatewaySpec::new(backend.addr, &s.keys, &s.plans);
+    spec.redis_url = Some(redis.url());
+    let gw = GatewayProcess::start(s.dir.path(), &spec);
+
+    let stream = Stream::start(vec![gw.url("/v1/pets")], &s.key, 2);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    redis.process.signal(19); // SIGSTOP: connections stay open, nothing answers
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(fallback_gauge(&gw).await, 1.0);
+    redis.process.signal(18); // SIGCONT
+    gauge_reaches(&gw, 0.0, Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let outcomes = stream.finish().await;
+    assert_all(&outcomes, 200, DEADLINE + SLACK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_master_failover_under_load_fails_no_request() {
+    let s = setup(1_000_000);
+    let mut cluster = RedisCluster::start(3, 1);
+    let backend = Backend::start(&s.dir.path().join("pets.db"));
+    let mut spec = GatewaySpec::new(backend.addr, &s.keys, &s.plans);
+    spec.redis_url = Some(cluster.url());
+    let gw = GatewayProcess::start(s.dir.path(), &spec);
+    let client = reqwest::Client::new();
+    let before = remaining(&client, &gw, &s.key).await;
+
+    let redis_key = format!("{}:quota:{{{}}}", spec.key_prefix, first_key_id(&s.keys));
+    let master = cluster
+        .master_of(&redis_key)
+        .expect("a master serves the key");
+    let stream = Stream::start(vec![gw.url("/v1/pets")], &s.key, 2);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    cluster.kill(master);
+    // The replica takes over after the node timeout (1 s) and an election.
+    let redis_key_for_wait = redis_key.clone();
+    let waited = tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        while cluster
+            .master_of(&redis_key_for_wait)
+            .is_none_or(|m| m == master)
+        {
+            assert!(started.elapsed() < Duration::from_secs(20), "no failover");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cluster.wait_ok(Duration::from_secs(20));
+        cluster
+    })
+    .await
+    .unwrap();
+    gauge_reaches(&gw, 0.0, Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let outcomes = stream.finish().await;
+    let failed: Vec<_> = outcomes.iter().filter(|o| o.status != Ok(200)).collect();
+    assert!(
+        failed.is_empty(),
+        "{} failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    // Counting goes on in the promoted replica (a request decided locally would show the
+    // untouched local allowance instead).
+    let started = Instant::now();
+    loop {
+        let after = remaining(&client, &gw, &s.key).await;
+        if after < before - 1 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the shared count did not resume ({before} → {after})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(waited);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_of_two_backends_restarted_under_a_steady_stream_fails_no_request() {
+    let s = setup(1_000_000);
+    let db1 = s.dir.path().join("one.db");
+    let b1 = Backend::start(&db1);
+    let b1_addr = b1.addr;
+    let b2 = Backend::start(&s.dir.path().join("two.db"));
+    let mut spec = GatewaySpec::new(b1.addr, &s.keys, &s.plans);
+    spec.upstreams.push(b2.addr);
+    let gw = GatewayProcess::start(s.dir.path(), &spec);
+
+    let stream = Stream::start(vec![gw.url("/v1/pets")], &s.key, 2);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    b1.process.signal(15);
+    let exited = tokio::task::spawn_blocking(move || {
+        Process::wait_exit(b1.process, Duration::from_secs(10))
+    });
+    assert_eq!(exited.await.unwrap(), Some(0));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let _b1 = Backend::start_at(b1_addr, &db1);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let outcomes = stream.finish().await;
+    let failed: Vec<_> = outcomes.iter().filter(|o| o.status != Ok(200)).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed: {:?}",
+        failed.len(),
+        outcomes.len(),
+        &failed[..failed.len().min(5)]
+    );
+    drop(b2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_gateways_one_free_key_500_concurrent_requests_exactly_60_admitted() {
+    let s = setup(60);
+    write_plan(&s.plans, "free", 60, 1_000);
+    let redis = RedisServer::start();
+    let backend = Backend::start(&s.dir.path().join("pets.db"));
+    let mut spec = GatewaySpec::new(backend.addr, &s.keys, &s.plans);
+    spec.redis_url = Some(redis.url());
+    // Exactness on a loaded 2-core machine, not latency: a deadline that a burst cannot miss.
+    spec.extra = "threads = 1\nstore_timeout_ms = 3000\non_store_error = \"closed\"\n".into();
+    let gateways: Vec<_> = (0..5)
+        .map(|_| GatewayProcess::start(s.dir.path(), &spec))
+        .collect();
+    fresh_minute(Duration::from_secs(25));
+    let counts = burst(&gateways, &s.key, 500).await;
+    assert_eq!(counts.get(&200), Some(&60), "{counts:?}");
+    assert_eq!(counts.get(&429), Some(&440), "{counts:?}");
+}
