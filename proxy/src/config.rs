@@ -65,6 +65,8 @@ pub struct Config {
     pub ban: BanPolicy,
     pub upstream_connect_timeout: Duration,
     pub upstream_read_timeout: Duration,
+    /// How long a client may stall while sending a request body before it is cut off (408).
+    pub client_read_timeout: Duration,
     /// How often the keys file, plans directory and certificate are checked for edits.
     pub reload_interval: Duration,
     /// `Some`: the public listener speaks TLS (HTTP/2 and HTTP/1.1); `None`: plain HTTP.
@@ -140,6 +142,7 @@ struct FileConfig {
     unauthenticated_per_minute: Option<u32>,
     upstream_connect_timeout_ms: Option<u64>,
     upstream_read_timeout_ms: Option<u64>,
+    client_read_timeout_ms: Option<u64>,
     reload_interval_ms: Option<u64>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
@@ -364,6 +367,7 @@ impl Config {
                 10_000,
                 "upstream_read_timeout_ms",
             )?,
+            client_read_timeout: ms(fc.client_read_timeout_ms, 10_000, "client_read_timeout_ms")?,
             reload_interval: ms(fc.reload_interval_ms, 500, "reload_interval_ms")?,
             tls,
             log_format: over.log_format.or(fc.log_format).unwrap_or_default(),

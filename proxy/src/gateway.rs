@@ -120,6 +120,7 @@ pub struct Gateway {
     upstreams: Upstreams,
     connect_timeout: Duration,
     read_timeout: Duration,
+    client_read_timeout: Duration,
 }
 
 impl Gateway {
@@ -143,6 +144,7 @@ impl Gateway {
             upstreams: Upstreams::new(config.upstreams.clone()),
             connect_timeout: config.upstream_connect_timeout,
             read_timeout: config.upstream_read_timeout,
+            client_read_timeout: config.client_read_timeout,
         }
     }
 
@@ -269,6 +271,34 @@ async fn write(session: &mut Session, head: ResponseHeader, body: bytes::Bytes) 
     }
 }
 
+/// Largest total of request header names and values accepted, and most headers.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+pub const MAX_HEADERS: usize = 100;
+
+/// Requests refused for their shape before anything else looks at them: oversized headers, and
+/// a body framed two ways (`Content-Length` with `Transfer-Encoding`), the classic request
+/// smuggling vector, which is refused outright rather than resolved.
+fn refuse_shape(req: &RequestHeader) -> Option<(u16, &'static str)> {
+    let headers = &req.headers;
+    if headers.len() > MAX_HEADERS {
+        return Some((431, "too many request headers"));
+    }
+    let bytes: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if bytes > MAX_HEADER_BYTES {
+        return Some((431, "request headers exceed 64 KiB"));
+    }
+    if headers.contains_key("content-length") && headers.contains_key("transfer-encoding") {
+        return Some((
+            400,
+            "Content-Length and Transfer-Encoding together are not accepted",
+        ));
+    }
+    None
+}
+
 /// Keeps a client's `X-Request-Id` when it is sane (short, visible ASCII), else makes one.
 fn request_id(req: &RequestHeader) -> String {
     if let Some(v) = req.headers.get("x-request-id") {
@@ -306,9 +336,22 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        // A client that stalls while sending its body is cut off, not waited on.
+        session.set_read_timeout(Some(self.client_read_timeout));
         let req = session.req_header();
         ctx.request_id = request_id(req);
         ctx.route = Route::of(&req.method, req.uri.path());
+        if let Some((status, message)) = refuse_shape(req) {
+            session.set_keepalive(None);
+            let body = error_body(status, ErrorCode::InvalidRequest, message);
+            write(
+                session,
+                error_head(status, body.len(), &ctx.request_id, RateHeaders::None),
+                body,
+            )
+            .await;
+            return Ok(true);
+        }
         let token = bearer_token(
             req.headers
                 .get_all("authorization")
@@ -499,6 +542,11 @@ impl ProxyHttp for Gateway {
                     can_reuse_downstream: false,
                 }
             }
+            (ErrorSource::Downstream, ReadTimedout) => (
+                408,
+                ErrorCode::InvalidRequest,
+                "the request body did not arrive in time",
+            ),
             (ErrorSource::Downstream, _) => (
                 400,
                 ErrorCode::InvalidRequest,
