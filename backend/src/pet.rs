@@ -152,9 +152,14 @@ fn validate_category_id(v: &Value) -> Result<i64, ApiError> {
             i64::MAX
         ))
     };
+    /// Largest integer an f64 holds exactly: above it, `7.0`-style numbers may have been rounded.
+    const EXACT_F64: f64 = 9_007_199_254_740_992.0;
     match v {
-        Value::Number(n) => match n.as_i64() {
-            Some(id) if id >= 1 => Ok(id),
+        Value::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(id), _) if id >= 1 => Ok(id),
+            (Some(_), _) => Err(out_of_range()),
+            // JSON Schema counts `7.0` as the integer 7; so does the interface's document.
+            (None, Some(f)) if f.fract() == 0.0 && (1.0..=EXACT_F64).contains(&f) => Ok(f as i64),
             _ => Err(out_of_range()),
         },
         other => Err(ApiError::invalid_request(format!(
@@ -228,13 +233,26 @@ mod tests {
             NewPet::from_json(max.as_bytes()).unwrap().category_id,
             i64::MAX
         );
+        // JSON Schema counts `7.0` as the integer 7, and so does the interface's document.
+        let integral = r#"{"name":"a","categoryId":7.0}"#;
+        assert_eq!(
+            NewPet::from_json(integral.as_bytes()).unwrap().category_id,
+            7
+        );
+        let exponent = r#"{"name":"a","categoryId":1e3}"#;
+        assert_eq!(
+            NewPet::from_json(exponent.as_bytes()).unwrap().category_id,
+            1000
+        );
         for bad in [
             "0",
             "-1",
             "1.5",
+            "0.0",
+            "-2.0",
             "\"7\"",
             "9223372036854775808",
-            "1e3",
+            "1e300",
             "null",
             "true",
         ] {
