@@ -105,7 +105,8 @@ fn plan_name(path: &Path) -> Option<&str> {
     path.file_stem()?.to_str()
 }
 
-fn parse_limits(text: &str) -> Result<Limits, String> {
+/// Parses one plan file's text; the error says which field is wrong.
+pub fn parse_limits(text: &str) -> Result<Limits, String> {
     let table: toml::Table = text
         .parse()
         .map_err(|e: toml::de::Error| format!("not valid TOML: {}", e.to_string().trim_end()))?;
