@@ -9,6 +9,7 @@ release binaries and installs wrk, nginx, haproxy and redis-server first.
 """
 
 import argparse
+import atexit
 import hashlib
 import os
 import re
@@ -200,6 +201,7 @@ def main():
     ap.add_argument("--seconds", type=int, default=10, help="length of each wrk run")
     ap.add_argument("--memory-keys", type=int, default=1_000_000,
                     help="distinct keys for the memory figure (0 skips it)")
+    ap.add_argument("--memory-only", action="store_true", help="only the memory figure")
     args = ap.parse_args()
     for tool in ("wrk", "nginx", "haproxy", "redis-server", "redis-cli"):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
@@ -208,6 +210,7 @@ def main():
     haproxy_bin = shutil.which("haproxy") or "/usr/sbin/haproxy"
 
     procs = Procs()
+    atexit.register(procs.stop_all)  # whatever fails, nothing is left running
     work = Path(tempfile.mkdtemp(prefix="pet-bench-"))
     rows = []
     try:
@@ -304,10 +307,12 @@ def main():
         with_redis, red_port = gateway("redis", redis=True, bans=False)
         redis_bans, redb_port = gateway("redis-bans", redis=True, bans=True)
 
-        s = args.seconds
+        s = args.seconds if not args.memory_only else 0
         auth = lambda k: (f"Authorization: Bearer {k}",)
         nginx_pids = [nginx.pid] + children(nginx.pid)
         print("running (each line is one wrk run):", file=sys.stderr)
+        if args.memory_only:
+            raise _SkipScenarios()
         rows.append(measure("upstream alone: static", f"http://127.0.0.1:{static}/v1/pets", [], s))
         rows.append(measure("upstream alone: pet-backend GET /v1/pets", f"http://127.0.0.1:{backend}/v1/pets", [], s))
         rows.append(measure("nginx (proxy_pass + limit_req)", f"http://127.0.0.1:{ng}/v1/pets", nginx_pids, s,
@@ -341,6 +346,9 @@ def main():
                             [with_redis.pid], s, script=rot_script))
 
         memory = None
+    except _SkipScenarios:
+        memory = None
+    try:
         if args.memory_keys:
             print(f"memory: {args.memory_keys} distinct keys through an embedded gateway…", file=sys.stderr, flush=True)
             mem_keys_file = work / "memkeys.toml"
@@ -350,15 +358,20 @@ def main():
             keys_file = mem_keys_file
             mem_gw, mem_port = gateway("memory", redis=False, bans=False)
             keys_file = keys_file_bak
+            time.sleep(3)  # let the allocator return what loading the file used for a moment
             rss_loaded = rss_mib(mem_gw.pid)
             # One pass over every key (wrk sends them in order, wrapping around).
             per_sec = 15000
             secs = max(10, args.memory_keys // per_sec + 5)
             mr = wrk(f"http://127.0.0.1:{mem_port}/v1/pets", secs, script=mscript)
+            time.sleep(3)
             memory = (args.memory_keys, rss_loaded, rss_mib(mem_gw.pid), mr["requests"])
     finally:
         procs.stop_all()
 
+    if not rows:
+        report_memory(memory)
+        return
     nginx_row = next(r for r in rows if r["name"].startswith("nginx"))
     static_row = rows[0]
     lines = ["| scenario | req/s | p50 ms | p99 ms | p99.9 ms | proxy CPU µs/req | × nginx req/s | × upstream req/s | Redis calls/req |",
@@ -370,12 +383,20 @@ def main():
         lines.append(f"| {r['name']}{note} | {r['rps']:.0f} | {r['p50']:.3f} | {r['p99']:.3f} | {r['p99.9']:.3f} | "
                      f"{cpu} | {r['rps'] / nginx_row['rps']:.2f} | {r['rps'] / static_row['rps']:.2f} | {redis} |")
     print("\n".join(lines))
+    report_memory(memory)
+    print(f"\nwrk -t1 -c32 -d{args.seconds}s per row; every proxy with one worker/thread; "
+          f"{os.cpu_count()} CPUs; upstream: nginx returning [] (static) unless named.")
+
+
+class _SkipScenarios(Exception):
+    pass
+
+
+def report_memory(memory):
     if memory:
         n, loaded, after, sent = memory
         print(f"\nMemory: RSS {loaded:.0f} MiB with {n} keys loaded, {after:.0f} MiB after {sent} requests "
               f"over them (every key seen at least once: {sent >= n}).")
-    print(f"\nwrk -t1 -c32 -d{args.seconds}s per row; every proxy with one worker/thread; "
-          f"{os.cpu_count()} CPUs; upstream: nginx returning [] (static) unless named.")
 
 
 if __name__ == "__main__":

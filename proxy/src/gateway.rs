@@ -93,7 +93,7 @@ pub struct Ctx {
     started: Instant,
     request_id: String,
     route: Route,
-    key: Option<Arc<KeyInfo>>,
+    key: Option<KeyInfo>,
     rate: Option<RateView>,
     auth_failure: Option<AuthFailure>,
     store_time: Option<Duration>,
@@ -365,10 +365,7 @@ impl ProxyHttp for Gateway {
             let snapshot = self.catalog.snapshot();
             token.and_then(|t| {
                 let key = snapshot.keys.lookup(t).ok_or(AuthFailure::Unknown)?;
-                Ok((
-                    Arc::clone(key),
-                    snapshot.plans.get(&key.plan).map(|p| p.limits),
-                ))
+                Ok((key.clone(), snapshot.plans.get(&key.plan).map(|p| p.limits)))
             })
         };
         let (key, limits) = match found {
@@ -378,7 +375,7 @@ impl ProxyHttp for Gateway {
                 return Ok(true);
             }
         };
-        ctx.key = Some(Arc::clone(&key));
+        ctx.key = Some(key.clone());
         // Only the versioned API is forwarded: the backend's operational endpoints (such as its
         // /metrics) are not for API clients.
         if !session.req_header().uri.path().starts_with("/v1/") {

@@ -70,14 +70,15 @@ pub struct KeyInfo {
     pub plan: Arc<str>,
 }
 
-/// Active (not revoked) keys by the SHA-256 of the key.
+/// Active (not revoked) keys by the SHA-256 of the key. Entries are stored inline (two shared
+/// strings each): a million keys cost about a hundred bytes apiece.
 #[derive(Debug, Clone, Default)]
 pub struct KeyIndex {
-    by_hash: HashMap<[u8; 32], Arc<KeyInfo>>,
+    by_hash: HashMap<[u8; 32], KeyInfo>,
 }
 
 impl KeyIndex {
-    pub fn lookup(&self, token: &str) -> Option<&Arc<KeyInfo>> {
+    pub fn lookup(&self, token: &str) -> Option<&KeyInfo> {
         self.by_hash.get(&sha256(token))
     }
 
@@ -86,7 +87,7 @@ impl KeyIndex {
     }
 
     /// Every active key.
-    pub fn keys(&self) -> impl Iterator<Item = &Arc<KeyInfo>> {
+    pub fn keys(&self) -> impl Iterator<Item = &KeyInfo> {
         self.by_hash.values()
     }
 
@@ -168,22 +169,27 @@ impl KeysFile {
     }
 
     pub fn index(&self) -> KeyIndex {
-        let by_hash = self
-            .keys
-            .iter()
-            .filter(|k| k.revoked_at.is_none())
-            .filter_map(|k| {
-                let mut hash = [0u8; 32];
-                hex::decode_to_slice(&k.sha256, &mut hash).ok()?;
-                Some((
-                    hash,
-                    Arc::new(KeyInfo {
-                        id: k.id.as_str().into(),
-                        plan: k.plan.as_str().into(),
-                    }),
-                ))
-            })
-            .collect();
+        // One shared string per plan, not one per key: a million keys name only a few plans.
+        let mut plans: HashMap<&str, Arc<str>> = HashMap::new();
+        let mut by_hash = HashMap::with_capacity(self.keys.len());
+        for k in self.keys.iter().filter(|k| k.revoked_at.is_none()) {
+            let mut hash = [0u8; 32];
+            if hex::decode_to_slice(&k.sha256, &mut hash).is_err() {
+                continue;
+            }
+            let plan = Arc::clone(
+                plans
+                    .entry(&k.plan)
+                    .or_insert_with(|| k.plan.as_str().into()),
+            );
+            by_hash.insert(
+                hash,
+                KeyInfo {
+                    id: k.id.as_str().into(),
+                    plan,
+                },
+            );
+        }
         KeyIndex { by_hash }
     }
 

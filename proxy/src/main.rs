@@ -2,6 +2,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// mimalloc returns freed memory to the system and keeps per-thread caches: the big transient
+/// allocations of loading a large keys file do not stay resident, and the hot path allocates
+/// without contention.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     proxy::commands::run(proxy::cli::Cli::parse())
 }

@@ -48,7 +48,7 @@ const NO_BANS: fn() -> BanPolicy = || BanPolicy {
 /// The outcome of one request, for tests that need nothing else of the verdict.
 async fn outcome(store: &dyn QuotaStore, key: &str, limits: Limits, ban: &BanPolicy) -> Outcome {
     store
-        .acquire(key, limits, ban)
+        .acquire(&Arc::from(key), limits, ban)
         .await
         .expect("store answers")
         .outcome
@@ -61,13 +61,19 @@ async fn admits_exactly_the_minute_limit_and_refusals_do_not_count(store: &dyn Q
         per_day: 100,
     };
     for i in 1..=5 {
-        let v = store.acquire("k1", limits, &NO_BANS()).await.unwrap();
+        let v = store
+            .acquire(&Arc::from("k1"), limits, &NO_BANS())
+            .await
+            .unwrap();
         assert_eq!(v.outcome, Outcome::Admitted, "request {i}");
         assert_eq!((v.minute_count, v.day_count), (i, i));
         assert_eq!(RateView::new(&v, limits).remaining, 5 - i);
     }
     for _ in 0..3 {
-        let v = store.acquire("k1", limits, &NO_BANS()).await.unwrap();
+        let v = store
+            .acquire(&Arc::from("k1"), limits, &NO_BANS())
+            .await
+            .unwrap();
         assert_eq!(v.outcome, Outcome::Limited);
         assert_eq!(
             (v.minute_count, v.day_count),
@@ -92,7 +98,10 @@ async fn the_day_window_binds_when_it_is_smaller(store: &dyn QuotaStore) {
             Outcome::Admitted
         );
     }
-    let v = store.acquire("k2", limits, &NO_BANS()).await.unwrap();
+    let v = store
+        .acquire(&Arc::from("k2"), limits, &NO_BANS())
+        .await
+        .unwrap();
     assert_eq!(v.outcome, Outcome::Limited);
     let view = RateView::new(&v, limits);
     assert_eq!(
@@ -153,13 +162,19 @@ async fn an_edited_limit_applies_to_the_next_request(store: &dyn QuotaStore) {
         per_day: 100,
     };
     for _ in 0..2 {
-        store.acquire("edit", small, &NO_BANS()).await.unwrap();
+        store
+            .acquire(&Arc::from("edit"), small, &NO_BANS())
+            .await
+            .unwrap();
     }
     assert_eq!(
         outcome(store, "edit", small, &NO_BANS()).await,
         Outcome::Limited
     );
-    let v = store.acquire("edit", large, &NO_BANS()).await.unwrap();
+    let v = store
+        .acquire(&Arc::from("edit"), large, &NO_BANS())
+        .await
+        .unwrap();
     assert_eq!((v.outcome, v.minute_count), (Outcome::Admitted, 3));
 }
 
@@ -179,7 +194,10 @@ async fn strikes_past_the_threshold_ban_until_the_ban_ends(store: &dyn QuotaStor
         assert_eq!(outcome(store, "bad", limits, &ban).await, Outcome::Limited);
     }
     assert_eq!(store.ban_of("bad").await.unwrap(), None);
-    let v = store.acquire("bad", limits, &ban).await.unwrap();
+    let v = store
+        .acquire(&Arc::from("bad"), limits, &ban)
+        .await
+        .unwrap();
     assert_eq!((v.outcome, v.ban_started), (Outcome::Banned, true));
     assert_eq!(v.ban_until, v.now + 2);
     let view = RateView::new(&v, limits);
@@ -190,7 +208,10 @@ async fn strikes_past_the_threshold_ban_until_the_ban_ends(store: &dyn QuotaStor
     let banned = store.ban_of("bad").await.unwrap().expect("ban visible");
     assert_eq!(banned.until, v.ban_until);
     // Still banned, whatever the request.
-    let again = store.acquire("bad", limits, &ban).await.unwrap();
+    let again = store
+        .acquire(&Arc::from("bad"), limits, &ban)
+        .await
+        .unwrap();
     assert_eq!(
         (again.outcome, again.ban_until, again.ban_started),
         (Outcome::Banned, v.ban_until, false)
@@ -212,12 +233,24 @@ async fn the_second_ban_is_longer(store: &dyn QuotaStore) {
         durations: vec![1, 40],
         decay_secs: 3_600,
     };
-    store.acquire("esc", limits, &ban).await.unwrap();
-    let first = store.acquire("esc", limits, &ban).await.unwrap();
+    store
+        .acquire(&Arc::from("esc"), limits, &ban)
+        .await
+        .unwrap();
+    let first = store
+        .acquire(&Arc::from("esc"), limits, &ban)
+        .await
+        .unwrap();
     assert_eq!(first.ban_until - first.now, 1);
     tokio::time::sleep(Duration::from_millis(1_100)).await;
-    store.acquire("esc", limits, &ban).await.unwrap();
-    let second = store.acquire("esc", limits, &ban).await.unwrap();
+    store
+        .acquire(&Arc::from("esc"), limits, &ban)
+        .await
+        .unwrap();
+    let second = store
+        .acquire(&Arc::from("esc"), limits, &ban)
+        .await
+        .unwrap();
     assert_eq!(second.outcome, Outcome::Banned);
     assert_eq!(second.ban_until - second.now, 40);
 }
@@ -301,13 +334,19 @@ async fn redis_prefixes_keep_environments_apart_and_keys_expire() {
         per_day: 100,
     };
     for _ in 0..2 {
-        staging.acquire("k", limits, &NO_BANS()).await.unwrap();
+        staging
+            .acquire(&Arc::from("k"), limits, &NO_BANS())
+            .await
+            .unwrap();
     }
     assert_eq!(
         outcome(&staging, "k", limits, &NO_BANS()).await,
         Outcome::Limited
     );
-    let v = production.acquire("k", limits, &NO_BANS()).await.unwrap();
+    let v = production
+        .acquire(&Arc::from("k"), limits, &NO_BANS())
+        .await
+        .unwrap();
     assert_eq!((v.outcome, v.minute_count), (Outcome::Admitted, 1));
 
     let client = ::redis::Client::open(server.url()).unwrap();
@@ -338,7 +377,7 @@ async fn redis_unreachable_fails_within_the_deadline() {
     let started = std::time::Instant::now();
     let result = store
         .acquire(
-            "k",
+            &Arc::from("k"),
             Limits {
                 per_minute: 1,
                 per_day: 1,

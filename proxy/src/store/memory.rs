@@ -4,7 +4,7 @@
 //! ever seen.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -16,7 +16,7 @@ const SHARDS: usize = 64;
 
 #[derive(Default)]
 struct Shard {
-    keys: HashMap<Box<str>, KeyState>,
+    keys: HashMap<Arc<str>, KeyState>,
     swept_minute: u64,
 }
 
@@ -80,7 +80,7 @@ pub fn unix_now() -> u64 {
 impl QuotaStore for MemoryStore {
     async fn acquire(
         &self,
-        key_id: &str,
+        key_id: &Arc<str>,
         limits: Limits,
         ban: &BanPolicy,
     ) -> Result<Verdict, StoreError> {
@@ -96,7 +96,7 @@ impl QuotaStore for MemoryStore {
             None => {
                 let mut state = KeyState::default();
                 let verdict = state.acquire(now, limits, ban);
-                shard.keys.insert(key_id.into(), state);
+                shard.keys.insert(Arc::clone(key_id), state);
                 verdict
             }
         };

@@ -8,6 +8,7 @@ mod memory;
 mod redis;
 pub mod scripts;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -49,13 +50,14 @@ pub struct Ban {
 
 #[async_trait]
 pub trait QuotaStore: Send + Sync {
-    /// Decides one request of `key_id` (an API key's id, never the key) under `limits`:
+    /// Decides one request of `key_id` (an API key's id, never the key; shared, so the embedded
+    /// store keeps a reference rather than a copy per key) under `limits`:
     /// refuses during a ban; admits and counts in both windows when both have room; otherwise
     /// counts a strike and bans once the strikes pass the policy's threshold. Atomic: concurrent
     /// calls for one key never admit more than the limits.
     async fn acquire(
         &self,
-        key_id: &str,
+        key_id: &Arc<str>,
         limits: Limits,
         ban: &BanPolicy,
     ) -> Result<Verdict, StoreError>;

@@ -2,6 +2,7 @@
 //! multiplexed connection, every call under a deadline. A single Redis or a Redis Cluster: all of
 //! one API key's state is one key, so every script touches one slot.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -172,7 +173,7 @@ async fn invoke_on<T: redis::FromRedisValue>(
 impl QuotaStore for RedisStore {
     async fn acquire(
         &self,
-        key_id: &str,
+        key_id: &Arc<str>,
         limits: Limits,
         ban: &BanPolicy,
     ) -> Result<Verdict, StoreError> {
