@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use e2e::{
-    fresh_minute, gateway_cli, issue_key, write_plan, Backend, EchoUpstream, GatewayProcess,
-    GatewaySpec, SilentUpstream,
+    fresh_minute, gateway_cli, issue_key, write_plan, Backend, EchoUpstream, Fixture,
+    GatewayProcess, GatewaySpec, SilentUpstream,
 };
 use serde_json::Value;
 
@@ -21,18 +21,8 @@ fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
         .map(|v| v.to_str().unwrap().to_owned())
 }
 
-struct Setup {
-    dir: tempfile::TempDir,
-    plans: PathBuf,
-    keys: PathBuf,
-}
-
-fn setup() -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let plans = dir.path().join("plans");
-    write_plan(&plans, "free", 60, 1000);
-    let keys = dir.path().join("keys.toml");
-    Setup { dir, plans, keys }
+fn setup() -> Fixture {
+    Fixture::new(60, 1000)
 }
 
 async fn expect_401(resp: reqwest::Response) {

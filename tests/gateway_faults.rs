@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e::{
-    burst, first_key_id, fresh_minute, issue_key, write_plan, Backend, GatewayProcess, GatewaySpec,
+    burst, first_key_id, fresh_minute, write_plan, Backend, Fixture, GatewayProcess, GatewaySpec,
     Process, RedisCluster, RedisServer,
 };
 use serde_json::Value;
@@ -17,24 +17,22 @@ const DEADLINE: Duration = Duration::from_millis(50);
 const SLACK: Duration = Duration::from_millis(100);
 
 struct Setup {
-    dir: tempfile::TempDir,
-    plans: std::path::PathBuf,
-    keys: std::path::PathBuf,
+    fixture: Fixture,
     key: String,
 }
 
-fn setup(per_minute: u64) -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let plans = dir.path().join("plans");
-    write_plan(&plans, "free", per_minute, 10_000_000);
-    let keys = dir.path().join("keys.toml");
-    let key = issue_key(&keys, &plans, "free");
-    Setup {
-        dir,
-        plans,
-        keys,
-        key,
+impl std::ops::Deref for Setup {
+    type Target = Fixture;
+    fn deref(&self) -> &Fixture {
+        &self.fixture
     }
+}
+
+/// A `free` plan at `per_minute` (and a day quota that never binds) with one key on it.
+fn setup(per_minute: u64) -> Setup {
+    let fixture = Fixture::new(per_minute, 10_000_000);
+    let key = fixture.issue("free");
+    Setup { fixture, key }
 }
 
 /// One finished request of a [`Stream`].

@@ -10,23 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e::{
-    fresh_minute, gateway_cli, issue_key, promtool, write_plan, Backend, EchoUpstream,
-    GatewayProcess, GatewaySpec, Process, TestCert,
+    fresh_minute, gateway_cli, issue_key, promtool, Backend, EchoUpstream, Fixture, GatewayProcess,
+    GatewaySpec, Process, TestCert,
 };
 use serde_json::Value;
 
-struct Setup {
-    dir: tempfile::TempDir,
-    plans: std::path::PathBuf,
-    keys: std::path::PathBuf,
-}
-
-fn setup(per_minute: u64) -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let plans = dir.path().join("plans");
-    write_plan(&plans, "free", per_minute, 100_000);
-    let keys = dir.path().join("keys.toml");
-    Setup { dir, plans, keys }
+fn setup(per_minute: u64) -> Fixture {
+    Fixture::new(per_minute, 100_000)
 }
 
 fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
@@ -69,7 +59,7 @@ async fn core_checks(client: &reqwest::Client, base: &str, key: &str, version: r
     assert_eq!(body["code"], "rate_limited");
 }
 
-fn tls_gateway(s: &Setup, backend: std::net::SocketAddr, cert: &TestCert) -> GatewayProcess {
+fn tls_gateway(s: &Fixture, backend: std::net::SocketAddr, cert: &TestCert) -> GatewayProcess {
     let cert_path = s.dir.path().join("cert.pem");
     let key_path = s.dir.path().join("key.pem");
     cert.write(&cert_path, &key_path);

@@ -698,3 +698,26 @@ pub fn first_key_id(keys_file: &Path) -> String {
         .map(|l| l.trim_end_matches('"').to_owned())
         .expect("a key id")
 }
+
+/// What most gateway tests start from: a temporary directory with a plans directory holding the
+/// plan `free` at the given limits, and the path of a (not yet written) keys file.
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+    pub plans: PathBuf,
+    pub keys: PathBuf,
+}
+
+impl Fixture {
+    pub fn new(per_minute: u64, per_day: u64) -> Fixture {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let plans = dir.path().join("plans");
+        write_plan(&plans, "free", per_minute, per_day);
+        let keys = dir.path().join("keys.toml");
+        Fixture { dir, plans, keys }
+    }
+
+    /// Issues a key on `plan` through the real CLI.
+    pub fn issue(&self, plan: &str) -> String {
+        issue_key(&self.keys, &self.plans, plan)
+    }
+}
