@@ -216,6 +216,17 @@ impl RateView {
     }
 }
 
+/// Seconds until a per-minute GCRA allowance (governor) that lacks `missing` of its `per_minute`
+/// cells is full again: one cell comes back every 60/`per_minute` seconds.
+pub fn gcra_refill_secs(missing: u64, per_minute: u64) -> u64 {
+    (missing * MINUTE_SECS).div_ceil(per_minute.max(1))
+}
+
+/// A wait as the whole seconds of `Retry-After`: rounded up, and at least 1.
+pub fn retry_after_secs(wait: std::time::Duration) -> u64 {
+    (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,6 +355,17 @@ mod tests {
             view.ratelimit_header(),
             "\"minute\";r=59;t=42, \"day\";r=999;t=86262"
         );
+    }
+
+    #[test]
+    fn gcra_and_retry_after_round_up() {
+        assert_eq!(gcra_refill_secs(0, 60), 0);
+        assert_eq!(gcra_refill_secs(1, 60), 1);
+        assert_eq!(gcra_refill_secs(1, 7), 9);
+        assert_eq!(gcra_refill_secs(7, 7), 60);
+        assert_eq!(retry_after_secs(std::time::Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(std::time::Duration::from_millis(1_001)), 2);
+        assert_eq!(retry_after_secs(std::time::Duration::from_secs(3)), 3);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use governor::middleware::StateInformationMiddleware;
 use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota, RateLimiter};
 
-use crate::quota::{Limits, Outcome, RateView, DAY_SECS};
+use crate::quota::{gcra_refill_secs, retry_after_secs, Limits, Outcome, RateView, DAY_SECS};
 
 /// Consecutive failures that open the breaker.
 pub const BREAKER_THRESHOLD: u32 = 3;
@@ -86,7 +86,6 @@ impl LocalLimiter {
     /// Decides one request on this node alone, at `now` (Unix seconds).
     pub fn check(&self, key_id: &Arc<str>, limits: Limits, now: u64) -> (Outcome, RateView) {
         let limit = limits.per_minute.max(1);
-        let refill = |missing: u64| (missing * 60).div_ceil(limit);
         let day_reset = (now / DAY_SECS + 1) * DAY_SECS;
         let view = |remaining: u64, reset: u64, retry_after: Option<u64>| RateView {
             limits,
@@ -106,12 +105,15 @@ impl LocalLimiter {
                 let remaining = u64::from(snapshot.remaining_burst_capacity()).min(limit);
                 (
                     Outcome::Admitted,
-                    view(remaining, now + refill(limit - remaining), None),
+                    view(
+                        remaining,
+                        now + gcra_refill_secs(limit - remaining, limit),
+                        None,
+                    ),
                 )
             }
             Err(not_until) => {
-                let wait = not_until.wait_time_from(self.clock.now());
-                let retry = (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1);
+                let retry = retry_after_secs(not_until.wait_time_from(self.clock.now()));
                 (Outcome::Limited, view(0, now + retry, Some(retry)))
             }
         }

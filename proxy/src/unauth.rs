@@ -10,6 +10,7 @@ use governor::middleware::StateInformationMiddleware;
 use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota, RateLimiter};
 
+use crate::quota::{gcra_refill_secs, retry_after_secs};
 use crate::responses::SimpleLimit;
 
 type Limiter =
@@ -45,27 +46,24 @@ impl UnauthLimiter {
 
     pub fn check(&self, ip: IpAddr, now_unix: u64) -> UnauthDecision {
         let limit = u64::from(self.per_minute);
-        // One cell replenishes every 60/limit seconds; all of them after that many cells.
-        let refill_secs = |missing: u64| (missing * 60).div_ceil(limit);
         match self.limiter.check_key(&ip) {
             Ok(snapshot) => {
                 let remaining = u64::from(snapshot.remaining_burst_capacity());
                 UnauthDecision::Allowed(SimpleLimit {
                     limit,
                     remaining,
-                    reset: now_unix + refill_secs(limit - remaining.min(limit)),
+                    reset: now_unix + gcra_refill_secs(limit - remaining.min(limit), limit),
                 })
             }
             Err(not_until) => {
-                let wait = not_until.wait_time_from(self.clock.now());
-                let retry_after = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+                let retry_after = retry_after_secs(not_until.wait_time_from(self.clock.now()));
                 UnauthDecision::Refused {
                     limit: SimpleLimit {
                         limit,
                         remaining: 0,
-                        reset: now_unix + refill_secs(limit),
+                        reset: now_unix + gcra_refill_secs(limit, limit),
                     },
-                    retry_after: retry_after.max(1),
+                    retry_after,
                 }
             }
         }
