@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -139,6 +139,9 @@ struct CachedBan {
 #[derive(Debug, Default)]
 pub struct BanCache {
     bans: Mutex<HashMap<Arc<str>, CachedBan>>,
+    /// Entries in `bans`, readable without the lock: almost always 0, and then every request
+    /// skips the lock. Written only under the lock.
+    len: AtomicUsize,
 }
 
 /// How long a cached ban is trusted before the store is asked again (while it answers).
@@ -153,10 +156,14 @@ impl BanCache {
     /// confirmed by the store within [`BAN_RECHECK`] (when the store is up, older entries are
     /// re-checked so lifts elsewhere take effect).
     pub fn banned_until(&self, key_id: &str, now: u64, fresh_only: bool) -> Option<u64> {
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         let mut bans = self.lock();
         match bans.get(key_id) {
             Some(b) if b.until <= now => {
                 bans.remove(key_id);
+                self.len.store(bans.len(), Ordering::Relaxed);
                 None
             }
             Some(b) if !fresh_only || b.checked.elapsed() < BAN_RECHECK => Some(b.until),
@@ -165,22 +172,28 @@ impl BanCache {
     }
 
     pub fn remember(&self, key_id: &Arc<str>, until: u64) {
-        self.lock().insert(
+        let mut bans = self.lock();
+        bans.insert(
             Arc::clone(key_id),
             CachedBan {
                 until,
                 checked: Instant::now(),
             },
         );
+        self.len.store(bans.len(), Ordering::Relaxed);
     }
 
     pub fn forget(&self, key_id: &str) {
-        self.lock().remove(key_id);
+        let mut bans = self.lock();
+        bans.remove(key_id);
+        self.len.store(bans.len(), Ordering::Relaxed);
     }
 
     /// Drops ended bans.
     pub fn sweep(&self, now: u64) {
-        self.lock().retain(|_, b| b.until > now);
+        let mut bans = self.lock();
+        bans.retain(|_, b| b.until > now);
+        self.len.store(bans.len(), Ordering::Relaxed);
     }
 }
 
@@ -226,6 +239,7 @@ mod tests {
         let key: Arc<str> = "k".into();
         c.remember(&key, 100);
         assert_eq!(c.banned_until("k", 50, true), Some(100));
+        assert_eq!(c.banned_until("other", 50, false), None);
         assert_eq!(c.banned_until("k", 100, false), None, "ended");
         c.remember(&key, 100);
         c.forget("k");
