@@ -22,7 +22,7 @@ use pingora::protocols::http::ServerSession;
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::Catalog;
-use crate::keys::rfc3339;
+use crate::clock::rfc3339;
 use crate::resilience::BanCache;
 use crate::responses::{error_body, ErrorCode};
 use crate::store::QuotaStore;
@@ -31,7 +31,7 @@ pub struct Admin {
     pub catalog: Arc<Catalog>,
     pub store: Arc<dyn QuotaStore>,
     /// This node's ban cache, cleared on a lift so the lift applies here at once.
-    pub bans: Arc<BanCache>,
+    pub ban_cache: Arc<BanCache>,
     pub upstreams: Vec<SocketAddr>,
     /// When the store fails, requests are still served (`on_store_error` local or open, or the
     /// embedded store): then an unreachable store does not make the gateway unready.
@@ -147,7 +147,7 @@ impl ServeHttp for Admin {
                     return error(405, ErrorCode::MethodNotAllowed, "use POST");
                 }
                 let id = &p["/bans/".len()..p.len() - "/lift".len()];
-                self.bans.forget(id);
+                self.ban_cache.forget(id);
                 match self.store.lift_ban(id).await {
                     Ok(lifted) => json_response(
                         200,

@@ -15,6 +15,7 @@ use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::clock::rfc3339_now;
 use crate::plans::Plans;
 
 /// Random bytes in a key: 256 bits, far beyond guessing.
@@ -317,35 +318,6 @@ pub fn revoke(path: &Path, id: &str) -> Result<KeyRecord, KeysError> {
     })
 }
 
-fn rfc3339_now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    rfc3339(secs)
-}
-
-/// UTC date-time for Unix seconds (civil-from-days, H. Hinnant's algorithm).
-pub fn rfc3339(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3_600,
-        rem % 3_600 / 60,
-        rem % 60
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -404,12 +376,5 @@ mod tests {
         let err = issue(&dir.path().join("keys.toml"), &plans, "gold", None).unwrap_err();
         assert!(err.to_string().contains("gold"), "{err}");
         assert!(!dir.path().join("keys.toml").exists());
-    }
-
-    #[test]
-    fn dates_are_rfc3339_utc() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(rfc3339(1_795_312_091), "2026-11-22T01:48:11Z");
     }
 }

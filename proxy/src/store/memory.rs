@@ -5,11 +5,11 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
 use super::{Ban, QuotaStore, StoreError};
+use crate::clock::Clock;
 use crate::quota::{BanPolicy, KeyState, Limits, Verdict, MINUTE_SECS};
 
 const SHARDS: usize = 64;
@@ -22,12 +22,12 @@ struct Shard {
 
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
-    clock: fn() -> u64,
+    clock: Clock,
 }
 
 impl Default for MemoryStore {
     fn default() -> Self {
-        Self::with_clock(unix_now)
+        Self::with_clock(Clock::system())
     }
 }
 
@@ -36,8 +36,8 @@ impl MemoryStore {
         Self::default()
     }
 
-    /// For tests that need to move time: `clock` returns Unix seconds.
-    pub fn with_clock(clock: fn() -> u64) -> MemoryStore {
+    /// Reads the time from `clock`: tests pass a manual one to step over windows and bans.
+    pub fn with_clock(clock: Clock) -> MemoryStore {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             clock,
@@ -69,13 +69,6 @@ fn lock(m: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
 #[async_trait]
 impl QuotaStore for MemoryStore {
     async fn acquire(
@@ -84,7 +77,7 @@ impl QuotaStore for MemoryStore {
         limits: Limits,
         ban: &BanPolicy,
     ) -> Result<Verdict, StoreError> {
-        let now = (self.clock)();
+        let now = self.clock.now();
         let mut shard = lock(self.shard(key_id));
         let minute = now / MINUTE_SECS;
         if shard.swept_minute != minute {
@@ -104,7 +97,7 @@ impl QuotaStore for MemoryStore {
     }
 
     async fn lift_ban(&self, key_id: &str) -> Result<bool, StoreError> {
-        let now = (self.clock)();
+        let now = self.clock.now();
         let mut shard = lock(self.shard(key_id));
         Ok(match shard.keys.get_mut(key_id) {
             Some(state) if state.ban_until > now => {
@@ -117,7 +110,7 @@ impl QuotaStore for MemoryStore {
     }
 
     async fn ban_of(&self, key_id: &str) -> Result<Option<Ban>, StoreError> {
-        let now = (self.clock)();
+        let now = self.clock.now();
         let shard = lock(self.shard(key_id));
         Ok(shard
             .keys

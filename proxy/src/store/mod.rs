@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-pub use self::memory::{unix_now as memory_now, MemoryStore};
+pub use self::memory::MemoryStore;
 pub use self::redis::{RedisStore, RedisTarget};
 use crate::quota::{BanPolicy, Limits, Verdict};
 
@@ -25,9 +25,13 @@ pub enum StoreError {
     Unavailable(String),
     #[error("quota store answered something unexpected: {0}")]
     Protocol(String),
-    #[error("invalid Redis URL: {0}")]
-    Config(String),
 }
+
+/// A store that cannot be built from its settings: found once, at start-up or by `check`,
+/// never on a request.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("invalid Redis URL: {0}")]
+pub struct StoreConfigError(pub String);
 
 impl StoreError {
     /// For the `kind` label of `pet_gateway_store_errors_total`.
@@ -36,7 +40,6 @@ impl StoreError {
             StoreError::Timeout(_) => "timeout",
             StoreError::Unavailable(_) => "unavailable",
             StoreError::Protocol(_) => "protocol",
-            StoreError::Config(_) => "config",
         }
     }
 }

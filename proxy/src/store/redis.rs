@@ -11,7 +11,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::OnceCell;
 
-use super::{scripts, Ban, QuotaStore, StoreError};
+use super::{scripts, Ban, QuotaStore, StoreConfigError, StoreError};
 use crate::quota::{BanPolicy, Limits, Outcome, Verdict};
 
 /// Where the store's Redis is: one server, or the seed nodes of a cluster.
@@ -25,7 +25,7 @@ impl RedisTarget {
     /// `redis://host:port/db` (also `rediss://`, `unix://`) is one server;
     /// `redis+cluster://host:port,host:port` or a comma-separated list of `redis://` URLs is a
     /// cluster, given by some of its nodes.
-    pub fn parse(url: &str) -> Result<RedisTarget, StoreError> {
+    pub fn parse(url: &str) -> Result<RedisTarget, StoreConfigError> {
         let url = url.trim();
         let nodes: Vec<String> = if let Some(rest) = url.strip_prefix("redis+cluster://") {
             rest.trim_end_matches('/')
@@ -35,12 +35,12 @@ impl RedisTarget {
         } else if url.contains(',') {
             url.split(',').map(|n| n.trim().to_owned()).collect()
         } else {
-            redis::Client::open(url).map_err(|e| StoreError::Config(e.to_string()))?;
+            redis::Client::open(url).map_err(|e| StoreConfigError(e.to_string()))?;
             return Ok(RedisTarget::Single(url.to_owned()));
         };
         for node in &nodes {
             redis::Client::open(node.as_str())
-                .map_err(|e| StoreError::Config(format!("cluster node `{node}`: {e}")))?;
+                .map_err(|e| StoreConfigError(format!("cluster node `{node}`: {e}")))?;
         }
         Ok(RedisTarget::Cluster(nodes))
     }
@@ -71,10 +71,10 @@ pub struct RedisStore {
 
 impl RedisStore {
     /// `prefix` namespaces every key (one per environment); `timeout` bounds every call.
-    pub fn new(url: &str, prefix: &str, timeout: Duration) -> Result<RedisStore, StoreError> {
+    pub fn new(url: &str, prefix: &str, timeout: Duration) -> Result<RedisStore, StoreConfigError> {
         let client = match RedisTarget::parse(url)? {
             RedisTarget::Single(url) => Client::Single(
-                redis::Client::open(url).map_err(|e| StoreError::Config(e.to_string()))?,
+                redis::Client::open(url).map_err(|e| StoreConfigError(e.to_string()))?,
             ),
             RedisTarget::Cluster(nodes) => Client::Cluster(Box::new(
                 ClusterClient::builder(nodes)
@@ -82,7 +82,7 @@ impl RedisStore {
                     .response_timeout(timeout)
                     .retries(2)
                     .build()
-                    .map_err(|e| StoreError::Config(e.to_string()))?,
+                    .map_err(|e| StoreConfigError(e.to_string()))?,
             )),
         };
         Ok(RedisStore {

@@ -1,0 +1,117 @@
+//! Time has one home: the wall clock every part of the gateway reads (Unix seconds, as the quota
+//! windows and the rate-limit headers count them), a [`Clock`] that tests can hold still and move
+//! by hand, and the RFC 3339 form that files and admin answers show people.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Unix seconds now. A clock set before 1970 reads 0 rather than failing a request.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Where a component reads the time: the system clock, or (in tests) a hand-moved one, so that
+/// window and ban tests step over minutes without sleeping through them.
+#[derive(Debug, Clone, Default)]
+pub struct Clock {
+    manual: Option<Arc<AtomicU64>>,
+}
+
+impl Clock {
+    /// The system clock.
+    pub fn system() -> Clock {
+        Clock::default()
+    }
+
+    /// A clock that reads `start` until [`Clock::advance`] or [`Clock::set`] moves it; clones
+    /// share it.
+    pub fn manual(start: u64) -> Clock {
+        Clock {
+            manual: Some(Arc::new(AtomicU64::new(start))),
+        }
+    }
+
+    pub fn now(&self) -> u64 {
+        match &self.manual {
+            Some(t) => t.load(Ordering::Relaxed),
+            None => unix_now(),
+        }
+    }
+
+    /// Moves a manual clock forward; the system clock cannot be moved, and is left alone.
+    pub fn advance(&self, secs: u64) {
+        if let Some(t) = &self.manual {
+            t.fetch_add(secs, Ordering::Relaxed);
+        }
+    }
+
+    /// Sets a manual clock; the system clock is left alone.
+    pub fn set(&self, secs: u64) {
+        if let Some(t) = &self.manual {
+            t.store(secs, Ordering::Relaxed);
+        }
+    }
+
+    pub fn is_manual(&self) -> bool {
+        self.manual.is_some()
+    }
+}
+
+/// Now, as RFC 3339 UTC.
+pub fn rfc3339_now() -> String {
+    rfc3339(unix_now())
+}
+
+/// UTC date-time for Unix seconds (civil-from-days, H. Hinnant's algorithm).
+pub fn rfc3339(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3_600,
+        rem % 3_600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_are_rfc3339_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_795_312_091), "2026-11-22T01:48:11Z");
+    }
+
+    #[test]
+    fn a_manual_clock_moves_only_by_hand_and_clones_share_it() {
+        let c = Clock::manual(100);
+        let shared = c.clone();
+        assert_eq!(c.now(), 100);
+        shared.advance(61);
+        assert_eq!(c.now(), 161);
+        c.set(5);
+        assert_eq!(shared.now(), 5);
+        let system = Clock::system();
+        system.advance(1_000);
+        assert!(
+            system.now() >= 1_795_312_091,
+            "the system clock is untouched"
+        );
+    }
+}
