@@ -56,11 +56,11 @@ pub struct KeyFiles {
     /// Config file naming the keys file and plans directory.
     #[arg(long, env = "PET_GATEWAY_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// The keys file (overrides the config file's).
-    #[arg(long, env = "PET_GATEWAY_KEYS_FILE", value_name = "PATH")]
+    /// The keys file (overrides the config file's) [env: PET_GATEWAY_KEYS_FILE].
+    #[arg(long, value_name = "PATH")]
     pub keys_file: Option<PathBuf>,
-    /// The plans directory (overrides the config file's).
-    #[arg(long, env = "PET_GATEWAY_PLANS_DIR", value_name = "DIR")]
+    /// The plans directory (overrides the config file's) [env: PET_GATEWAY_PLANS_DIR].
+    #[arg(long, value_name = "DIR")]
     pub plans_dir: Option<PathBuf>,
 }
 
@@ -82,8 +82,8 @@ pub enum KeysCommand {
         #[command(flatten)]
         files: KeyFiles,
         /// The running gateway's admin address, asked which keys are banned (overrides the
-        /// config file's).
-        #[arg(long, env = "PET_GATEWAY_ADMIN_LISTEN", value_name = "ADDR")]
+        /// config file's) [env: PET_GATEWAY_ADMIN_LISTEN].
+        #[arg(long, value_name = "ADDR")]
         admin_listen: Option<String>,
     },
     /// Revoke a key by id; a running gateway refuses it within seconds.
@@ -101,8 +101,8 @@ pub struct AdminArgs {
     /// Config file naming the admin listener.
     #[arg(long, env = "PET_GATEWAY_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// The gateway's admin address (overrides the config file's).
-    #[arg(long, env = "PET_GATEWAY_ADMIN_LISTEN", value_name = "ADDR")]
+    /// The gateway's admin address (overrides the config file's) [env: PET_GATEWAY_ADMIN_LISTEN].
+    #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<String>,
 }
 

@@ -8,7 +8,7 @@ use crate::catalog::Snapshot;
 use crate::cli::{
     AdminArgs, BansCommand, Cli, Command, ConfigArgs, KeyFiles, KeysCommand, ServeArgs,
 };
-use crate::config::{Config, LogFormat, Overrides};
+use crate::config::{Config, Env, LogFormat, Overrides};
 use crate::keys::{self, KeysFile};
 use crate::plans::Plans;
 
@@ -50,7 +50,7 @@ fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
 
 fn serve(args: ServeArgs) -> Result<(), String> {
     let c = &args.config;
-    let config = Config::load(c.config.as_deref(), &c.overrides).map_err(|e| e.to_string())?;
+    let config = load(c.config.as_deref(), &c.overrides)?;
     let _flush_on_exit = init_logging(config.log_format);
     crate::server::run(
         config,
@@ -61,8 +61,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
 }
 
 fn check(args: ConfigArgs) -> Result<(), String> {
-    let config =
-        Config::load(args.config.as_deref(), &args.overrides).map_err(|e| e.to_string())?;
+    let config = load(args.config.as_deref(), &args.overrides)?;
     let snapshot =
         Snapshot::load(&config.keys_file, &config.plans_dir).map_err(|e| e.to_string())?;
     println!(
@@ -79,19 +78,25 @@ fn check(args: ConfigArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn key_config(files: &KeyFiles) -> Result<Config, String> {
+/// The config as this process's file, environment and flags give it.
+fn load(file: Option<&std::path::Path>, flags: &Overrides) -> Result<Config, String> {
+    Config::load(file, &Env::process(), flags).map_err(|e| e.to_string())
+}
+
+fn key_config(files: &KeyFiles, admin_listen: Option<&str>) -> Result<Config, String> {
     let over = Overrides {
         keys_file: files.keys_file.clone(),
         plans_dir: files.plans_dir.clone(),
+        admin_listen: admin_listen.map(str::to_owned),
         ..Overrides::default()
     };
-    Config::load(files.config.as_deref(), &over).map_err(|e| e.to_string())
+    load(files.config.as_deref(), &over)
 }
 
 fn keys_command(cmd: KeysCommand) -> Result<(), String> {
     match cmd {
         KeysCommand::Issue { files, plan, name } => {
-            let config = key_config(&files)?;
+            let config = key_config(&files, None)?;
             let plans = Plans::load_dir(&config.plans_dir).map_err(|e| e.to_string())?;
             let (record, key) = keys::issue(&config.keys_file, &plans, &plan, name.as_deref())
                 .map_err(|e| e.to_string())?;
@@ -108,10 +113,9 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             files,
             admin_listen,
         } => {
-            let config = key_config(&files)?;
+            let config = key_config(&files, admin_listen.as_deref())?;
             let file = KeysFile::load(&config.keys_file).map_err(|e| e.to_string())?;
-            let admin = admin_addr(admin_listen.as_deref(), config.admin_listen)?;
-            let bans = match fetch_bans(admin) {
+            let bans = match fetch_bans(config.admin_listen) {
                 Ok(bans) => Some(bans),
                 Err(e) => {
                     eprintln!("note: ban status unknown: {e}");
@@ -143,7 +147,7 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             Ok(())
         }
         KeysCommand::Revoke { files, id } => {
-            let config = key_config(&files)?;
+            let config = key_config(&files, None)?;
             let record = keys::revoke(&config.keys_file, &id).map_err(|e| e.to_string())?;
             println!(
                 "revoked {} (plan {}) at {}",
@@ -156,22 +160,12 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
     }
 }
 
-fn admin_addr(
-    flag: Option<&str>,
-    configured: std::net::SocketAddr,
-) -> Result<std::net::SocketAddr, String> {
-    match flag {
-        None => Ok(configured),
-        Some(a) => a
-            .parse()
-            .map_err(|e| format!("--admin-listen: `{a}` is not an address: {e}")),
-    }
-}
-
 fn admin_of(args: &AdminArgs) -> Result<std::net::SocketAddr, String> {
-    let config =
-        Config::load(args.config.as_deref(), &Overrides::default()).map_err(|e| e.to_string())?;
-    admin_addr(args.admin_listen.as_deref(), config.admin_listen)
+    let over = Overrides {
+        admin_listen: args.admin_listen.clone(),
+        ..Overrides::default()
+    };
+    Ok(load(args.config.as_deref(), &over)?.admin_listen)
 }
 
 fn fetch_bans(addr: std::net::SocketAddr) -> Result<Bans, String> {
