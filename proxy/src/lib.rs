@@ -1,14 +1,36 @@
 //! pet-gateway: authentication, plan quotas and bans in front of pet-backend, on pingora.
 //!
-//! One module per concern: [`config`] (file, environment and flags into one `Config`),
-//! [`plans`] and [`keys`] (the hand-edited files), [`auth`] (the bearer token), [`quota`] (the
-//! window arithmetic), [`store`] (where counts live), [`gateway`] (the pingora phases),
-//! [`catalog`] (the keys and plans in force, reloaded on edits), [`server`] (assembling and running it all).
+//! One module per concern:
+//!
+//! | module | concern |
+//! |---|---|
+//! | [`gateway`] | the pingora phases, and nothing else |
+//! | [`request`] | a request's shape limits and its request id |
+//! | [`routes`] | the operation a request is for (the route label) |
+//! | [`auth`] | the bearer token |
+//! | [`admission`] | ban cache → breaker → store → `on_store_error`: one [`admission::Decision`] |
+//! | [`responses`] | every response the gateway writes itself (one [`responses::Refusal`] exit) |
+//! | [`quota`] | the window, strike and ban arithmetic; the rate-limit header numbers |
+//! | [`store`] | where counts live: the `QuotaStore` trait, memory and Redis (Lua scripts) |
+//! | [`resilience`] | circuit breaker, per-node fallback limiter, ban cache |
+//! | [`unauth`] | the per-IP limit on requests without a valid key |
+//! | [`upstreams`] | backend rotation and passive health |
+//! | [`keys`], [`plans`] | the hand-edited keys file and plan files |
+//! | [`catalog`] | the keys and plans in force, reloaded on edits |
+//! | [`clock`] | the wall clock, a hand-moved clock for tests, RFC 3339 dates |
+//! | [`config`] | file, environment and flags into one `Config` |
+//! | [`cli`], [`commands`] | the command line and what each command does |
+//! | [`server`] | assembling and running it all: proxy, admin listener, reloader, store probe |
+//! | [`admin`] | health, readiness, metrics and ban endpoints |
+//! | [`metrics`] | the Prometheus metrics |
+//! | [`tls`] | the certificate resolver and its reload |
 
 pub mod admin;
+pub mod admission;
 pub mod auth;
 pub mod catalog;
 pub mod cli;
+pub mod clock;
 pub mod commands;
 pub mod config;
 pub mod gateway;
@@ -16,8 +38,10 @@ pub mod keys;
 pub mod metrics;
 pub mod plans;
 pub mod quota;
+pub mod request;
 pub mod resilience;
 pub mod responses;
+pub mod routes;
 pub mod server;
 pub mod store;
 pub mod tls;

@@ -142,6 +142,26 @@ impl KeyState {
     }
 }
 
+/// The window a response reports in `X-RateLimit-*` (and a refusal is counted under, as the
+/// `window` label of `pet_gateway_rate_limited_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    Minute,
+    Day,
+    /// A ban binds: its end is the reset, whatever the windows hold.
+    Ban,
+}
+
+impl Window {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Window::Minute => "minute",
+            Window::Day => "day",
+            Window::Ban => "ban",
+        }
+    }
+}
+
 /// The numbers behind the rate-limit headers of one response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateView {
@@ -157,9 +177,37 @@ pub struct RateView {
     pub reset: u64,
     /// Whole seconds, at least 1; only on refusals.
     pub retry_after: Option<u64>,
+    /// Which window `limit`, `remaining` and `reset` are of.
+    pub binding: Window,
 }
 
 impl RateView {
+    /// A key banned until `until`, as this node knows without asking the store: nothing is
+    /// known of its windows here, so they read as untouched.
+    pub fn banned(limits: Limits, now: u64, until: u64) -> RateView {
+        Self::untouched(Outcome::Banned, limits, now, until)
+    }
+
+    /// A request admitted without counting (`on_store_error = "open"`): its windows read as
+    /// untouched.
+    pub fn unmetered(limits: Limits, now: u64) -> RateView {
+        Self::untouched(Outcome::Admitted, limits, now, 0)
+    }
+
+    fn untouched(outcome: Outcome, limits: Limits, now: u64, ban_until: u64) -> RateView {
+        Self::new(
+            &Verdict {
+                outcome,
+                now,
+                minute_count: 0,
+                day_count: 0,
+                ban_until,
+                ban_started: false,
+            },
+            limits,
+        )
+    }
+
     pub fn new(v: &Verdict, limits: Limits) -> RateView {
         let minute_reset = (v.now / MINUTE_SECS + 1) * MINUTE_SECS;
         let day_reset = (v.now / DAY_SECS + 1) * DAY_SECS;
@@ -173,12 +221,18 @@ impl RateView {
         let day_binds = day_remaining < minute_remaining
             || (v.outcome != Outcome::Admitted && day_remaining == 0);
         let (limit, mut remaining, mut reset) = if day_binds { day } else { minute };
+        let mut binding = if day_binds {
+            Window::Day
+        } else {
+            Window::Minute
+        };
         let retry_after = match v.outcome {
             Outcome::Admitted => None,
             Outcome::Limited => Some(reset.saturating_sub(v.now).max(1)),
             Outcome::Banned => {
                 remaining = 0;
                 reset = v.ban_until.max(v.now + 1);
+                binding = Window::Ban;
                 Some(reset - v.now)
             }
         };
@@ -193,6 +247,7 @@ impl RateView {
             remaining,
             reset,
             retry_after,
+            binding,
         }
     }
 
@@ -254,6 +309,7 @@ mod tests {
         let view = RateView::new(&v, FREE);
         assert_eq!(view.reset, minute_start + 60);
         assert_eq!(view.retry_after, Some(35));
+        assert_eq!(view.binding, Window::Minute);
         // The next minute has room again.
         assert_eq!(s.acquire(t0 + 40, FREE, &ban).outcome, Outcome::Admitted);
     }
@@ -280,6 +336,7 @@ mod tests {
             (5, 0, 11 * DAY_SECS)
         );
         assert_eq!(view.retry_after, Some(DAY_SECS - 3_600));
+        assert_eq!(view.binding, Window::Day);
     }
 
     #[test]
@@ -305,8 +362,8 @@ mod tests {
         );
         let view = RateView::new(&v, limits);
         assert_eq!(
-            (view.remaining, view.reset, view.retry_after),
-            (0, t + 10, Some(10))
+            (view.remaining, view.reset, view.retry_after, view.binding),
+            (0, t + 10, Some(10), Window::Ban)
         );
         let during = s.acquire(t + 9, limits, &ban);
         assert_eq!(
@@ -354,6 +411,27 @@ mod tests {
         assert_eq!(
             view.ratelimit_header(),
             "\"minute\";r=59;t=42, \"day\";r=999;t=86262"
+        );
+    }
+
+    #[test]
+    fn a_ban_known_locally_and_an_unmetered_admission_read_as_untouched_windows() {
+        let now = 120 + 18;
+        let banned = RateView::banned(FREE, now, now + 30);
+        assert_eq!(
+            (
+                banned.binding,
+                banned.remaining,
+                banned.reset,
+                banned.retry_after
+            ),
+            (Window::Ban, 0, now + 30, Some(30))
+        );
+        assert_eq!((banned.minute_remaining, banned.day_remaining), (60, 1000));
+        let open = RateView::unmetered(FREE, now);
+        assert_eq!(
+            (open.binding, open.limit, open.remaining, open.retry_after),
+            (Window::Minute, 60, 60, None)
         );
     }
 

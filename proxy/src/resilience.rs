@@ -20,7 +20,22 @@ use governor::middleware::StateInformationMiddleware;
 use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota, RateLimiter};
 
-use crate::quota::{gcra_refill_secs, retry_after_secs, Limits, Outcome, RateView, DAY_SECS};
+use crate::quota::{
+    gcra_refill_secs, retry_after_secs, Limits, Outcome, RateView, Window, DAY_SECS,
+};
+
+/// The gateway's fault handling as one thing, passed whole: admission decides with it, the admin
+/// listener clears the ban cache on a lift, the store probe closes the breaker, and the reloader
+/// sweeps the caches. Clones share the same parts.
+#[derive(Clone, Default)]
+pub struct Resilience {
+    /// Stops sending requests to a failing store; closed again by the probe.
+    pub breaker: Arc<Breaker>,
+    /// Bans this node knows of (not the ban *policy*, which is configuration).
+    pub ban_cache: Arc<BanCache>,
+    /// Counts on this node alone while the shared store fails (`on_store_error = "local"`).
+    pub local: Arc<LocalLimiter>,
+}
 
 /// Consecutive failures that open the breaker.
 pub const BREAKER_THRESHOLD: u32 = 3;
@@ -99,6 +114,7 @@ impl LocalLimiter {
             remaining,
             reset: reset.max(now + 1),
             retry_after,
+            binding: Window::Minute,
         };
         match self.limiter(limit).check_key(key_id) {
             Ok(snapshot) => {

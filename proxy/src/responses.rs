@@ -1,8 +1,14 @@
 //! Responses the gateway writes itself (401, 429, 502, 504, ...): always the interface's Error
 //! object as JSON, with the rate-limit headers the design puts on every response.
+//!
+//! Every refusal is a [`Refusal`] and leaves through one function, [`refuse`]; the table that
+//! turns a failed proxy attempt into a status ([`Refusal::for_proxy_error`]) lives here too, so
+//! what a client can be told is all in one file.
 
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+use pingora::{Error, ErrorSource, ErrorType};
 use serde::Serialize;
 
 use crate::quota::RateView;
@@ -106,4 +112,180 @@ pub fn error_head(
     }
     insert_rate_headers(&mut resp, rate);
     resp
+}
+
+/// A response the gateway answers itself instead of forwarding.
+#[derive(Debug, Clone, Copy)]
+pub struct Refusal<'a> {
+    pub status: u16,
+    pub code: ErrorCode,
+    pub message: &'static str,
+    pub rate: RateHeaders<'a>,
+    /// Whole seconds for `Retry-After`.
+    pub retry_after: Option<u64>,
+    pub extra_headers: &'static [(&'static str, &'static str)],
+    /// Close the client connection after this response (framing that cannot be trusted, or a
+    /// failed proxy attempt, after which pingora closes it anyway).
+    pub close: bool,
+}
+
+impl<'a> Refusal<'a> {
+    fn new(status: u16, code: ErrorCode, message: &'static str) -> Refusal<'a> {
+        Refusal {
+            status,
+            code,
+            message,
+            rate: RateHeaders::None,
+            retry_after: None,
+            extra_headers: &[],
+            close: false,
+        }
+    }
+
+    /// A request refused for its shape (oversized headers, smuggling-prone framing).
+    pub fn bad_shape(status: u16, message: &'static str) -> Refusal<'a> {
+        Refusal {
+            close: true,
+            ..Refusal::new(status, ErrorCode::InvalidRequest, message)
+        }
+    }
+
+    /// 401 for a missing, malformed, unknown or revoked key; reports the per-IP limit.
+    pub fn unauthorized(message: &'static str, limit: SimpleLimit) -> Refusal<'a> {
+        Refusal {
+            rate: RateHeaders::Simple(limit),
+            extra_headers: &[("www-authenticate", "Bearer")],
+            ..Refusal::new(401, ErrorCode::Unauthorized, message)
+        }
+    }
+
+    /// 429 for an address that sent too many requests without a valid key.
+    pub fn unauthenticated_flood(limit: SimpleLimit, retry_after: u64) -> Refusal<'a> {
+        Refusal {
+            rate: RateHeaders::Simple(limit),
+            retry_after: Some(retry_after),
+            ..Refusal::new(
+                429,
+                ErrorCode::RateLimited,
+                "too many requests without a valid API key from this address",
+            )
+        }
+    }
+
+    /// 404 for anything outside the versioned API (the backend's own endpoints included).
+    pub fn not_found() -> Refusal<'a> {
+        Refusal::new(404, ErrorCode::NotFound, "no such resource")
+    }
+
+    /// 500 for a key whose plan is missing: reloads refuse such keys, so this is a bug.
+    pub fn plan_missing() -> Refusal<'a> {
+        Refusal::new(500, ErrorCode::Internal, "the key's plan is not configured")
+    }
+
+    /// 503 when the store fails and `on_store_error = "closed"`.
+    pub fn store_unavailable() -> Refusal<'a> {
+        Refusal {
+            retry_after: Some(1),
+            ..Refusal::new(
+                503,
+                ErrorCode::Internal,
+                "the rate-limit store is unavailable; try again shortly",
+            )
+        }
+    }
+
+    /// 429 `rate_limited`: a window of the key's plan is full.
+    pub fn rate_limited(view: &'a RateView) -> Refusal<'a> {
+        Refusal {
+            rate: RateHeaders::Plan(view),
+            retry_after: Some(view.retry_after.unwrap_or(1)),
+            ..Refusal::new(
+                429,
+                ErrorCode::RateLimited,
+                "rate limit exceeded; retry after the number of seconds in Retry-After",
+            )
+        }
+    }
+
+    /// 429 `api_key_banned`.
+    pub fn banned(view: &'a RateView) -> Refusal<'a> {
+        Refusal {
+            rate: RateHeaders::Plan(view),
+            retry_after: Some(view.retry_after.unwrap_or(1)),
+            ..Refusal::new(
+                429,
+                ErrorCode::ApiKeyBanned,
+                "this API key is temporarily banned for sending requests after being rate limited",
+            )
+        }
+    }
+
+    /// What a failed proxy attempt tells the client; `None` when the client itself went away
+    /// and there is nobody to tell.
+    pub fn for_proxy_error(e: &Error, rate: Option<&'a RateView>) -> Option<Refusal<'a>> {
+        use ErrorType::*;
+        let (status, code, message) = match (e.esource(), e.etype()) {
+            (_, HTTPStatus(status)) if *status >= 400 && *status < 500 => (
+                *status,
+                ErrorCode::InvalidRequest,
+                "the request could not be processed",
+            ),
+            (ErrorSource::Upstream, ConnectTimedout | ReadTimedout | WriteTimedout) => (
+                504,
+                ErrorCode::GatewayTimeout,
+                "the backend did not answer in time",
+            ),
+            (ErrorSource::Upstream, _) | (_, ConnectRefused | ConnectNoRoute | ConnectError) => (
+                502,
+                ErrorCode::BadGateway,
+                "the backend could not be reached",
+            ),
+            (ErrorSource::Downstream, ReadError | WriteError | ConnectionClosed) => return None,
+            (ErrorSource::Downstream, ReadTimedout) => (
+                408,
+                ErrorCode::InvalidRequest,
+                "the request body did not arrive in time",
+            ),
+            (ErrorSource::Downstream, _) => (
+                400,
+                ErrorCode::InvalidRequest,
+                "the request could not be read",
+            ),
+            _ => (
+                500,
+                ErrorCode::Internal,
+                "the gateway failed to handle the request",
+            ),
+        };
+        Some(Refusal {
+            rate: rate.map_or(RateHeaders::None, RateHeaders::Plan),
+            // Pingora closes the client connection after a failed proxy attempt; say so in
+            // the response, or a client would reuse the connection and lose its next request.
+            close: true,
+            ..Refusal::new(status, code, message)
+        })
+    }
+}
+
+/// Writes `refusal` as the whole response. A client that went away meanwhile is not an error
+/// worth more than a debug line.
+pub async fn refuse(session: &mut Session, request_id: &str, refusal: Refusal<'_>) {
+    if refusal.close {
+        session.set_keepalive(None);
+    }
+    let body = error_body(refusal.status, refusal.code, refusal.message);
+    let mut head = error_head(refusal.status, body.len(), request_id, refusal.rate);
+    if let Some(secs) = refusal.retry_after {
+        let _ = head.insert_header("retry-after", secs);
+    }
+    for (name, value) in refusal.extra_headers {
+        let _ = head.insert_header(*name, *value);
+    }
+    if let Err(e) = session.write_response_header(Box::new(head), false).await {
+        tracing::debug!(error = %e, "client went away before the response head");
+        return;
+    }
+    if let Err(e) = session.write_response_body(Some(body), true).await {
+        tracing::debug!(error = %e, "client went away before the response body");
+    }
 }

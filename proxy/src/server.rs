@@ -15,10 +15,10 @@ use pingora::services::listening::Service;
 use crate::admin::Admin;
 use crate::catalog::{Catalog, CatalogError, Reload};
 use crate::config::{Config, OnStoreError};
-use crate::gateway::{Gateway, Resilience};
+use crate::gateway::Gateway;
 use crate::metrics::METRICS;
-use crate::resilience::Breaker;
-use crate::store::{MemoryStore, QuotaStore, RedisStore, StoreError};
+use crate::resilience::{Breaker, Resilience};
+use crate::store::{MemoryStore, QuotaStore, RedisStore, StoreConfigError};
 use crate::tls::{CertResolver, TlsError};
 use crate::unauth::UnauthLimiter;
 
@@ -27,7 +27,7 @@ pub enum ServeError {
     #[error(transparent)]
     Catalog(#[from] CatalogError),
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(#[from] StoreConfigError),
     #[error(transparent)]
     Tls(#[from] TlsError),
     #[error("cannot listen on {addr} ({what}): {source}")]
@@ -145,7 +145,7 @@ pub fn run(
     let admin = Admin {
         catalog: Arc::clone(&catalog),
         store: Arc::clone(&admin_store),
-        bans: Arc::clone(&resilience.bans),
+        ban_cache: Arc::clone(&resilience.ban_cache),
         upstreams: config.upstreams.clone(),
         store_optional: config.redis_url.is_none() || config.on_store_error != OnStoreError::Closed,
     };
@@ -246,7 +246,7 @@ impl BackgroundService for Reloader {
                 last_sweep = tokio::time::Instant::now();
                 self.unauth.sweep();
                 self.resilience.local.sweep();
-                self.resilience.bans.sweep(crate::store::memory_now());
+                self.resilience.ban_cache.sweep(crate::clock::unix_now());
             }
         }
     }

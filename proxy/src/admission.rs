@@ -1,0 +1,155 @@
+//! The admission decision for one authenticated request, in the order that keeps a store outage
+//! from becoming a gateway outage: a ban this node already knows of answers at once (no round
+//! trip); otherwise the quota store decides, unless the breaker says it is failing, in which case
+//! `on_store_error` does (count locally, admit, or refuse with 503).
+//!
+//! The answer is one [`Decision`]: what to do, the numbers for the headers, and what the access
+//! log and metrics need to know about how it was reached. Nothing is written into the request's
+//! context from here.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::clock::unix_now;
+use crate::config::OnStoreError;
+use crate::keys::KeyInfo;
+use crate::metrics::METRICS;
+use crate::quota::{self, BanPolicy, Limits, RateView};
+use crate::resilience::Resilience;
+use crate::store::QuotaStore;
+
+/// What happens to the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Forward it.
+    Admitted,
+    /// 429 `rate_limited`: a window is full.
+    Limited,
+    /// 429 `api_key_banned`.
+    Banned,
+    /// 503: the store failed and `on_store_error = "closed"`.
+    StoreUnavailable,
+}
+
+impl From<quota::Outcome> for Outcome {
+    fn from(o: quota::Outcome) -> Outcome {
+        match o {
+            quota::Outcome::Admitted => Outcome::Admitted,
+            quota::Outcome::Limited => Outcome::Limited,
+            quota::Outcome::Banned => Outcome::Banned,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub outcome: Outcome,
+    /// The rate-limit headers' numbers; `None` only when the store was unavailable and nothing
+    /// is known of the key's windows.
+    pub view: Option<RateView>,
+    /// This very request started a ban (counted once, in `pet_gateway_bans_total`).
+    pub ban_started: bool,
+    /// How long the store call took, when one was made.
+    pub store_time: Option<Duration>,
+    /// Decided without the shared store (breaker open or the call failed).
+    pub degraded: bool,
+}
+
+impl Decision {
+    fn of(outcome: Outcome, view: RateView) -> Decision {
+        Decision {
+            outcome,
+            view: Some(view),
+            ban_started: false,
+            store_time: None,
+            degraded: false,
+        }
+    }
+}
+
+pub struct Admission {
+    store: Arc<dyn QuotaStore>,
+    resilience: Resilience,
+    on_store_error: OnStoreError,
+    ban_policy: BanPolicy,
+}
+
+impl Admission {
+    pub fn new(
+        store: Arc<dyn QuotaStore>,
+        resilience: Resilience,
+        on_store_error: OnStoreError,
+        ban_policy: BanPolicy,
+    ) -> Admission {
+        Admission {
+            store,
+            resilience,
+            on_store_error,
+            ban_policy,
+        }
+    }
+
+    /// Decides one request of `key` under `limits`.
+    pub async fn decide(&self, key: &KeyInfo, limits: Limits) -> Decision {
+        let now = unix_now();
+        let r = &self.resilience;
+        let store_up = r.breaker.allows();
+        if let Some(until) = r.ban_cache.banned_until(&key.id, now, store_up) {
+            return Decision::of(Outcome::Banned, RateView::banned(limits, now, until));
+        }
+        let mut store_time = None;
+        if store_up {
+            let started = Instant::now();
+            let result = self.store.acquire(&key.id, limits, &self.ban_policy).await;
+            let elapsed = started.elapsed();
+            store_time = Some(elapsed);
+            METRICS.store_duration.observe(elapsed.as_secs_f64());
+            match result {
+                Ok(v) => {
+                    r.breaker.success();
+                    METRICS.store_fallback.set(0);
+                    if v.outcome == quota::Outcome::Banned {
+                        r.ban_cache.remember(&key.id, v.ban_until);
+                    }
+                    return Decision {
+                        ban_started: v.ban_started,
+                        store_time,
+                        ..Decision::of(v.outcome.into(), RateView::new(&v, limits))
+                    };
+                }
+                Err(error) => {
+                    METRICS
+                        .store_errors
+                        .with_label_values(&[error.kind()])
+                        .inc();
+                    if r.breaker.failure() {
+                        tracing::error!(error = %error, mode = ?self.on_store_error,
+                            "quota store failing: deciding without it until it answers again");
+                    } else {
+                        tracing::warn!(error = %error, key_id = %key.id, "quota store call failed");
+                    }
+                }
+            }
+        }
+        METRICS.store_fallback.set(1);
+        let fallback = match self.on_store_error {
+            OnStoreError::Closed => Decision {
+                outcome: Outcome::StoreUnavailable,
+                view: None,
+                ban_started: false,
+                store_time: None,
+                degraded: false,
+            },
+            OnStoreError::Open => Decision::of(Outcome::Admitted, RateView::unmetered(limits, now)),
+            OnStoreError::Local => {
+                let (outcome, view) = r.local.check(&key.id, limits, now);
+                Decision::of(outcome.into(), view)
+            }
+        };
+        Decision {
+            store_time,
+            degraded: true,
+            ..fallback
+        }
+    }
+}

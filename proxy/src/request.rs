@@ -1,0 +1,48 @@
+//! What the gateway reads from a request before any decision about its key: whether its shape
+//! is acceptable at all, and the request id it will be known by in logs and at the backend.
+
+use pingora::http::RequestHeader;
+use rand::RngCore;
+
+/// Largest total of request header names and values accepted, and most headers.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+pub const MAX_HEADERS: usize = 100;
+
+/// Requests refused for their shape before anything else looks at them: oversized headers, and
+/// a body framed two ways (`Content-Length` with `Transfer-Encoding`), the classic request
+/// smuggling vector, which is refused outright rather than resolved.
+pub fn refuse_shape(req: &RequestHeader) -> Option<(u16, &'static str)> {
+    let headers = &req.headers;
+    if headers.len() > MAX_HEADERS {
+        return Some((431, "too many request headers"));
+    }
+    let bytes: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if bytes > MAX_HEADER_BYTES {
+        return Some((431, "request headers exceed 64 KiB"));
+    }
+    if headers.contains_key("content-length") && headers.contains_key("transfer-encoding") {
+        return Some((
+            400,
+            "Content-Length and Transfer-Encoding together are not accepted",
+        ));
+    }
+    None
+}
+
+/// Keeps a client's `X-Request-Id` when it is sane (short, visible ASCII), else makes one.
+pub fn request_id(req: &RequestHeader) -> String {
+    if let Some(v) = req.headers.get("x-request-id") {
+        let b = v.as_bytes();
+        if !b.is_empty() && b.len() <= 128 && b.iter().all(|c| c.is_ascii_graphic()) {
+            if let Ok(s) = v.to_str() {
+                return s.to_owned();
+            }
+        }
+    }
+    let mut raw = [0u8; 16];
+    rand::rng().fill_bytes(&mut raw);
+    hex::encode(raw)
+}

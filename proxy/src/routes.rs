@@ -1,0 +1,72 @@
+//! The operation a request is for: the only route label metrics and logs ever carry (never a raw
+//! path, which a client controls). The names are `openapi.yaml`'s operation ids, and a test
+//! (`proxy/tests/openapi_routes.rs`) holds the two together.
+
+use http::Method;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Route {
+    ListPets,
+    CreatePet,
+    GetPet,
+    ListOrders,
+    #[default]
+    Other,
+}
+
+impl Route {
+    /// Every operation of the interface, with its method and path template as `openapi.yaml`
+    /// writes them (relative to `/v1`).
+    pub const OPERATIONS: [(Route, Method, &'static str); 4] = [
+        (Route::ListPets, Method::GET, "/pets"),
+        (Route::CreatePet, Method::POST, "/pets"),
+        (Route::GetPet, Method::GET, "/pets/{petId}"),
+        (Route::ListOrders, Method::GET, "/store/orders"),
+    ];
+
+    pub fn of(method: &Method, path: &str) -> Route {
+        let get = method == Method::GET;
+        match path.strip_prefix("/v1") {
+            Some("/pets") if get => Route::ListPets,
+            Some("/pets") if method == Method::POST => Route::CreatePet,
+            Some("/store/orders") if get => Route::ListOrders,
+            Some(rest) if get => match rest.strip_prefix("/pets/") {
+                Some(id) if !id.is_empty() && !id.contains('/') => Route::GetPet,
+                _ => Route::Other,
+            },
+            _ => Route::Other,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Route::ListPets => "listPets",
+            Route::CreatePet => "createPet",
+            Route::GetPet => "getPet",
+            Route::ListOrders => "listOrders",
+            Route::Other => "other",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_are_the_operation_names() {
+        let get = Method::GET;
+        assert_eq!(Route::of(&get, "/v1/pets"), Route::ListPets);
+        assert_eq!(Route::of(&Method::POST, "/v1/pets"), Route::CreatePet);
+        assert_eq!(Route::of(&get, "/v1/pets/42"), Route::GetPet);
+        assert_eq!(Route::of(&get, "/v1/store/orders"), Route::ListOrders);
+        for (m, p) in [
+            (&get, "/v1/pets/"),
+            (&get, "/v1/pets/1/x"),
+            (&get, "/admin"),
+            (&Method::DELETE, "/v1/pets"),
+        ] {
+            assert_eq!(Route::of(m, p), Route::Other, "{m} {p}");
+        }
+    }
+}
