@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use e2e::{issue_key, write_plan, Backend, GatewayProcess, GatewaySpec};
+use e2e::Fixture;
 
 #[test]
 fn schemathesis_finds_no_response_that_breaks_the_document() {
@@ -16,14 +16,11 @@ fn schemathesis_finds_no_response_that_breaks_the_document() {
         "schemathesis is missing at {}: run scripts/test, which installs it",
         st.display()
     );
-    let dir = tempfile::tempdir().unwrap();
-    let plans = dir.path().join("plans");
     // Limits that never bind: this run is about the document, not quotas.
-    write_plan(&plans, "unlimited", 10_000_000, 1_000_000_000);
-    let keys = dir.path().join("keys.toml");
-    let key = issue_key(&keys, &plans, "unlimited");
-    let backend = Backend::start(&dir.path().join("pets.db"));
-    let gw = GatewayProcess::start(dir.path(), &GatewaySpec::new(backend.addr, &keys, &plans));
+    let f = Fixture::with_plan("unlimited", 10_000_000, 1_000_000_000);
+    let key = f.issue("unlimited");
+    let backend = f.backend();
+    let gw = f.gateway(&f.spec(backend.addr));
 
     let out = Command::new(&st)
         .arg("--config-file")
@@ -33,7 +30,7 @@ fn schemathesis_finds_no_response_that_breaks_the_document() {
         .args(["--url", &gw.url("/v1")])
         .args(["--header", &format!("Authorization: Bearer {key}")])
         .args(["--max-examples", "50", "--no-color"])
-        .current_dir(dir.path())
+        .current_dir(f.dir.path())
         .output()
         .expect("run schemathesis");
     let report = format!(

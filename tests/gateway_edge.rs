@@ -6,19 +6,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use e2e::{
-    fresh_minute, gateway_cli, issue_key, write_plan, Backend, EchoUpstream, Fixture,
+    fresh_minute, gateway_cli, header, issue_key, write_plan, Backend, EchoUpstream, Fixture,
     GatewayProcess, GatewaySpec, SilentUpstream,
 };
 use serde_json::Value;
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
-    resp.headers()
-        .get(name)
-        .map(|v| v.to_str().unwrap().to_owned())
 }
 
 fn setup() -> Fixture {

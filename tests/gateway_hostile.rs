@@ -7,30 +7,27 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use e2e::{issue_key, write_plan, Backend, GatewayProcess, GatewaySpec};
+use e2e::{Backend, Fixture, GatewayProcess};
 
 struct Stack {
     gw: GatewayProcess,
     key: String,
     _backend: Backend,
-    _dir: tempfile::TempDir,
+    _fixture: Fixture,
 }
 
 fn stack() -> Stack {
-    let dir = tempfile::tempdir().unwrap();
-    let plans = dir.path().join("plans");
-    write_plan(&plans, "big", 1_000_000, 10_000_000);
-    let keys = dir.path().join("keys.toml");
-    let key = issue_key(&keys, &plans, "big");
-    let backend = Backend::start(&dir.path().join("pets.db"));
-    let mut spec = GatewaySpec::new(backend.addr, &keys, &plans);
+    let f = Fixture::with_plan("big", 1_000_000, 10_000_000);
+    let key = f.issue("big");
+    let backend = f.backend();
+    let mut spec = f.spec(backend.addr);
     spec.extra = "client_read_timeout_ms = 1000\n".into();
-    let gw = GatewayProcess::start(dir.path(), &spec);
+    let gw = f.gateway(&spec);
     Stack {
         gw,
         key,
         _backend: backend,
-        _dir: dir,
+        _fixture: f,
     }
 }
 

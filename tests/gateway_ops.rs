@@ -10,19 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e::{
-    fresh_minute, gateway_cli, issue_key, promtool, Backend, EchoUpstream, Fixture, GatewayProcess,
-    GatewaySpec, Process, TestCert,
+    fresh_minute, gateway_cli, header, issue_key, promtool, Backend, EchoUpstream, Fixture,
+    GatewayProcess, GatewaySpec, Process, TestCert,
 };
 use serde_json::Value;
 
 fn setup(per_minute: u64) -> Fixture {
     Fixture::new(per_minute, 100_000)
-}
-
-fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
-    resp.headers()
-        .get(name)
-        .map(|v| v.to_str().unwrap().to_owned())
 }
 
 /// The core gateway checks, over whatever client is given.

@@ -3,9 +3,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use e2e::{
-    burst, fresh_minute, issue_key, write_plan, Backend, GatewayProcess, GatewaySpec, RedisServer,
-};
+use e2e::{burst, fresh_minute, Fixture, RedisServer};
 use serde_json::Value;
 
 fn unix_now() -> u64 {
@@ -15,13 +13,9 @@ fn unix_now() -> u64 {
         .as_secs()
 }
 
+/// A header every response of these tests carries.
 fn header(resp: &reqwest::Response, name: &str) -> String {
-    resp.headers()
-        .get(name)
-        .unwrap_or_else(|| panic!("response {} has no {name}", resp.status()))
-        .to_str()
-        .unwrap()
-        .to_owned()
+    e2e::header(resp, name).unwrap_or_else(|| panic!("response {} has no {name}", resp.status()))
 }
 
 fn num(resp: &reqwest::Response, name: &str) -> u64 {
@@ -55,15 +49,12 @@ async fn expect_429(resp: reqwest::Response, code: &str) -> (u64, u64, String) {
 /// Retry-After = the seconds left in the minute and Reset = the minute's end; the refusal does
 /// not consume the day quota.
 async fn free_key_minute_window(redis: Option<&RedisServer>) {
-    let dir = tempfile::tempdir().unwrap();
-    let plans = dir.path().join("plans");
-    write_plan(&plans, "free", 60, 1000);
-    let keys = dir.path().join("keys.toml");
-    let key = issue_key(&keys, &plans, "free");
-    let backend = Backend::start(&dir.path().join("pets.db"));
-    let mut spec = GatewaySpec::new(backend.addr, &keys, &plans);
+    let f = Fixture::new(60, 1000);
+    let key = f.issue("free");
+    let backend = f.backend();
+    let mut spec = f.spec(backend.addr);
     spec.redis_url = redis.map(RedisServer::url);
-    let gw = GatewayProcess::start(dir.path(), &spec);
+    let gw = f.gateway(&spec);
     let client = reqwest::Client::new();
 
     fresh_minute(Duration::from_secs(20));
@@ -109,13 +100,10 @@ async fn free_key_minute_window_redis() {
 
 #[tokio::test]
 async fn the_day_quota_binds_with_the_days_reset() {
-    let dir = tempfile::tempdir().unwrap();
-    let plans = dir.path().join("plans");
-    write_plan(&plans, "tiny-day", 100, 5);
-    let keys = dir.path().join("keys.toml");
-    let key = issue_key(&keys, &plans, "tiny-day");
-    let backend = Backend::start(&dir.path().join("pets.db"));
-    let gw = GatewayProcess::start(dir.path(), &GatewaySpec::new(backend.addr, &keys, &plans));
+    let f = Fixture::with_plan("tiny-day", 100, 5);
+    let key = f.issue("tiny-day");
+    let backend = f.backend();
+    let gw = f.gateway(&f.spec(backend.addr));
     let client = reqwest::Client::new();
     let day_end = (unix_now() / 86_400 + 1) * 86_400;
     for i in 1..=5u64 {
@@ -139,27 +127,17 @@ async fn the_day_quota_binds_with_the_days_reset() {
     assert!(retry_after.abs_diff(day_end - now) <= 1, "{retry_after}");
 }
 
-fn exactness_setup(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, String) {
-    let plans = dir.join("plans");
-    write_plan(&plans, "free", 60, 1000);
-    let keys = dir.join("keys.toml");
-    let key = issue_key(&keys, &plans, "free");
-    (plans, keys, key)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_gateways_sharing_redis_admit_exactly_the_limit() {
-    let dir = tempfile::tempdir().unwrap();
-    let (plans, keys, key) = exactness_setup(dir.path());
+    let f = Fixture::new(60, 1000);
+    let key = f.issue("free");
     let redis = RedisServer::start();
-    let backend = Backend::start(&dir.path().join("pets.db"));
-    let mut spec = GatewaySpec::new(backend.addr, &keys, &plans);
+    let backend = f.backend();
+    let mut spec = f.spec(backend.addr);
     spec.redis_url = Some(redis.url());
     // Generous deadline: this test is about exactness on a loaded 2-core machine, not latency.
     spec.extra = "threads = 1\nstore_timeout_ms = 2000\non_store_error = \"closed\"\n".into();
-    let gateways: Vec<_> = (0..3)
-        .map(|_| GatewayProcess::start(dir.path(), &spec))
-        .collect();
+    let gateways: Vec<_> = (0..3).map(|_| f.gateway(&spec)).collect();
     fresh_minute(Duration::from_secs(25));
     let counts = burst(&gateways, &key, 300).await;
     assert_eq!(counts.get(&200), Some(&60), "{counts:?}");
@@ -168,10 +146,10 @@ async fn three_gateways_sharing_redis_admit_exactly_the_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_gateway_with_the_embedded_store_admits_exactly_the_limit() {
-    let dir = tempfile::tempdir().unwrap();
-    let (plans, keys, key) = exactness_setup(dir.path());
-    let backend = Backend::start(&dir.path().join("pets.db"));
-    let gw = GatewayProcess::start(dir.path(), &GatewaySpec::new(backend.addr, &keys, &plans));
+    let f = Fixture::new(60, 1000);
+    let key = f.issue("free");
+    let backend = f.backend();
+    let gw = f.gateway(&f.spec(backend.addr));
     fresh_minute(Duration::from_secs(25));
     let counts = burst(std::slice::from_ref(&gw), &key, 300).await;
     assert_eq!(counts.get(&200), Some(&60), "{counts:?}");
@@ -180,18 +158,15 @@ async fn one_gateway_with_the_embedded_store_admits_exactly_the_limit() {
 
 #[tokio::test]
 async fn a_key_that_keeps_sending_is_banned_on_every_node_until_the_ban_ends() {
-    let dir = tempfile::tempdir().unwrap();
-    let plans = dir.path().join("plans");
-    write_plan(&plans, "small", 2, 1000);
-    let keys = dir.path().join("keys.toml");
-    let key = issue_key(&keys, &plans, "small");
+    let f = Fixture::with_plan("small", 2, 1000);
+    let key = f.issue("small");
     let redis = RedisServer::start();
-    let backend = Backend::start(&dir.path().join("pets.db"));
-    let mut spec = GatewaySpec::new(backend.addr, &keys, &plans);
+    let backend = f.backend();
+    let mut spec = f.spec(backend.addr);
     spec.redis_url = Some(redis.url());
     spec.extra = "[ban]\nstrikes = 3\ndurations_secs = [3, 600]\n".into();
-    let a = GatewayProcess::start(dir.path(), &spec);
-    let b = GatewayProcess::start(dir.path(), &spec);
+    let a = f.gateway(&spec);
+    let b = f.gateway(&spec);
     let client = reqwest::Client::new();
     fresh_minute(Duration::from_secs(20));
 
@@ -223,22 +198,19 @@ async fn a_key_that_keeps_sending_is_banned_on_every_node_until_the_ban_ends() {
 
 #[tokio::test]
 async fn staging_and_production_on_one_redis_count_apart() {
-    let dir = tempfile::tempdir().unwrap();
-    let plans = dir.path().join("plans");
-    write_plan(&plans, "small", 3, 1000);
     // The same key registered in both environments, so only the prefix keeps them apart.
-    let keys = dir.path().join("keys.toml");
-    let key = issue_key(&keys, &plans, "small");
+    let f = Fixture::with_plan("small", 3, 1000);
+    let key = f.issue("small");
     let redis = RedisServer::start();
-    let backend = Backend::start(&dir.path().join("pets.db"));
-    let mut spec = GatewaySpec::new(backend.addr, &keys, &plans);
+    let backend = f.backend();
+    let mut spec = f.spec(backend.addr);
     spec.redis_url = Some(redis.url());
     spec.environment = "staging".into();
     spec.key_prefix = "pet:staging".into();
-    let staging = GatewayProcess::start(dir.path(), &spec);
+    let staging = f.gateway(&spec);
     spec.environment = "production".into();
     spec.key_prefix = "pet:production".into();
-    let production = GatewayProcess::start(dir.path(), &spec);
+    let production = f.gateway(&spec);
     let client = reqwest::Client::new();
     fresh_minute(Duration::from_secs(15));
 

@@ -1,23 +1,52 @@
 //! One behaviour suite for every quota store: the same tests, instantiated per store by
 //! `store_suite!`, against the in-memory store, a real `redis-server` started on a free loopback
 //! port, and a real three-master Redis Cluster. Whatever one store does, the others must too.
+//!
+//! The memory store runs on a hand-moved clock, so its window and ban tests step over seconds
+//! instead of sleeping through them; Redis keeps its own time (`TIME`), so there they wait.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::{fresh_minute, RedisCluster, RedisServer};
+use proxy::clock::Clock;
 use proxy::quota::{BanPolicy, Limits, Outcome, RateView};
 use proxy::store::{MemoryStore, QuotaStore, RedisStore};
 
-/// A store under test, with whatever keeps it alive (the Redis process).
+/// A store under test, with whatever keeps it alive (the Redis process) and, for the memory
+/// store, the clock it reads.
 struct Subject {
     store: Arc<dyn QuotaStore>,
+    clock: Option<Clock>,
     _servers: Option<Box<dyn std::any::Any>>,
 }
 
+/// Where the memory store's clock starts: an hour into a UTC day, on a minute's first second.
+const MANUAL_START: u64 = 20_000 * 86_400 + 3_600;
+
+impl Subject {
+    /// Makes sure at least `margin` remains of the current minute window.
+    fn fresh_minute(&self, margin: Duration) {
+        match &self.clock {
+            Some(clock) => clock.set(MANUAL_START),
+            None => fresh_minute(margin),
+        }
+    }
+
+    /// Lets `d` pass for the store: moves its clock, or waits.
+    async fn wait(&self, d: Duration) {
+        match &self.clock {
+            Some(clock) => clock.advance(d.as_secs() + u64::from(d.subsec_nanos() > 0)),
+            None => tokio::time::sleep(d).await,
+        }
+    }
+}
+
 fn memory() -> Subject {
+    let clock = Clock::manual(MANUAL_START);
     Subject {
-        store: Arc::new(MemoryStore::new()),
+        store: Arc::new(MemoryStore::with_clock(clock.clone())),
+        clock: Some(clock),
         _servers: None,
     }
 }
@@ -27,6 +56,7 @@ fn redis() -> Subject {
     let store = RedisStore::new(&server.url(), "test", Duration::from_millis(500)).expect("store");
     Subject {
         store: Arc::new(store),
+        clock: None,
         _servers: Some(Box::new(server)),
     }
 }
@@ -36,6 +66,7 @@ fn cluster() -> Subject {
     let store = RedisStore::new(&cluster.url(), "test", Duration::from_millis(500)).expect("store");
     Subject {
         store: Arc::new(store),
+        clock: None,
         _servers: Some(Box::new(cluster)),
     }
 }
@@ -54,8 +85,9 @@ async fn outcome(store: &dyn QuotaStore, key: &str, limits: Limits, ban: &BanPol
         .outcome
 }
 
-async fn admits_exactly_the_minute_limit_and_refusals_do_not_count(store: &dyn QuotaStore) {
-    fresh_minute(Duration::from_secs(10));
+async fn admits_exactly_the_minute_limit_and_refusals_do_not_count(subject: &Subject) {
+    let store = &*subject.store;
+    subject.fresh_minute(Duration::from_secs(10));
     let limits = Limits {
         per_minute: 5,
         per_day: 100,
@@ -87,7 +119,8 @@ async fn admits_exactly_the_minute_limit_and_refusals_do_not_count(store: &dyn Q
     }
 }
 
-async fn the_day_window_binds_when_it_is_smaller(store: &dyn QuotaStore) {
+async fn the_day_window_binds_when_it_is_smaller(subject: &Subject) {
+    let store = &*subject.store;
     let limits = Limits {
         per_minute: 100,
         per_day: 3,
@@ -110,8 +143,9 @@ async fn the_day_window_binds_when_it_is_smaller(store: &dyn QuotaStore) {
     );
 }
 
-async fn concurrent_requests_never_exceed_the_limit(store: Arc<dyn QuotaStore>) {
-    fresh_minute(Duration::from_secs(15));
+async fn concurrent_requests_never_exceed_the_limit(subject: &Subject) {
+    let store = Arc::clone(&subject.store);
+    subject.fresh_minute(Duration::from_secs(15));
     let limits = Limits {
         per_minute: 50,
         per_day: 1_000,
@@ -131,8 +165,9 @@ async fn concurrent_requests_never_exceed_the_limit(store: Arc<dyn QuotaStore>) 
     assert_eq!(admitted, 50);
 }
 
-async fn keys_are_counted_apart(store: &dyn QuotaStore) {
-    fresh_minute(Duration::from_secs(10));
+async fn keys_are_counted_apart(subject: &Subject) {
+    let store = &*subject.store;
+    subject.fresh_minute(Duration::from_secs(10));
     let limits = Limits {
         per_minute: 1,
         per_day: 10,
@@ -151,8 +186,9 @@ async fn keys_are_counted_apart(store: &dyn QuotaStore) {
     );
 }
 
-async fn an_edited_limit_applies_to_the_next_request(store: &dyn QuotaStore) {
-    fresh_minute(Duration::from_secs(10));
+async fn an_edited_limit_applies_to_the_next_request(subject: &Subject) {
+    let store = &*subject.store;
+    subject.fresh_minute(Duration::from_secs(10));
     let small = Limits {
         per_minute: 2,
         per_day: 100,
@@ -178,8 +214,9 @@ async fn an_edited_limit_applies_to_the_next_request(store: &dyn QuotaStore) {
     assert_eq!((v.outcome, v.minute_count), (Outcome::Admitted, 3));
 }
 
-async fn strikes_past_the_threshold_ban_until_the_ban_ends(store: &dyn QuotaStore) {
-    fresh_minute(Duration::from_secs(15));
+async fn strikes_past_the_threshold_ban_until_the_ban_ends(subject: &Subject) {
+    let store = &*subject.store;
+    subject.fresh_minute(Duration::from_secs(15));
     let limits = Limits {
         per_minute: 1,
         per_day: 100,
@@ -217,13 +254,14 @@ async fn strikes_past_the_threshold_ban_until_the_ban_ends(store: &dyn QuotaStor
         (Outcome::Banned, v.ban_until, false)
     );
     // The ban ends by itself.
-    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    subject.wait(Duration::from_millis(2_100)).await;
     assert_eq!(store.ban_of("bad").await.unwrap(), None);
     assert_ne!(outcome(store, "bad", limits, &ban).await, Outcome::Banned);
 }
 
-async fn the_second_ban_is_longer(store: &dyn QuotaStore) {
-    fresh_minute(Duration::from_secs(10));
+async fn the_second_ban_is_longer(subject: &Subject) {
+    let store = &*subject.store;
+    subject.fresh_minute(Duration::from_secs(10));
     let limits = Limits {
         per_minute: 0,
         per_day: 100,
@@ -242,7 +280,7 @@ async fn the_second_ban_is_longer(store: &dyn QuotaStore) {
         .await
         .unwrap();
     assert_eq!(first.ban_until - first.now, 1);
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    subject.wait(Duration::from_millis(1_100)).await;
     store
         .acquire(&Arc::from("esc"), limits, &ban)
         .await
@@ -255,7 +293,8 @@ async fn the_second_ban_is_longer(store: &dyn QuotaStore) {
     assert_eq!(second.ban_until - second.now, 40);
 }
 
-async fn lifting_a_ban_ends_it_now(store: &dyn QuotaStore) {
+async fn lifting_a_ban_ends_it_now(subject: &Subject) {
+    let store = &*subject.store;
     let limits = Limits {
         per_minute: 0,
         per_day: 100,
@@ -282,36 +321,35 @@ macro_rules! store_suite {
 
             #[tokio::test]
             async fn admits_exactly_the_minute_limit_and_refusals_do_not_count() {
-                super::admits_exactly_the_minute_limit_and_refusals_do_not_count(&*$store().store).await
+                super::admits_exactly_the_minute_limit_and_refusals_do_not_count(&$store()).await
             }
             #[tokio::test]
             async fn the_day_window_binds_when_it_is_smaller() {
-                super::the_day_window_binds_when_it_is_smaller(&*$store().store).await
+                super::the_day_window_binds_when_it_is_smaller(&$store()).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn concurrent_requests_never_exceed_the_limit() {
-                let subject = $store();
-                super::concurrent_requests_never_exceed_the_limit(Arc::clone(&subject.store)).await
+                super::concurrent_requests_never_exceed_the_limit(&$store()).await
             }
             #[tokio::test]
             async fn keys_are_counted_apart() {
-                super::keys_are_counted_apart(&*$store().store).await
+                super::keys_are_counted_apart(&$store()).await
             }
             #[tokio::test]
             async fn an_edited_limit_applies_to_the_next_request() {
-                super::an_edited_limit_applies_to_the_next_request(&*$store().store).await
+                super::an_edited_limit_applies_to_the_next_request(&$store()).await
             }
             #[tokio::test]
             async fn strikes_past_the_threshold_ban_until_the_ban_ends() {
-                super::strikes_past_the_threshold_ban_until_the_ban_ends(&*$store().store).await
+                super::strikes_past_the_threshold_ban_until_the_ban_ends(&$store()).await
             }
             #[tokio::test]
             async fn the_second_ban_is_longer() {
-                super::the_second_ban_is_longer(&*$store().store).await
+                super::the_second_ban_is_longer(&$store()).await
             }
             #[tokio::test]
             async fn lifting_a_ban_ends_it_now() {
-                super::lifting_a_ban_ends_it_now(&*$store().store).await
+                super::lifting_a_ban_ends_it_now(&$store()).await
             }
         }
     )*};

@@ -1,0 +1,260 @@
+//! Running `pet-gateway`: its config (`GatewaySpec`), the process, its command line, plan files
+//! and keys, the `Fixture` most gateway tests start from, and small helpers on its responses.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::process::{bin_path, free_addr, wait_for_listener, Backend, Process};
+
+/// Writes a plan file `<name>.toml` into `dir`.
+pub fn write_plan(dir: &Path, name: &str, per_minute: u64, per_day: u64) {
+    std::fs::create_dir_all(dir).expect("plans dir");
+    std::fs::write(
+        dir.join(format!("{name}.toml")),
+        format!("requests_per_minute = {per_minute}\nrequests_per_day = {per_day}\n"),
+    )
+    .expect("write plan");
+}
+
+/// Runs `pet-gateway` with `args` to completion.
+pub fn gateway_cli(args: &[&str]) -> std::process::Output {
+    Command::new(bin_path("pet-gateway"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run pet-gateway")
+}
+
+/// Issues a key through the real CLI and returns it (the last line of its output).
+pub fn issue_key(keys_file: &Path, plans_dir: &Path, plan: &str) -> String {
+    let out = gateway_cli(&[
+        "keys",
+        "issue",
+        "--keys-file",
+        &keys_file.to_string_lossy(),
+        "--plans-dir",
+        &plans_dir.to_string_lossy(),
+        "--plan",
+        plan,
+    ]);
+    assert!(
+        out.status.success(),
+        "keys issue failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout.lines().last().expect("a key line").trim().to_owned()
+}
+
+/// How to start one gateway process; written to a config file the gateway reads.
+#[derive(Debug, Clone)]
+pub struct GatewaySpec {
+    pub environment: String,
+    pub upstreams: Vec<SocketAddr>,
+    pub redis_url: Option<String>,
+    pub key_prefix: String,
+    pub keys_file: PathBuf,
+    pub plans_dir: PathBuf,
+    /// More TOML for the config file (top-level keys first, then tables such as `[ban]`).
+    pub extra: String,
+}
+
+impl GatewaySpec {
+    pub fn new(upstream: SocketAddr, keys_file: &Path, plans_dir: &Path) -> GatewaySpec {
+        GatewaySpec {
+            environment: "test".to_owned(),
+            upstreams: vec![upstream],
+            redis_url: None,
+            key_prefix: "pet:test".to_owned(),
+            keys_file: keys_file.to_owned(),
+            plans_dir: plans_dir.to_owned(),
+            extra: String::new(),
+        }
+    }
+}
+
+/// A running `pet-gateway serve`; its log (standard error) goes to `log`.
+pub struct GatewayProcess {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub log: PathBuf,
+    pub config: PathBuf,
+    pub process: Process,
+}
+
+impl GatewayProcess {
+    pub fn start(dir: &Path, spec: &GatewaySpec) -> GatewayProcess {
+        let addr = free_addr();
+        let admin = free_addr();
+        let upstreams: Vec<String> = spec.upstreams.iter().map(|u| format!("\"{u}\"")).collect();
+        let mut toml = format!(
+            "environment = \"{}\"\nlisten = \"{addr}\"\nadmin_listen = \"{admin}\"\n\
+             upstreams = [{}]\nkey_prefix = \"{}\"\nkeys_file = \"{}\"\nplans_dir = \"{}\"\n",
+            spec.environment,
+            upstreams.join(", "),
+            spec.key_prefix,
+            spec.keys_file.display(),
+            spec.plans_dir.display(),
+        );
+        if let Some(url) = &spec.redis_url {
+            toml.push_str(&format!("redis_url = \"{url}\"\n"));
+        }
+        toml.push_str(&spec.extra);
+        let config = dir.join(format!("gateway-{}.toml", addr.port()));
+        std::fs::write(&config, toml).expect("write gateway config");
+        let log = dir.join(format!("gateway-{}.log", addr.port()));
+        let log_file = std::fs::File::create(&log).expect("gateway log file");
+        let process = Process::spawn(
+            "pet-gateway",
+            Command::new(bin_path("pet-gateway"))
+                .arg("serve")
+                .arg("--config")
+                .arg(&config)
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(log_file),
+        );
+        wait_for_listener(addr, Duration::from_secs(10));
+        GatewayProcess {
+            addr,
+            admin,
+            log,
+            config,
+            process,
+        }
+    }
+
+    /// Starts a second gateway on this one's config with `--upgrade`: it waits to receive the
+    /// listening sockets, which the running one hands over on SIGQUIT.
+    pub fn start_upgrade(&self) -> GatewayProcess {
+        let log = self.log.with_extension("upgrade.log");
+        let log_file = std::fs::File::create(&log).expect("gateway log file");
+        let process = Process::spawn(
+            "pet-gateway (upgrade)",
+            Command::new(bin_path("pet-gateway"))
+                .arg("serve")
+                .arg("--upgrade")
+                .arg("--config")
+                .arg(&self.config)
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(log_file),
+        );
+        GatewayProcess {
+            addr: self.addr,
+            admin: self.admin,
+            log,
+            config: self.config.clone(),
+            process,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Sends `total` concurrent requests with `key`, spread round-robin over `gateways`, each on a
+/// fresh connection; returns how many got each status.
+pub async fn burst(
+    gateways: &[GatewayProcess],
+    key: &str,
+    total: usize,
+) -> std::collections::HashMap<u16, usize> {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client");
+    let tasks: Vec<_> = (0..total)
+        .map(|i| {
+            let url = gateways[i % gateways.len()].url("/v1/pets");
+            let client = client.clone();
+            let key = key.to_owned();
+            tokio::spawn(async move {
+                let resp = client
+                    .get(url)
+                    .bearer_auth(key)
+                    .send()
+                    .await
+                    .expect("request");
+                resp.status().as_u16()
+            })
+        })
+        .collect();
+    let mut counts = std::collections::HashMap::new();
+    for t in tasks {
+        *counts.entry(t.await.expect("request task")).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// The id of the first key in a keys file.
+pub fn first_key_id(keys_file: &Path) -> String {
+    std::fs::read_to_string(keys_file)
+        .expect("keys file")
+        .lines()
+        .find_map(|l| l.strip_prefix("id = \""))
+        .map(|l| l.trim_end_matches('"').to_owned())
+        .expect("a key id")
+}
+
+/// What every gateway test starts from: a temporary directory with a plans directory holding
+/// one plan, the path of a (not yet written) keys file, and a database path for the backend.
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+    pub plans: PathBuf,
+    pub keys: PathBuf,
+}
+
+impl Fixture {
+    /// The plan `free` at the given limits.
+    pub fn new(per_minute: u64, per_day: u64) -> Fixture {
+        Self::with_plan("free", per_minute, per_day)
+    }
+
+    /// One plan `name` at the given limits.
+    pub fn with_plan(name: &str, per_minute: u64, per_day: u64) -> Fixture {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let plans = dir.path().join("plans");
+        write_plan(&plans, name, per_minute, per_day);
+        let keys = dir.path().join("keys.toml");
+        Fixture { dir, plans, keys }
+    }
+
+    /// Issues a key on `plan` through the real CLI.
+    pub fn issue(&self, plan: &str) -> String {
+        issue_key(&self.keys, &self.plans, plan)
+    }
+
+    /// A `pet-backend` with its database in this fixture's directory.
+    pub fn backend(&self) -> Backend {
+        Backend::start(&self.dir.path().join("pets.db"))
+    }
+
+    /// A gateway config on this fixture's keys and plans, forwarding to `upstream`.
+    pub fn spec(&self, upstream: SocketAddr) -> GatewaySpec {
+        GatewaySpec::new(upstream, &self.keys, &self.plans)
+    }
+
+    /// Starts a gateway from `spec` with its config and log in this fixture's directory.
+    pub fn gateway(&self, spec: &GatewaySpec) -> GatewayProcess {
+        GatewayProcess::start(self.dir.path(), spec)
+    }
+}
+
+/// A response header as text, if present.
+pub fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
+    resp.headers()
+        .get(name)
+        .map(|v| v.to_str().expect("header is visible ASCII").to_owned())
+}

@@ -1,0 +1,151 @@
+//! Processes of the tests: locating the workspace's binaries and the system's tools, free
+//! loopback ports, and child processes that are killed when the test lets go of them, so a
+//! failing test never leaves a server behind.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Path of a binary of this workspace, built by the same `cargo test`/`cargo nextest` run
+/// (the test command builds every binary first).
+pub fn bin_path(name: &str) -> PathBuf {
+    // Test executables live in target/<profile>/deps; the binaries one level up.
+    let exe = std::env::current_exe().expect("the test executable has a path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test executable is inside target/<profile>/deps");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace's binaries first (`cargo build --workspace --bins`)",
+        path.display()
+    );
+    path
+}
+
+/// A loopback address nobody listens on at the moment of asking.
+pub fn free_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
+    l.local_addr().expect("local address of a bound socket")
+}
+
+/// Waits until something accepts connections on `addr`.
+pub fn wait_for_listener(addr: SocketAddr, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "nothing listens on {addr} after {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A child process that is killed (SIGKILL) and reaped when dropped.
+pub struct Process {
+    child: Option<Child>,
+    name: String,
+}
+
+impl Process {
+    pub fn spawn(name: &str, cmd: &mut Command) -> Process {
+        let child = cmd
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Process {
+            child: Some(child),
+            name: name.to_owned(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or_default()
+    }
+
+    /// SIGKILL, as a crash or the OOM killer would: no chance to flush or clean up.
+    pub fn kill_hard(mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends a signal by number (15 = SIGTERM) through the `kill` utility.
+    pub fn signal(&self, signal: i32) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {} failed", self.name);
+    }
+
+    /// Waits for the process to exit on its own and returns its exit code.
+    pub fn wait_exit(mut self, timeout: Duration) -> Option<i32> {
+        let mut child = self.child.take().expect("process still owned");
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait().expect("poll child") {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{} did not exit within {timeout:?}", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A running `pet-backend` on a free port with its database at `db`.
+pub struct Backend {
+    pub addr: SocketAddr,
+    pub process: Process,
+}
+
+impl Backend {
+    pub fn start(db: &Path) -> Backend {
+        Self::start_at(free_addr(), db)
+    }
+
+    pub fn start_at(addr: SocketAddr, db: &Path) -> Backend {
+        let process = Process::spawn(
+            "pet-backend",
+            Command::new(bin_path("pet-backend"))
+                .arg("--listen")
+                .arg(addr.to_string())
+                .arg("--db")
+                .arg(db)
+                .env("RUST_LOG", "warn"),
+        );
+        wait_for_listener(addr, Duration::from_secs(10));
+        Backend { addr, process }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+/// `promtool`, from Debian's `prometheus` package (scripts/test installs it).
+pub fn promtool() -> PathBuf {
+    for candidate in ["/usr/bin/promtool", "/usr/local/bin/promtool"] {
+        if Path::new(candidate).exists() {
+            return PathBuf::from(candidate);
+        }
+    }
+    panic!("promtool is not installed: run scripts/test, which installs it, or `apt-get install prometheus`")
+}

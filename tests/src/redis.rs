@@ -1,0 +1,208 @@
+//! Real Redis for the tests: a private `redis-server`, or a Redis Cluster, on free loopback
+//! ports (used by the end-to-end tests and by `proxy/tests/store_behaviour.rs`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::process::{free_addr, wait_for_listener, Process};
+
+/// A private `redis-server` on a free loopback port, with persistence off; killed on drop.
+pub struct RedisServer {
+    pub addr: SocketAddr,
+    pub process: Process,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        Self::start_at(free_addr())
+    }
+
+    /// Starts (or restarts, after a kill) a server on a given address.
+    pub fn start_at(addr: SocketAddr) -> RedisServer {
+        let process = Process::spawn(
+            "redis-server",
+            Command::new(redis_server_path())
+                .args(["--port", &addr.port().to_string()])
+                .args(["--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .args(["--loglevel", "warning"])
+                .stdout(Stdio::null()),
+        );
+        wait_for_listener(addr, Duration::from_secs(10));
+        RedisServer { addr, process }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://{}/", self.addr)
+    }
+}
+
+fn redis_server_path() -> PathBuf {
+    for dir in std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/local/bin")])
+    {
+        let candidate = dir.join("redis-server");
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    panic!("redis-server is not installed: run scripts/test, which installs it, or `apt-get install redis-server`")
+}
+
+/// `redis-cli`, from Debian's `redis-tools`.
+pub fn redis_cli() -> Command {
+    Command::new(
+        redis_server_path()
+            .parent()
+            .map(|d| d.join("redis-cli"))
+            .filter(|p| p.exists())
+            .unwrap_or_else(|| PathBuf::from("redis-cli")),
+    )
+}
+
+/// A local Redis Cluster: `masters` masters with `replicas` replicas each, on free loopback
+/// ports, created with `redis-cli --cluster create`. A short node timeout makes failovers quick.
+pub struct RedisCluster {
+    pub nodes: Vec<(SocketAddr, Option<Process>)>,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisCluster {
+    pub fn start(masters: usize, replicas: usize) -> RedisCluster {
+        let dir = tempfile::tempdir().expect("cluster dir");
+        let mut nodes = Vec::new();
+        for _ in 0..masters * (1 + replicas) {
+            let addr = free_addr();
+            let port = addr.port().to_string();
+            let process = Process::spawn(
+                "redis-server (cluster)",
+                Command::new(redis_server_path())
+                    .args(["--port", &port, "--bind", "127.0.0.1"])
+                    .args(["--cluster-enabled", "yes"])
+                    .arg("--cluster-config-file")
+                    .arg(dir.path().join(format!("nodes-{port}.conf")))
+                    .args(["--cluster-node-timeout", "1000"])
+                    // Sync replicas at once (the default waits 5 s to batch them): a replica
+                    // that never synced cannot take over.
+                    .args(["--repl-diskless-sync-delay", "0"])
+                    .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
+                    .arg("--dir")
+                    .arg(dir.path())
+                    .stdout(Stdio::null()),
+            );
+            nodes.push((addr, Some(process)));
+        }
+        for (addr, _) in &nodes {
+            wait_for_listener(*addr, Duration::from_secs(10));
+        }
+        let out = redis_cli()
+            .arg("--cluster")
+            .arg("create")
+            .args(nodes.iter().map(|(a, _)| a.to_string()))
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = RedisCluster { nodes, _dir: dir };
+        cluster.wait_ok(Duration::from_secs(20));
+        cluster
+    }
+
+    /// Waits until every live node reports `cluster_state:ok` and every live replica is in sync
+    /// with its master.
+    pub fn wait_ok(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let all_ok = self
+                .nodes
+                .iter()
+                .filter(|(_, p)| p.is_some())
+                .all(|(addr, _)| {
+                    let replication = self.cli(*addr, &["info", "replication"]);
+                    self.cli(*addr, &["cluster", "info"])
+                        .contains("cluster_state:ok")
+                        && (replication.contains("role:master")
+                            || replication.contains("master_link_status:up"))
+                });
+            if all_ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cluster not ok within {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn cli(&self, addr: SocketAddr, args: &[&str]) -> String {
+        let out = redis_cli()
+            .args(["-h", "127.0.0.1", "-p", &addr.port().to_string()])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `redis+cluster://` URL naming every node.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self.nodes.iter().map(|(a, _)| a.to_string()).collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// The address of the master serving `key`'s slot, if one does (not during a failover).
+    pub fn master_of(&self, key: &str) -> Option<SocketAddr> {
+        let (first, _) = self
+            .nodes
+            .iter()
+            .find(|(_, p)| p.is_some())
+            .expect("a live node");
+        let slot: u16 = self
+            .cli(*first, &["cluster", "keyslot", key])
+            .trim()
+            .parse()
+            .expect("slot number");
+        for line in self.cli(*first, &["cluster", "nodes"]).lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
+                continue;
+            }
+            let serves = fields[8..].iter().any(|range| match range.split_once('-') {
+                Some((a, b)) => {
+                    a.parse::<u16>().is_ok_and(|a| a <= slot)
+                        && b.parse::<u16>().is_ok_and(|b| slot <= b)
+                }
+                None => range.parse::<u16>() == Ok(slot),
+            });
+            if serves {
+                let host_port = fields[1].split('@').next().expect("address");
+                return Some(host_port.parse().expect("node address"));
+            }
+        }
+        None
+    }
+
+    /// SIGKILLs the node at `addr`.
+    pub fn kill(&mut self, addr: SocketAddr) {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|(a, _)| *a == addr)
+            .expect("a node of this cluster");
+        if let Some(p) = node.1.take() {
+            p.kill_hard();
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! Fake backends for the gateway to forward to: one that echoes what it was sent, one that
+//! never answers.
+
+use std::net::{SocketAddr, TcpListener};
+use std::time::Duration;
+
+/// An upstream that answers every request with 200 and the request's head as the body, so tests
+/// can see exactly what the gateway forwarded. Thread per connection, keep-alive.
+pub struct EchoUpstream {
+    pub addr: SocketAddr,
+}
+
+impl EchoUpstream {
+    pub fn start() -> EchoUpstream {
+        Self::start_with_delay(Duration::ZERO)
+    }
+
+    /// Like `start`, but every answer waits `delay` first: an in-flight request to hold open.
+    pub fn start_with_delay(delay: Duration) -> EchoUpstream {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind echo upstream");
+        let addr = listener.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().expect("clone stream"));
+                    let mut writer = stream;
+                    loop {
+                        let mut head = String::new();
+                        let mut length = 0usize;
+                        loop {
+                            let mut line = String::new();
+                            match reader.read_line(&mut line) {
+                                Ok(0) | Err(_) => return,
+                                Ok(_) => {}
+                            }
+                            if let Some(v) =
+                                line.to_ascii_lowercase().strip_prefix("content-length:")
+                            {
+                                length = v.trim().parse().unwrap_or(0);
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                            head.push_str(&line);
+                        }
+                        let mut body = vec![0u8; length];
+                        if reader.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        std::thread::sleep(delay);
+                        let response = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{head}",
+                            head.len()
+                        );
+                        if writer.write_all(response.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        EchoUpstream { addr }
+    }
+}
+
+/// An upstream that accepts connections and reads requests but never answers: a hung backend.
+pub struct SilentUpstream {
+    pub addr: SocketAddr,
+}
+
+impl SilentUpstream {
+    pub fn start() -> SilentUpstream {
+        use std::io::Read;
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind silent upstream");
+        let addr = listener.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            for mut stream in listener.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut sink = [0u8; 4096];
+                    // Read until the gateway gives up and closes; never write.
+                    while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+                });
+            }
+        });
+        SilentUpstream { addr }
+    }
+}
