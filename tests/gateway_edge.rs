@@ -49,6 +49,24 @@ async fn missing_malformed_unknown_and_revoked_keys_get_401_and_are_never_forwar
         !listing.contains(&key[4..]) && !listing.contains(&revoked[4..]),
         "keys list never shows keys"
     );
+    // With no gateway to ask about bans, the note comes after the whole table, on a line of
+    // its own, even when both streams go to one terminal.
+    let both = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("\"$0\" keys list --keys-file \"$1\" --admin-listen 127.0.0.1:1 2>&1")
+        .arg(e2e::bin_path("pet-gateway"))
+        .arg(&s.keys)
+        .output()
+        .unwrap();
+    let both = String::from_utf8_lossy(&both.stdout).to_string();
+    let lines: Vec<&str> = both.lines().collect();
+    assert_eq!(lines.len(), 5, "{both}");
+    assert!(
+        lines[0].starts_with("ID ") && lines[2].starts_with("key_"),
+        "{both}"
+    );
+    assert_eq!(lines[3], "", "{both}");
+    assert!(lines[4].starts_with("note: ban status unknown"), "{both}");
     let revoked_id = listing
         .lines()
         .nth(2)

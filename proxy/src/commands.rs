@@ -115,15 +115,14 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
         } => {
             let config = key_config(&files, admin_listen.as_deref())?;
             let file = KeysFile::load(&config.keys_file).map_err(|e| e.to_string())?;
-            let bans = match fetch_bans(config.admin_listen) {
-                Ok(bans) => Some(bans),
-                Err(e) => {
-                    eprintln!("note: ban status unknown: {e}");
-                    None
-                }
+            // The table first, whole; a note about it after, on its own line, so that a
+            // terminal showing both streams never runs the note into the last row.
+            let (bans, note) = match fetch_bans(config.admin_listen) {
+                Ok(bans) => (Some(bans), None),
+                Err(e) => (None, Some(format!("note: ban status unknown: {e}"))),
             };
-            println!(
-                "{:<18} {:<12} {:<32} {:<22} NAME",
+            let mut table = format!(
+                "{:<18} {:<12} {:<32} {:<22} NAME\n",
                 "ID", "PLAN", "STATUS", "CREATED"
             );
             for k in &file.keys {
@@ -135,14 +134,20 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
                     (None, Some(ban)) => format!("banned until {}", ban.until_utc),
                     (None, None) => "active".to_owned(),
                 };
-                println!(
-                    "{:<18} {:<12} {:<32} {:<22} {}",
+                table.push_str(&format!(
+                    "{:<18} {:<12} {:<32} {:<22} {}\n",
                     k.id,
                     k.plan,
                     status,
                     k.created_at,
                     k.name.as_deref().unwrap_or("-")
-                );
+                ));
+            }
+            print!("{table}");
+            use std::io::Write as _;
+            let _ = std::io::stdout().flush();
+            if let Some(note) = note {
+                eprintln!("\n{note}");
             }
             Ok(())
         }
