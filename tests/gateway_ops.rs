@@ -54,16 +54,7 @@ async fn core_checks(client: &reqwest::Client, base: &str, key: &str, version: r
 }
 
 fn tls_gateway(s: &Fixture, backend: std::net::SocketAddr, cert: &TestCert) -> GatewayProcess {
-    let cert_path = s.dir.path().join("cert.pem");
-    let key_path = s.dir.path().join("key.pem");
-    cert.write(&cert_path, &key_path);
-    let mut spec = GatewaySpec::new(backend, &s.keys, &s.plans);
-    spec.extra = format!(
-        "tls_cert = \"{}\"\ntls_key = \"{}\"\n",
-        cert_path.display(),
-        key_path.display()
-    );
-    GatewayProcess::start(s.dir.path(), &spec)
+    s.gateway(&s.tls_spec(backend, cert))
 }
 
 #[tokio::test]

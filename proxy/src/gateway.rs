@@ -259,6 +259,19 @@ impl ProxyHttp for Gateway {
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        // Once the head is out, the status and length are promised: an error body written now
+        // would be spliced into the live body and delivered as a success. Abort instead (the
+        // connection or stream is dropped unfinished), so the client sees it incomplete.
+        if session.response_written().is_some() {
+            METRICS.responses_aborted.inc();
+            tracing::warn!(request_id = %ctx.request_id, error = %e,
+                "response aborted mid-body: the backend failed after the head was sent");
+            session.set_keepalive(None);
+            return FailToProxy {
+                error_code: 0,
+                can_reuse_downstream: false,
+            };
+        }
         let Some(refusal) = Refusal::for_proxy_error(e, ctx.rate.as_ref()) else {
             return FailToProxy {
                 error_code: 0,

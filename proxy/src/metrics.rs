@@ -6,7 +6,9 @@
 
 use std::sync::LazyLock;
 
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
 
 pub struct Metrics {
     pub requests: IntCounterVec,
@@ -19,6 +21,7 @@ pub struct Metrics {
     pub store_errors: IntCounterVec,
     pub store_fallback: IntGauge,
     pub config_reloads: IntCounterVec,
+    pub responses_aborted: IntCounter,
 }
 
 /// Latency buckets from 100 µs (a local decision) to 10 s (the upstream read timeout).
@@ -147,6 +150,15 @@ impl Metrics {
                 "pet_gateway_config_reloads_total",
                 "Reloads of keys, plans or the TLS certificate, by result (applied, refused).",
                 &["result"],
+            ),
+            responses_aborted: register(
+                r,
+                IntCounter::new(
+                    "pet_gateway_responses_aborted_total",
+                    "Responses cut off after their head had gone out (the backend failed mid-body): \
+                     the client saw an incomplete response, never an error spliced into it.",
+                )
+                .expect("valid metric definition"),
             ),
         }
     }

@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::process::{bin_path, free_addr, wait_for_listener, Backend, Process};
+use crate::tls::TestCert;
 
 /// Writes a plan file `<name>.toml` into `dir`.
 pub fn write_plan(dir: &Path, name: &str, per_minute: u64, per_day: u64) {
@@ -244,6 +245,21 @@ impl Fixture {
     /// A gateway config on this fixture's keys and plans, forwarding to `upstream`.
     pub fn spec(&self, upstream: SocketAddr) -> GatewaySpec {
         GatewaySpec::new(upstream, &self.keys, &self.plans)
+    }
+
+    /// A gateway config like [`Fixture::spec`] whose public listener speaks TLS (HTTP/2 and
+    /// HTTP/1.1) with a certificate signed by `cert`'s authority.
+    pub fn tls_spec(&self, upstream: SocketAddr, cert: &TestCert) -> GatewaySpec {
+        let cert_path = self.dir.path().join("cert.pem");
+        let key_path = self.dir.path().join("key.pem");
+        cert.write(&cert_path, &key_path);
+        let mut spec = self.spec(upstream);
+        spec.extra = format!(
+            "tls_cert = \"{}\"\ntls_key = \"{}\"\n",
+            cert_path.display(),
+            key_path.display()
+        );
+        spec
     }
 
     /// Starts a gateway from `spec` with its config and log in this fixture's directory.

@@ -86,3 +86,48 @@ impl SilentUpstream {
         SilentUpstream { addr }
     }
 }
+
+/// A backend that fails mid-response: it sends a 200 head promising `Content-Length: 29`, part
+/// of the body, then closes the connection.
+pub struct TruncatingUpstream {
+    pub addr: SocketAddr,
+}
+
+impl TruncatingUpstream {
+    /// The part of the body that is sent before the connection closes.
+    pub const PARTIAL_BODY: &'static str = "[{\"id\":1,";
+
+    pub fn start() -> TruncatingUpstream {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind truncating upstream");
+        let addr = listener.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().expect("clone stream"));
+                    let mut writer = stream;
+                    loop {
+                        let mut line = String::new();
+                        match reader.read_line(&mut line) {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) if line == "\r\n" => break,
+                            Ok(_) => {}
+                        }
+                    }
+                    let _ = writer.write_all(
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                             content-length: 29\r\n\r\n{}",
+                            Self::PARTIAL_BODY
+                        )
+                        .as_bytes(),
+                    );
+                    let _ = writer.flush();
+                    std::thread::sleep(Duration::from_millis(50));
+                    // Dropping the stream closes the connection with the body incomplete.
+                });
+            }
+        });
+        TruncatingUpstream { addr }
+    }
+}

@@ -1,0 +1,104 @@
+//! Reliability defects that used to lose correctness silently, each reproduced with real
+//! processes: the gateway, and a real or fake backend.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use e2e::{Fixture, GatewayProcess, TestCert, TruncatingUpstream};
+
+/// The value of an unlabelled metric on the gateway's admin listener.
+async fn metric(gw: &GatewayProcess, name: &str) -> f64 {
+    let text = reqwest::get(gw.admin_url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+/// A backend that dies after sending the head and part of a 200's body: over HTTP/1.1 the
+/// client gets the head, the partial body and a closed connection (never a JSON error spliced
+/// into the body, never a complete-looking response).
+#[tokio::test]
+async fn a_backend_failing_mid_body_aborts_an_http1_response_instead_of_splicing_an_error() {
+    let f = Fixture::new(600, 100_000);
+    let key = f.issue("free");
+    let upstream = TruncatingUpstream::start();
+    let gw = f.gateway(&f.spec(upstream.addr));
+
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    // Ends with the connection closed (Ok) or reset (Err); a timeout would mean a hang.
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                panic!("the gateway neither finished nor closed the response")
+            }
+            Err(_) => break,
+        }
+    }
+    let answer = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = answer.split_once("\r\n\r\n").expect("a response head");
+    assert!(head.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        head.to_ascii_lowercase().contains("content-length: 29"),
+        "{answer}"
+    );
+    assert!(body.len() < 29, "the body is incomplete: {answer}");
+    assert!(
+        !body.contains("bad_gateway"),
+        "no error spliced in: {answer}"
+    );
+    assert_eq!(body, TruncatingUpstream::PARTIAL_BODY);
+    assert_eq!(
+        metric(&gw, "pet_gateway_responses_aborted_total").await,
+        1.0
+    );
+}
+
+/// The same over TLS and HTTP/2: the stream is reset, so the client's body read fails.
+#[tokio::test]
+async fn a_backend_failing_mid_body_resets_the_http2_stream() {
+    let f = Fixture::new(600, 100_000);
+    let key = f.issue("free");
+    let upstream = TruncatingUpstream::start();
+    let cert = TestCert::generate("reliability ca");
+    let gw = f.gateway(&f.tls_spec(upstream.addr, &cert));
+    let client = cert.client(&[b"h2"]);
+
+    let resp = client
+        .get(format!("https://localhost:{}/v1/pets", gw.addr.port()))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("the head arrives");
+    assert_eq!(resp.version(), reqwest::Version::HTTP_2);
+    assert_eq!(resp.status(), 200);
+    let body = tokio::time::timeout(Duration::from_secs(5), resp.bytes())
+        .await
+        .expect("no hang");
+    match body {
+        Err(_) => {}
+        Ok(b) => panic!(
+            "an incomplete body was delivered as complete: {:?}",
+            String::from_utf8_lossy(&b)
+        ),
+    }
+    assert_eq!(
+        metric(&gw, "pet_gateway_responses_aborted_total").await,
+        1.0
+    );
+}
