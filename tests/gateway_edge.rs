@@ -416,12 +416,9 @@ fn check_passes_on_every_shipped_config_and_names_the_field_of_a_broken_one() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "toml") {
             let out = gateway_cli(&["check", "--config", &path.to_string_lossy()]);
-            assert!(
-                out.status.success(),
-                "{}: {}",
-                path.display(),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{}: {err}", path.display());
+            assert!(!err.contains("warning"), "{}: {err}", path.display());
             checked += 1;
         }
     }
@@ -430,7 +427,23 @@ fn check_passes_on_every_shipped_config_and_names_the_field_of_a_broken_one() {
         "production, staging and local configs are shipped"
     );
 
+    // A production config pointing every node at its own loopback Redis loads, with a warning.
     let dir = tempfile::tempdir().unwrap();
+    let fleet = dir.path().join("fleet.toml");
+    std::fs::write(
+        &fleet,
+        format!(
+            "environment = \"production\"\nredis_url = \"redis://127.0.0.1:6379/0\"\n\
+             plans_dir = \"{}\"\n",
+            repo_root().join("plans").display()
+        ),
+    )
+    .unwrap();
+    let out = gateway_cli(&["check", "--config", &fleet.to_string_lossy()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("warning") && err.contains("loopback"), "{err}");
+
     let broken = dir.path().join("broken.toml");
     std::fs::write(
         &broken,
@@ -476,4 +489,33 @@ fn keys_issue_refuses_a_plan_without_a_file() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("platinum"));
     assert!(!s.keys.exists());
+}
+
+/// A hand-edited key id that would break the identity header, the Redis hash tag or the lift
+/// URL is refused on load, naming the file and the field.
+#[test]
+fn key_ids_that_are_not_safe_everywhere_are_refused() {
+    let s = setup();
+    std::fs::write(
+        &s.keys,
+        format!(
+            "[[key]]\nid = \"acme key}}\"\nplan = \"free\"\nsha256 = \"{}\"\n\
+             created_at = \"2026-01-01T00:00:00Z\"\n",
+            "ab".repeat(32)
+        ),
+    )
+    .unwrap();
+    let out = gateway_cli(&[
+        "check",
+        "--keys-file",
+        &s.keys.to_string_lossy(),
+        "--plans-dir",
+        &s.plans.to_string_lossy(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("keys.toml") && err.contains("field `id`"),
+        "{err}"
+    );
 }

@@ -102,3 +102,56 @@ async fn a_backend_failing_mid_body_resets_the_http2_stream() {
         1.0
     );
 }
+
+/// `POST /bans/lift` (no key id) used to panic the admin handler; it is a 404 like any other
+/// unknown admin path, and the admin listener keeps answering.
+#[tokio::test]
+async fn a_lift_without_a_key_id_is_404_not_a_panic() {
+    let f = Fixture::new(60, 1000);
+    let upstream = e2e::EchoUpstream::start();
+    let gw = f.gateway(&f.spec(upstream.addr));
+    let client = reqwest::Client::new();
+    for path in [
+        "/bans/lift",
+        "/bans//lift",
+        "/bans/a%20b/lift",
+        "/bans/x}/lift",
+    ] {
+        let resp = client.post(gw.admin_url(path)).send().await.unwrap();
+        assert_eq!(resp.status(), 404, "{path}");
+    }
+    let health = client.get(gw.admin_url("/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    assert!(!gw.log_text().contains("panicked"), "{}", gw.log_text());
+}
+
+/// A banned key is told 0 remaining by every header: `X-RateLimit-Remaining` and both windows
+/// of `RateLimit`, whether the ban is decided by the store or found in the node's ban cache.
+#[tokio::test]
+async fn every_rate_limit_header_of_a_banned_key_says_zero_remaining() {
+    let f = Fixture::new(1, 1000);
+    let key = f.issue("free");
+    let upstream = e2e::EchoUpstream::start();
+    let mut spec = f.spec(upstream.addr);
+    // The first refusal bans.
+    spec.extra = "[ban]\nstrikes = 0\ndurations_secs = [600]\n".into();
+    let gw = f.gateway(&spec);
+    e2e::fresh_minute(Duration::from_secs(5));
+    let client = reqwest::Client::new();
+    let send = || client.get(gw.url("/v1/pets")).bearer_auth(&key).send();
+    assert_eq!(send().await.unwrap().status(), 200);
+    // The store bans (this request), then the ban cache answers (the next ones).
+    for _ in 0..3 {
+        let resp = send().await.unwrap();
+        assert_eq!(resp.status(), 429);
+        let h = |n| e2e::header(&resp, n).unwrap_or_default();
+        assert_eq!(h("x-ratelimit-remaining"), "0");
+        let ratelimit = h("ratelimit");
+        assert!(
+            ratelimit.contains("\"minute\";r=0;") && ratelimit.contains("\"day\";r=0;"),
+            "{ratelimit}"
+        );
+        let body: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(body["code"], "api_key_banned");
+    }
+}

@@ -142,11 +142,11 @@ impl ServeHttp for Admin {
                 Ok(bans) => json_response(200, serde_json::to_vec(&bans).unwrap_or_default()),
                 Err(e) => error(503, ErrorCode::Internal, &format!("quota store: {e}")),
             },
-            p if p.starts_with("/bans/") && p.ends_with("/lift") => {
+            p if lift_target(p).is_some() => {
                 if method != http::Method::POST {
                     return error(405, ErrorCode::MethodNotAllowed, "use POST");
                 }
-                let id = &p["/bans/".len()..p.len() - "/lift".len()];
+                let id = lift_target(p).unwrap_or_default();
                 self.ban_cache.forget(id);
                 match self.store.lift_ban(id).await {
                     Ok(lifted) => json_response(
@@ -164,6 +164,14 @@ impl ServeHttp for Admin {
             _ => error(404, ErrorCode::NotFound, "no such admin endpoint"),
         }
     }
+}
+
+/// The key id of `/bans/{key id}/lift`, when the path is that and the id could be one
+/// (anything else, `/bans/lift` included, is 404).
+fn lift_target(path: &str) -> Option<&str> {
+    path.strip_prefix("/bans/")?
+        .strip_suffix("/lift")
+        .filter(|id| crate::keys::valid_key_id(id))
 }
 
 /// One request to a gateway's admin listener, for the command line: `(status, body)`.

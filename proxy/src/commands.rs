@@ -52,6 +52,9 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let c = &args.config;
     let config = load(c.config.as_deref(), &c.overrides)?;
     let _flush_on_exit = init_logging(config.log_format);
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     crate::server::run(
         config,
         args.upgrade,
@@ -64,6 +67,9 @@ fn check(args: ConfigArgs) -> Result<(), String> {
     let config = load(args.config.as_deref(), &args.overrides)?;
     let snapshot =
         Snapshot::load(&config.keys_file, &config.plans_dir).map_err(|e| e.to_string())?;
+    for warning in config.warnings() {
+        eprintln!("warning: {warning}");
+    }
     println!(
         "ok: environment `{}`, listen {}, {} upstream(s), store {}, plans {} ({}), {} active key(s) in {}",
         config.environment,

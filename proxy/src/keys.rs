@@ -97,6 +97,20 @@ impl KeyIndex {
     }
 }
 
+/// Longest key id accepted.
+pub const MAX_KEY_ID: usize = 64;
+
+/// Whether `id` is safe everywhere a key id goes: the `X-Api-Key-Id` header, the Redis hash tag
+/// `{id}`, the admin URL `/bans/{id}/lift`, log lines and metrics tooling. Issued ids
+/// (`key_` and hex) always are; a hand-edited file may hold anything.
+pub fn valid_key_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_KEY_ID
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 pub fn sha256(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
@@ -131,8 +145,14 @@ impl KeysFile {
         let mut hashes = HashSet::new();
         for (i, k) in self.keys.iter().enumerate() {
             let at = format!("key #{} (id `{}`)", i + 1, k.id);
-            if k.id.is_empty() || !ids.insert(k.id.as_str()) {
-                return Err(invalid(format!("{at}: field `id` is empty or repeated")));
+            if !valid_key_id(&k.id) {
+                return Err(invalid(format!(
+                    "{at}: field `id` must be 1 to {MAX_KEY_ID} letters, digits, `_` or `-` \
+                     (it becomes a header value, a Redis hash tag and part of an admin URL)"
+                )));
+            }
+            if !ids.insert(k.id.as_str()) {
+                return Err(invalid(format!("{at}: field `id` is repeated")));
             }
             if k.sha256.len() != 64 || hex::decode(&k.sha256).is_err() {
                 return Err(invalid(format!(
@@ -367,6 +387,29 @@ mod tests {
             revoke(&path, "key_nope"),
             Err(KeysError::NoSuchKey(_))
         ));
+    }
+
+    #[test]
+    fn key_ids_that_would_break_a_header_a_hash_tag_or_a_url_are_refused_on_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.toml");
+        let hash = "ab".repeat(32);
+        for bad in ["has space", "br}ace", "sl/ash", "", &"x".repeat(65)] {
+            std::fs::write(
+                &path,
+                format!(
+                    "[[key]]\nid = \"{bad}\"\nplan = \"free\"\nsha256 = \"{hash}\"\n\
+                     created_at = \"2026-01-01T00:00:00Z\"\n"
+                ),
+            )
+            .unwrap();
+            let err = KeysFile::load(&path).unwrap_err().to_string();
+            assert!(
+                err.contains("keys.toml") && err.contains("field `id`"),
+                "{bad:?}: {err}"
+            );
+        }
+        assert!(valid_key_id("key_0123abcd") && valid_key_id("Acme-2"));
     }
 
     #[test]

@@ -211,8 +211,8 @@ impl RateView {
     pub fn new(v: &Verdict, limits: Limits) -> RateView {
         let minute_reset = (v.now / MINUTE_SECS + 1) * MINUTE_SECS;
         let day_reset = (v.now / DAY_SECS + 1) * DAY_SECS;
-        let minute_remaining = limits.per_minute.saturating_sub(v.minute_count);
-        let day_remaining = limits.per_day.saturating_sub(v.day_count);
+        let mut minute_remaining = limits.per_minute.saturating_sub(v.minute_count);
+        let mut day_remaining = limits.per_day.saturating_sub(v.day_count);
         let minute = (limits.per_minute, minute_remaining, minute_reset);
         let day = (limits.per_day, day_remaining, day_reset);
         // The binding window has the fewest requests remaining, the minute on a tie; when a
@@ -230,7 +230,11 @@ impl RateView {
             Outcome::Admitted => None,
             Outcome::Limited => Some(reset.saturating_sub(v.now).max(1)),
             Outcome::Banned => {
+                // A banned key can send nothing, whatever its windows hold: every header
+                // (`X-RateLimit-Remaining` and both windows of `RateLimit`) says 0.
                 remaining = 0;
+                minute_remaining = 0;
+                day_remaining = 0;
                 reset = v.ban_until.max(v.now + 1);
                 binding = Window::Ban;
                 Some(reset - v.now)
@@ -427,7 +431,12 @@ mod tests {
             ),
             (Window::Ban, 0, now + 30, Some(30))
         );
-        assert_eq!((banned.minute_remaining, banned.day_remaining), (60, 1000));
+        assert_eq!(
+            (banned.minute_remaining, banned.day_remaining),
+            (0, 0),
+            "every header of a banned key says 0 remaining"
+        );
+        assert!(banned.ratelimit_header().contains("\"minute\";r=0;"));
         let open = RateView::unmetered(FREE, now);
         assert_eq!(
             (open.binding, open.limit, open.remaining, open.retry_after),

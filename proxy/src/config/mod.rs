@@ -316,6 +316,61 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Settings that load but are probably a mistake in this environment; `check` prints them
+    /// and `serve` logs them at start-up.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.environment != "production" {
+            return warnings;
+        }
+        match &self.redis_url {
+            None => warnings.push(
+                "environment `production` uses the embedded store: every gateway node counts \
+                 on its own, so a fleet of N nodes admits N times each quota; set `redis_url` \
+                 to the Redis all nodes share"
+                    .to_owned(),
+            ),
+            Some(url) => {
+                let loopback: Vec<String> = url
+                    .split(',')
+                    .filter_map(redis_host)
+                    .filter(|h| is_loopback(h))
+                    .collect();
+                if !loopback.is_empty() {
+                    warnings.push(format!(
+                        "environment `production` uses a loopback Redis ({}): each node would \
+                         count in a Redis of its own, so a fleet of N nodes admits N times each \
+                         quota; name the Redis host all nodes share",
+                        loopback.join(", ")
+                    ));
+                }
+            }
+        }
+        warnings
+    }
+}
+
+/// The host of one Redis URL (or one `host:port` of a `redis+cluster://` list).
+fn redis_host(url: &str) -> Option<String> {
+    let url = url.trim();
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    let authority = rest.split('/').next()?;
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next()?,
+        None => authority.split(':').next()?,
+    };
+    (!host.is_empty()).then(|| host.to_owned())
+}
+
+fn is_loopback(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 fn at_least_one<T: PartialEq + From<u8>>(v: T) -> Result<T, String> {
     if v == T::from(0) {
         Err("must be at least 1".into())
@@ -674,5 +729,33 @@ mod tests {
                 .port(),
             7002
         );
+    }
+
+    #[test]
+    fn production_on_a_loopback_or_embedded_store_is_warned_about() {
+        let dir = tempfile::tempdir().unwrap();
+        let warn = |text: &str| {
+            let path = write(dir.path(), text);
+            Config::load(Some(&path), &Env::default(), &Overrides::default())
+                .unwrap()
+                .warnings()
+        };
+        for url in [
+            "redis://127.0.0.1:6379/0",
+            "redis://:secret@localhost/0",
+            "redis://[::1]:6379",
+            "redis+cluster://10.0.0.5:7000,127.0.0.2:7001",
+        ] {
+            let w = warn(&format!(
+                "environment = \"production\"\nredis_url = \"{url}\"\n"
+            ));
+            assert!(w.len() == 1 && w[0].contains("loopback"), "{url}: {w:?}");
+        }
+        assert!(warn("environment = \"production\"\n")[0].contains("embedded"));
+        assert!(warn(
+            "environment = \"production\"\nredis_url = \"redis://redis.pet.internal:6379/0\"\n"
+        )
+        .is_empty());
+        assert!(warn("environment = \"staging\"\nredis_url = \"redis://127.0.0.1\"\n").is_empty());
     }
 }
