@@ -272,14 +272,25 @@ async fn metrics_count_every_outcome_and_pass_promtool() {
         );
     }
 
-    let text = client
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    // A request is counted in the logging phase, just after its response went out: a client
+    // that scrapes at once can be a moment ahead of the last count, so wait (bounded) until
+    // all 15 requests are counted.
+    let mut text = String::new();
+    for _ in 0..50 {
+        text = client
+            .get(gw.admin_url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let counted: f64 = samples(&text, "pet_gateway_requests_total").values().sum();
+        if counted >= 15.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     promtool_check_metrics(&text);
     let mut by_status: HashMap<String, f64> = HashMap::new();
     for (labels, value) in samples(&text, "pet_gateway_requests_total") {
