@@ -89,6 +89,17 @@ fn load(file: Option<&std::path::Path>, flags: &Overrides) -> Result<Config, Str
     Config::load(file, &Env::process(), flags).map_err(|e| e.to_string())
 }
 
+/// The same, reading only the variables a `keys` or `bans` command uses: a bad unrelated
+/// variable must never stop, say, revoking a leaked key.
+fn load_for_admin(file: Option<&std::path::Path>, flags: &Overrides) -> Result<Config, String> {
+    let env = Env::process().only(&[
+        "PET_GATEWAY_KEYS_FILE",
+        "PET_GATEWAY_PLANS_DIR",
+        "PET_GATEWAY_ADMIN_LISTEN",
+    ]);
+    Config::load(file, &env, flags).map_err(|e| e.to_string())
+}
+
 fn key_config(files: &KeyFiles, admin_listen: Option<&str>) -> Result<Config, String> {
     let over = Overrides {
         keys_file: files.keys_file.clone(),
@@ -96,7 +107,7 @@ fn key_config(files: &KeyFiles, admin_listen: Option<&str>) -> Result<Config, St
         admin_listen: admin_listen.map(str::to_owned),
         ..Overrides::default()
     };
-    load(files.config.as_deref(), &over)
+    load_for_admin(files.config.as_deref(), &over)
 }
 
 fn keys_command(cmd: KeysCommand) -> Result<(), String> {
@@ -176,7 +187,7 @@ fn admin_of(args: &AdminArgs) -> Result<std::net::SocketAddr, String> {
         admin_listen: args.admin_listen.clone(),
         ..Overrides::default()
     };
-    Ok(load(args.config.as_deref(), &over)?.admin_listen)
+    Ok(load_for_admin(args.config.as_deref(), &over)?.admin_listen)
 }
 
 fn fetch_bans(addr: std::net::SocketAddr) -> Result<Bans, String> {

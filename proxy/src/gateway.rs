@@ -263,9 +263,12 @@ impl ProxyHttp for Gateway {
         // would be spliced into the live body and delivered as a success. Abort instead (the
         // connection or stream is dropped unfinished), so the client sees it incomplete.
         if session.response_written().is_some() {
-            METRICS.responses_aborted.inc();
-            tracing::warn!(request_id = %ctx.request_id, error = %e,
-                "response aborted mid-body: the backend failed after the head was sent");
+            // Only a backend failure is news; a client that left mid-body is not.
+            if *e.esource() == pingora::ErrorSource::Upstream {
+                METRICS.responses_aborted.inc();
+                tracing::warn!(request_id = %ctx.request_id, error = %e,
+                    "response aborted mid-body: the backend failed after the head was sent");
+            }
             session.set_keepalive(None);
             return FailToProxy {
                 error_code: 0,

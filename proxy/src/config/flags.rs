@@ -79,13 +79,22 @@ pub struct Env {
 }
 
 impl Env {
-    /// This process's environment (variables that are not UTF-8 are left out).
+    /// This process's `PET_GATEWAY_*` variables. `vars_os`, not `vars`: an unrelated variable
+    /// that is not UTF-8 must not abort the gateway; one of ours that is not is left out.
     pub fn process() -> Env {
         Env {
-            vars: std::env::vars()
+            vars: std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
                 .filter(|(k, _)| k.starts_with("PET_GATEWAY_"))
                 .collect(),
         }
+    }
+
+    /// Only the named variables: a command that needs a few settings (`keys`, `bans`) is not
+    /// stopped by a bad value of one it never uses.
+    pub fn only(mut self, names: &[&str]) -> Env {
+        self.vars.retain(|k, _| names.contains(&k.as_str()));
+        self
     }
 
     pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Env {
@@ -101,10 +110,19 @@ impl Env {
         s.env.and_then(|name| self.vars.get(name).cloned())
     }
 
-    fn choice<T: ValueEnum>(&self, s: &Setting) -> Result<Option<T>, ConfigError> {
+    /// A choice, checked as clap checks the flag (case-sensitive); not checked at all when a
+    /// flag overrides it (`overridden`), as flags > environment.
+    fn choice<T: ValueEnum>(
+        &self,
+        s: &Setting,
+        overridden: bool,
+    ) -> Result<Option<T>, ConfigError> {
+        if overridden {
+            return Ok(None);
+        }
         self.get(s)
             .map(|v| {
-                T::from_str(&v, true).map_err(|_| {
+                T::from_str(&v, false).map_err(|_| {
                     let choices: Vec<String> = T::value_variants()
                         .iter()
                         .filter_map(|c| c.to_possible_value())
@@ -116,7 +134,8 @@ impl Env {
             .transpose()
     }
 
-    pub fn layer(&self) -> Result<Layer, ConfigError> {
+    /// This layer; `flags` is the layer above it, whose values make these unused.
+    pub fn layer(&self, flags: &Layer) -> Result<Layer, ConfigError> {
         Ok(Layer {
             listen: self.get(&LISTEN),
             admin_listen: self.get(&ADMIN_LISTEN),
@@ -127,10 +146,10 @@ impl Env {
             key_prefix: self.get(&KEY_PREFIX),
             keys_file: self.get(&KEYS_FILE).map(PathBuf::from),
             plans_dir: self.get(&PLANS_DIR).map(PathBuf::from),
-            on_store_error: self.choice(&ON_STORE_ERROR)?,
+            on_store_error: self.choice(&ON_STORE_ERROR, flags.on_store_error.is_some())?,
             tls_cert: self.get(&TLS_CERT).map(PathBuf::from),
             tls_key: self.get(&TLS_KEY).map(PathBuf::from),
-            log_format: self.choice(&LOG_FORMAT)?,
+            log_format: self.choice(&LOG_FORMAT, flags.log_format.is_some())?,
             ..Layer::default()
         })
     }

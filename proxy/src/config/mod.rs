@@ -303,9 +303,10 @@ impl Config {
     /// Reads `file` (if any), the environment and the flags, merges them and validates the
     /// result.
     pub fn load(file: Option<&Path>, env: &Env, flags: &Overrides) -> Result<Config, ConfigError> {
+        let flags = flags.layer();
         let layers = Layers {
-            flags: flags.layer(),
-            env: env.layer()?,
+            env: env.layer(&flags)?,
+            flags,
             file: match file {
                 Some(path) => file::read(path)?,
                 None => Layer::default(),
@@ -757,5 +758,21 @@ mod tests {
         )
         .is_empty());
         assert!(warn("environment = \"staging\"\nredis_url = \"redis://127.0.0.1\"\n").is_empty());
+    }
+
+    #[test]
+    fn a_flag_makes_a_bad_variable_of_the_same_setting_irrelevant_and_choices_are_exact() {
+        let env = Env::from_pairs([("PET_GATEWAY_ON_STORE_ERROR", "bogus")]);
+        let over = Overrides {
+            on_store_error: Some(OnStoreError::Closed),
+            ..Overrides::default()
+        };
+        let c = Config::load(None, &env, &over).unwrap();
+        assert_eq!(c.on_store_error, OnStoreError::Closed);
+        let upper = Env::from_pairs([("PET_GATEWAY_ON_STORE_ERROR", "Closed")]);
+        assert!(Config::load(None, &upper, &Overrides::default()).is_err());
+        let unrelated =
+            Env::from_pairs([("PET_GATEWAY_LISTEN", "nowhere")]).only(&["PET_GATEWAY_KEYS_FILE"]);
+        assert!(Config::load(None, &unrelated, &Overrides::default()).is_ok());
     }
 }
