@@ -113,16 +113,7 @@ fn assert_all(outcomes: &[Outcome], status: u16, max: Duration) {
 }
 
 async fn fallback_gauge(gw: &GatewayProcess) -> f64 {
-    let text = reqwest::get(gw.admin_url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("pet_gateway_store_fallback "))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("the fallback gauge")
+    gw.metric("pet_gateway_store_fallback").await
 }
 
 async fn gauge_reaches(gw: &GatewayProcess, value: f64, within: Duration) -> Duration {

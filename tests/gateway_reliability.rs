@@ -5,20 +5,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use e2e::{Fixture, GatewayProcess, TestCert, TruncatingUpstream};
-
-/// The value of an unlabelled metric on the gateway's admin listener.
-async fn metric(gw: &GatewayProcess, name: &str) -> f64 {
-    let text = reqwest::get(gw.admin_url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in /metrics"))
-}
+use e2e::{Fixture, TestCert, TruncatingUpstream};
 
 /// A backend that dies after sending the head and part of a 200's body: over HTTP/1.1 the
 /// client gets the head, the partial body and a closed connection (never a JSON error spliced
@@ -63,10 +50,7 @@ async fn a_backend_failing_mid_body_aborts_an_http1_response_instead_of_splicing
         "no error spliced in: {answer}"
     );
     assert_eq!(body, TruncatingUpstream::PARTIAL_BODY);
-    assert_eq!(
-        metric(&gw, "pet_gateway_responses_aborted_total").await,
-        1.0
-    );
+    assert_eq!(gw.metric("pet_gateway_responses_aborted_total").await, 1.0);
 }
 
 /// The same over TLS and HTTP/2: the stream is reset, so the client's body read fails.
@@ -97,10 +81,7 @@ async fn a_backend_failing_mid_body_resets_the_http2_stream() {
             String::from_utf8_lossy(&b)
         ),
     }
-    assert_eq!(
-        metric(&gw, "pet_gateway_responses_aborted_total").await,
-        1.0
-    );
+    assert_eq!(gw.metric("pet_gateway_responses_aborted_total").await, 1.0);
 }
 
 /// `POST /bans/lift` (no key id) used to panic the admin handler; it is a 404 like any other

@@ -160,6 +160,19 @@ impl GatewayProcess {
         format!("http://{}{path}", self.admin)
     }
 
+    /// The value of an unlabelled metric on the admin listener's `/metrics`.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = reqwest::get(self.admin_url("/metrics"))
+            .await
+            .expect("admin listener answers")
+            .text()
+            .await
+            .expect("a metrics body");
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
