@@ -9,6 +9,8 @@
 //! | `GET /metrics` | the Prometheus text format |
 //! | `GET /bans` | the active bans of the keys in the keys file |
 //! | `POST /bans/{key id}/lift` | ends that key's ban now |
+//! | `POST /reload` | reloads the keys and plans now; says what each part did |
+//! | `GET /keys/{key id}` | 200 with the key's plan while this gateway accepts the key, else 404 |
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -97,24 +99,30 @@ impl Admin {
         false
     }
 
+    /// One store call, whatever the number of keys; the plans come from the keys in force (a
+    /// ban of a key no longer in the keys file is not listed).
     async fn bans(&self) -> Result<Bans, String> {
-        let keys: Vec<_> = self.catalog.snapshot().keys.keys().cloned().collect();
-        let mut bans = Vec::new();
-        for key in keys {
-            if let Some(ban) = self
-                .store
-                .ban_of(&key.id)
-                .await
-                .map_err(|e| e.to_string())?
-            {
-                bans.push(BanEntry {
-                    key_id: ban.key_id,
-                    plan: key.plan.to_string(),
-                    until: ban.until,
-                    until_utc: rfc3339(ban.until),
-                });
-            }
+        let active = self.store.bans().await.map_err(|e| e.to_string())?;
+        if active.is_empty() {
+            return Ok(Bans { bans: Vec::new() });
         }
+        let snapshot = self.catalog.snapshot();
+        let wanted: std::collections::HashMap<&str, u64> = active
+            .iter()
+            .map(|b| (b.key_id.as_str(), b.until))
+            .collect();
+        let mut bans: Vec<BanEntry> = snapshot
+            .keys
+            .keys()
+            .filter_map(|k| {
+                wanted.get(&*k.id).map(|&until| BanEntry {
+                    key_id: k.id.to_string(),
+                    plan: k.plan.to_string(),
+                    until,
+                    until_utc: rfc3339(until),
+                })
+            })
+            .collect();
         bans.sort_by(|a, b| a.key_id.cmp(&b.key_id));
         Ok(Bans { bans })
     }
@@ -142,6 +150,31 @@ impl ServeHttp for Admin {
                 Ok(bans) => json_response(200, serde_json::to_vec(&bans).unwrap_or_default()),
                 Err(e) => error(503, ErrorCode::Internal, &format!("quota store: {e}")),
             },
+            "/reload" if method == http::Method::POST => {
+                let catalog = Arc::clone(&self.catalog);
+                match tokio::task::spawn_blocking(move || catalog.reload(false)).await {
+                    Ok(report) => json_response(200, report.to_json().to_string().into_bytes()),
+                    Err(e) => error(500, ErrorCode::Internal, &format!("reload failed: {e}")),
+                }
+            }
+            p if key_target(p).is_some() && get => {
+                let id = key_target(p).unwrap_or_default();
+                let snapshot = self.catalog.snapshot();
+                let found = snapshot.keys.keys().find(|k| &*k.id == id).cloned();
+                match found {
+                    Some(k) => json_response(
+                        200,
+                        serde_json::json!({ "id": id, "plan": &*k.plan, "status": "active" })
+                            .to_string()
+                            .into_bytes(),
+                    ),
+                    None => error(
+                        404,
+                        ErrorCode::NotFound,
+                        "no active key with this id (unknown or revoked)",
+                    ),
+                }
+            }
             p if lift_target(p).is_some() => {
                 if method != http::Method::POST {
                     return error(405, ErrorCode::MethodNotAllowed, "use POST");
@@ -161,6 +194,7 @@ impl ServeHttp for Admin {
             "/healthz" | "/readyz" | "/metrics" | "/bans" => {
                 error(405, ErrorCode::MethodNotAllowed, "use GET")
             }
+            "/reload" => error(405, ErrorCode::MethodNotAllowed, "use POST"),
             _ => error(404, ErrorCode::NotFound, "no such admin endpoint"),
         }
     }
@@ -171,6 +205,12 @@ impl ServeHttp for Admin {
 fn lift_target(path: &str) -> Option<&str> {
     path.strip_prefix("/bans/")?
         .strip_suffix("/lift")
+        .filter(|id| crate::keys::valid_key_id(id))
+}
+
+/// The key id of `/keys/{key id}`.
+fn key_target(path: &str) -> Option<&str> {
+    path.strip_prefix("/keys/")
         .filter(|id| crate::keys::valid_key_id(id))
 }
 

@@ -110,6 +110,10 @@ impl Admission {
                     METRICS.store_fallback.set(0);
                     if v.outcome == quota::Outcome::Banned {
                         r.ban_cache.remember(&key.id, v.ban_until);
+                    } else if !r.ban_cache.is_empty() {
+                        // The store says no ban (lifted, perhaps on another node): a stale
+                        // entry must not come back during an outage.
+                        r.ban_cache.forget(&key.id);
                     }
                     return Decision {
                         ban_started: v.ban_started,

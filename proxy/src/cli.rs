@@ -86,10 +86,15 @@ pub enum KeysCommand {
         #[arg(long, value_name = "ADDR")]
         admin_listen: Option<String>,
     },
-    /// Revoke a key by id; a running gateway refuses it within seconds.
+    /// Revoke a key by id, then ask the running gateway to reload and confirm that it refuses
+    /// the key; exits non-zero, saying what did not happen, when it cannot confirm.
     Revoke {
         #[command(flatten)]
         files: KeyFiles,
+        /// The running gateway's admin address, asked to confirm (overrides the config file's)
+        /// [env: PET_GATEWAY_ADMIN_LISTEN].
+        #[arg(long, value_name = "ADDR")]
+        admin_listen: Option<String>,
         /// The key's id, as `keys list` shows it.
         id: String,
     },

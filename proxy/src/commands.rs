@@ -67,7 +67,8 @@ fn check(args: ConfigArgs) -> Result<(), String> {
     let config = load(args.config.as_deref(), &args.overrides)?;
     let snapshot =
         Snapshot::load(&config.keys_file, &config.plans_dir).map_err(|e| e.to_string())?;
-    for warning in config.warnings() {
+    let ignored = snapshot.plans.ignored_warning(&config.plans_dir);
+    for warning in config.warnings().into_iter().chain(ignored) {
         eprintln!("warning: {warning}");
     }
     println!(
@@ -168,17 +169,49 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             }
             Ok(())
         }
-        KeysCommand::Revoke { files, id } => {
-            let config = key_config(&files, None)?;
+        KeysCommand::Revoke {
+            files,
+            admin_listen,
+            id,
+        } => {
+            let config = key_config(&files, admin_listen.as_deref())?;
             let record = keys::revoke(&config.keys_file, &id).map_err(|e| e.to_string())?;
             println!(
-                "revoked {} (plan {}) at {}",
+                "revoked {} (plan {}) in {} at {}",
                 record.id,
                 record.plan,
+                config.keys_file.display(),
                 record.revoked_at.as_deref().unwrap_or("?")
+            );
+            confirm_revoked(config.admin_listen, &record.id)
+                .map_err(|why| format!("the revocation is NOT confirmed in force: {why}"))?;
+            println!(
+                "in force: the gateway at {} refuses {} now",
+                config.admin_listen, record.id
             );
             Ok(())
         }
+    }
+}
+
+/// Asks the running gateway to reload its keys now and whether it still accepts `id`.
+fn confirm_revoked(addr: std::net::SocketAddr, id: &str) -> Result<(), String> {
+    let (status, body) = admin::call(addr, "POST", "/reload")?;
+    if status != 200 {
+        return Err(format!("the gateway answered {status} to a reload: {body}"));
+    }
+    let report: serde_json::Value = serde_json::from_str(&body)
+        .map_err(|e| format!("unexpected answer from the gateway: {e}"))?;
+    let (status, body) = admin::call(addr, "GET", &format!("/keys/{id}"))?;
+    match status {
+        404 => Ok(()),
+        200 => Err(match report["keys"]["refused"].as_str() {
+            Some(reason) => format!(
+                "the gateway at {addr} still accepts {id}: it refused the keys file: {reason}"
+            ),
+            None => format!("the gateway at {addr} still accepts {id} after reloading"),
+        }),
+        other => Err(format!("the gateway answered {other}: {body}")),
     }
 }
 

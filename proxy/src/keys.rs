@@ -224,17 +224,55 @@ impl KeysFile {
             message: e.to_string(),
         })?;
         let tmp = path.with_extension("toml.tmp");
-        {
-            let mut f = private_file(&tmp).map_err(write_err)?;
+        let result = (|| {
+            let mut f = private_file(&tmp)?;
+            keep_owner_and_mode(path, &f)?;
             f.write_all(
                 b"# Managed by `pet-gateway keys`: SHA-256 hashes of API keys, never the keys.\n\n",
-            )
-            .map_err(write_err)?;
-            f.write_all(body.as_bytes()).map_err(write_err)?;
-            f.sync_all().map_err(write_err)?;
+            )?;
+            f.write_all(body.as_bytes())?;
+            f.sync_all()
+        })();
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(write_err(e));
         }
         std::fs::rename(&tmp, path).map_err(write_err)
     }
+}
+
+/// The new file gets the owner, group and mode of the one it replaces: a `keys` command run as
+/// root or another user must never leave the gateway a file it cannot read (it would keep its
+/// old keys, revoked ones included). Where that owner cannot be given (not root), nothing is
+/// written and the error says whom to run as.
+#[cfg(unix)]
+fn keep_owner_and_mode(path: &Path, new: &File) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let old = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let mine = new.metadata()?;
+    if (mine.uid(), mine.gid()) != (old.uid(), old.gid()) {
+        std::os::unix::fs::fchown(new, Some(old.uid()), Some(old.gid())).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot give the new file the owner uid {} and group gid {} of the one it \
+                     replaces ({e}); run this command as that user or as root; nothing was changed",
+                    old.uid(),
+                    old.gid()
+                ),
+            )
+        })?;
+    }
+    new.set_permissions(std::fs::Permissions::from_mode(old.mode() & 0o7777))
+}
+
+#[cfg(not(unix))]
+fn keep_owner_and_mode(_path: &Path, _new: &File) -> std::io::Result<()> {
+    Ok(())
 }
 
 #[cfg(unix)]
@@ -410,6 +448,29 @@ mod tests {
             );
         }
         assert!(valid_key_id("key_0123abcd") && valid_key_id("Acme-2"));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_rewritten_keys_file_keeps_the_owner_group_and_mode_of_the_old_one() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let plans = plans(dir.path());
+        let path = dir.path().join("keys.toml");
+        issue(&path, &plans, "free", None).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        // As root (CI), hand the file to another user as a service account would own it.
+        let root = std::fs::metadata(&path).unwrap().uid() == 0;
+        if root {
+            std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+        }
+        let before = std::fs::metadata(&path).unwrap();
+        issue(&path, &plans, "free", None).unwrap();
+        let after = std::fs::metadata(&path).unwrap();
+        assert_ne!(before.ino(), after.ino(), "replaced by rename");
+        assert_eq!(after.mode() & 0o7777, 0o640);
+        assert_eq!((after.uid(), after.gid()), (before.uid(), before.gid()));
+        assert_eq!(KeysFile::load(&path).unwrap().keys.len(), 2);
     }
 
     #[test]

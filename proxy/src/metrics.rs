@@ -7,7 +7,8 @@
 use std::sync::LazyLock;
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
 pub struct Metrics {
@@ -22,6 +23,8 @@ pub struct Metrics {
     pub store_fallback: IntGauge,
     pub config_reloads: IntCounterVec,
     pub responses_aborted: IntCounter,
+    pub catalog_reload_failing: IntGaugeVec,
+    pub catalog_last_reload: IntGaugeVec,
 }
 
 /// Latency buckets from 100 µs (a local decision) to 10 s (the upstream read timeout).
@@ -44,6 +47,11 @@ fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registr
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let vec = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric definition");
+    register(registry, vec)
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let vec = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric definition");
     register(registry, vec)
 }
 
@@ -75,6 +83,10 @@ impl Metrics {
         }
         for result in ["applied", "refused"] {
             m.config_reloads.with_label_values(&[result]);
+        }
+        for part in ["keys", "plans"] {
+            m.catalog_reload_failing.with_label_values(&[part]);
+            m.catalog_last_reload.with_label_values(&[part]);
         }
         for reason in ["missing", "malformed", "unknown"] {
             m.auth_failures.with_label_values(&[reason]);
@@ -159,6 +171,19 @@ impl Metrics {
                      the client saw an incomplete response, never an error spliced into it.",
                 )
                 .expect("valid metric definition"),
+            ),
+            catalog_reload_failing: gauge(
+                r,
+                "pet_gateway_catalog_reload_failing",
+                "1 while the newest version of the keys file or the plans directory (part) is \
+                 refused and the previous one stays in force, else 0.",
+                &["part"],
+            ),
+            catalog_last_reload: gauge(
+                r,
+                "pet_gateway_catalog_last_reload_timestamp_seconds",
+                "When the keys or the plans (part) in force were loaded, Unix seconds.",
+                &["part"],
             ),
         }
     }

@@ -30,12 +30,16 @@ pub struct Plan {
 #[derive(Debug, Clone, Default)]
 pub struct Plans {
     by_name: HashMap<String, Arc<Plan>>,
+    /// Files in the directory that are not plan files (an editor's `free.bak.toml`, a
+    /// `Free.toml`, a `README.md`): skipped, and named in one warning, never fatal.
+    ignored: Vec<PathBuf>,
 }
 
 const FIELDS: [&str; 3] = ["requests_per_minute", "requests_per_day", "description"];
 
 impl Plans {
-    /// Loads every `*.toml` in `dir` (hidden files and other extensions are ignored). Any bad
+    /// Loads every plan file (`<name>.toml`, the name in a-z, 0-9, `-` and `_`) in `dir`. Other
+    /// files are skipped and listed in [`Plans::ignored`]; hidden files silently. A bad plan
     /// file fails the whole load, so a half-applied edit never takes effect.
     pub fn load_dir(dir: &Path) -> Result<Plans, PlanError> {
         let read_err = |source| PlanError::Read {
@@ -43,23 +47,22 @@ impl Plans {
             source,
         };
         let mut by_name = HashMap::new();
+        let mut ignored = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(read_err)? {
             let path = entry.map_err(read_err)?.path();
+            let hidden = path
+                .file_name()
+                .is_none_or(|f| f.as_encoded_bytes().starts_with(b"."));
             let Some(name) = plan_name(&path) else {
+                if !hidden {
+                    ignored.push(path);
+                }
                 continue;
             };
             let invalid = |message: String| PlanError::Invalid {
                 path: path.clone(),
                 message,
             };
-            if !name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-            {
-                return Err(invalid(
-                    "a plan file's name must use only a-z, 0-9, '-' and '_'".into(),
-                ));
-            }
             let text = std::fs::read_to_string(&path).map_err(|source| PlanError::Read {
                 path: path.clone(),
                 source,
@@ -78,7 +81,36 @@ impl Plans {
                 dir: dir.to_owned(),
             });
         }
-        Ok(Plans { by_name })
+        ignored.sort();
+        Ok(Plans { by_name, ignored })
+    }
+
+    /// What [`Plans::load_dir`] skipped as not a plan file.
+    pub fn ignored(&self) -> &[PathBuf] {
+        &self.ignored
+    }
+
+    /// One line naming the skipped files, when there are any.
+    pub fn ignored_warning(&self, dir: &Path) -> Option<String> {
+        if self.ignored.is_empty() {
+            return None;
+        }
+        let names: Vec<String> = self
+            .ignored
+            .iter()
+            .map(|p| {
+                p.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        Some(format!(
+            "{}: ignored {} (not plan files: a plan file is named <plan>.toml with the plan in \
+             a-z, 0-9, '-' and '_')",
+            dir.display(),
+            names.join(", ")
+        ))
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<Plan>> {
@@ -99,10 +131,12 @@ impl Plans {
 
 fn plan_name(path: &Path) -> Option<&str> {
     let file = path.file_name()?.to_str()?;
-    if file.starts_with('.') || path.extension()? != "toml" {
-        return None;
-    }
-    path.file_stem()?.to_str()
+    let name = file.strip_suffix(".toml")?;
+    let valid = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    valid.then_some(name)
 }
 
 /// Parses one plan file's text; the error says which field is wrong.
@@ -159,8 +193,22 @@ mod tests {
         );
         write(dir.path(), "README.md", "not a plan");
         write(dir.path(), ".free.toml.swp", "junk");
+        // An editor's backup and a wrongly cased copy hold junk: skipped, never fatal.
+        write(dir.path(), "free.bak.toml", "junk = = 1");
+        write(dir.path(), "Free.toml", "requests_per_minute = 0");
         let plans = Plans::load_dir(dir.path()).unwrap();
         assert_eq!(plans.names(), ["acme-corp", "free"]);
+        let ignored: Vec<_> = plans
+            .ignored()
+            .iter()
+            .map(|p| p.file_name().unwrap())
+            .collect();
+        assert_eq!(ignored, ["Free.toml", "README.md", "free.bak.toml"]);
+        let warning = plans.ignored_warning(dir.path()).unwrap();
+        assert!(
+            warning.contains("free.bak.toml") && warning.contains("Free.toml"),
+            "{warning}"
+        );
         assert_eq!(
             plans.get("free").unwrap().limits,
             Limits {

@@ -88,8 +88,11 @@ pub struct KeyState {
 impl KeyState {
     /// Decides one request at `now` and updates the counters.
     pub fn acquire(&mut self, now: u64, limits: Limits, ban: &BanPolicy) -> Verdict {
-        let minute = now / MINUTE_SECS;
-        let day = now / DAY_SECS;
+        // Only a newer window starts from zero. A clock that steps back (NTP, a failover to a
+        // node whose clock lags) keeps counting in the stored window: resetting to an older one
+        // would zero today's count at a backwards step over midnight and admit it all again.
+        let minute = (now / MINUTE_SECS).max(self.minute_window);
+        let day = (now / DAY_SECS).max(self.day_window);
         if self.minute_window != minute {
             self.minute_window = minute;
             self.minute_count = 0;
@@ -114,7 +117,7 @@ impl KeyState {
             self.day_count += 1;
             return verdict(Outcome::Admitted, self);
         }
-        if self.strike_window != minute {
+        if self.strike_window < minute {
             self.strike_window = minute;
             self.strikes = 0;
         }
@@ -294,6 +297,29 @@ mod tests {
         per_minute: 60,
         per_day: 1000,
     };
+
+    #[test]
+    fn a_clock_stepping_back_over_midnight_keeps_the_day_count() {
+        let ban = BanPolicy::default();
+        let tight = Limits {
+            per_minute: 100,
+            per_day: 5,
+        };
+        let mut s = KeyState::default();
+        let midnight = 20_000 * DAY_SECS;
+        for _ in 0..5 {
+            assert_eq!(
+                s.acquire(midnight + 3, tight, &ban).outcome,
+                Outcome::Admitted
+            );
+        }
+        // The clock steps back 5 s, into yesterday, then forward again.
+        for t in [midnight - 2, midnight + 4] {
+            let v = s.acquire(t, tight, &ban);
+            assert_eq!(v.outcome, Outcome::Limited, "at {t}");
+            assert_eq!(v.day_count, 5);
+        }
+    }
 
     #[test]
     fn admits_up_to_the_minute_limit_then_refuses_without_counting() {

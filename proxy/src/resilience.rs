@@ -1,13 +1,15 @@
 //! What keeps a quota-store outage from becoming a gateway outage:
 //!
 //! - [`Breaker`]: after a few failed store calls in a row the gateway stops waiting on the store
-//!   for each request; a background probe closes the breaker as soon as the store answers again,
-//!   and exact shared counting resumes by itself.
+//!   for each request; a background probe, the one trial while it is open, closes it once the
+//!   store runs a script again (not merely answers `PING`), and exact shared counting resumes.
 //! - [`LocalLimiter`]: while the store is out (`on_store_error = "local"`), each node limits a key
 //!   to the plan's per-minute rate on its own (governor, GCRA); the day quota pauses.
 //! - [`BanCache`]: bans this node has seen stay enforced without asking the store, through an
 //!   outage and on the hot path (a banned key costs no round trip; it is re-checked at most once
-//!   a second, so a ban lifted on another node ends here within a second too).
+//!   a second). The store probe compares it with the store's list of bans every second, and a
+//!   store answer that the key is not banned drops it, so a ban lifted on another node ends
+//!   here within a second too and does not come back during a later outage.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -202,6 +204,28 @@ impl BanCache {
     pub fn forget(&self, key_id: &str) {
         let mut bans = self.lock();
         bans.remove(key_id);
+        self.len.store(bans.len(), Ordering::Relaxed);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Relaxed) == 0
+    }
+
+    /// Keeps only the bans the store still holds (`active`, all of them, from one call): a ban
+    /// lifted on another node ends here too, before an outage could make this cache its only
+    /// source.
+    pub fn keep_only(&self, active: &[crate::store::Ban]) {
+        let mut bans = self.lock();
+        bans.retain(
+            |id, cached| match active.iter().find(|b| b.key_id == **id) {
+                Some(ban) => {
+                    cached.until = ban.until;
+                    cached.checked = Instant::now();
+                    true
+                }
+                None => false,
+            },
+        );
         self.len.store(bans.len(), Ordering::Relaxed);
     }
 

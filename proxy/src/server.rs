@@ -13,11 +13,11 @@ use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 
 use crate::admin::Admin;
-use crate::catalog::{Catalog, CatalogError, Reload};
+use crate::catalog::{Catalog, CatalogError};
 use crate::config::{Config, OnStoreError};
 use crate::gateway::Gateway;
 use crate::metrics::METRICS;
-use crate::resilience::{Breaker, Resilience};
+use crate::resilience::{Resilience, BAN_RECHECK};
 use crate::store::{MemoryStore, QuotaStore, RedisStore, StoreConfigError};
 use crate::tls::{CertResolver, TlsError};
 use crate::unauth::UnauthLimiter;
@@ -154,12 +154,16 @@ pub fn run(
     admin_service.threads = Some(1);
     server.add_service(admin_service);
 
-    if config.redis_url.is_some() {
+    if let Some(url) = &config.redis_url {
         server.add_service(background_service(
             "store probe",
             StoreProbe {
-                breaker: Arc::clone(&resilience.breaker),
-                store: admin_store,
+                resilience: resilience.clone(),
+                store: Arc::new(RedisStore::new(
+                    url,
+                    &config.key_prefix,
+                    config.store_timeout,
+                )?),
             },
         ));
     }
@@ -224,22 +228,12 @@ impl BackgroundService for Reloader {
             let catalog = Arc::clone(&self.catalog);
             let certs = self.certs.clone();
             let reloaded = tokio::task::spawn_blocking(move || {
-                let catalog = match catalog.reload(force) {
-                    Reload::Unchanged => None,
-                    Reload::Applied => {
-                        METRICS.init_plans(catalog.snapshot().plans.names());
-                        Some(true)
-                    }
-                    Reload::Refused => Some(false),
-                };
-                (catalog, certs.and_then(|c| c.reload(force)))
+                catalog.reload(force);
+                certs.and_then(|c| c.reload(force))
             })
             .await;
             match reloaded {
-                Ok((catalog, certs)) => {
-                    count_reload(catalog);
-                    count_reload(certs);
-                }
+                Ok(certs) => count_reload(certs),
                 Err(e) => tracing::error!(error = %e, "reload task failed"),
             }
             if last_sweep.elapsed() > Duration::from_secs(60) {
@@ -252,11 +246,16 @@ impl BackgroundService for Reloader {
     }
 }
 
-/// While the breaker is open, asks the store every [`PROBE_INTERVAL`] whether it answers again,
-/// on its own connection, so no client request waits on a dead store; closes the breaker when
-/// it does.
+/// The one trial of a half-open breaker: while the breaker is open, runs the probe script
+/// (the same kind of work as a request, under the request deadline) every
+/// [`PROBE_INTERVAL`], one at a time, on a connection of its own, so no client request waits on
+/// a failing store; closes the breaker once the script succeeds. A store that answers `PING`
+/// but cannot run scripts or take writes keeps it open: the fallback gauge does not flap.
+///
+/// While the breaker is closed it keeps this node's ban cache true to the store once a second
+/// (one call listing every active ban), so lifts made on other nodes reach it.
 struct StoreProbe {
-    breaker: Arc<Breaker>,
+    resilience: Resilience,
     store: Arc<dyn QuotaStore>,
 }
 
@@ -265,14 +264,33 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 #[async_trait]
 impl BackgroundService for StoreProbe {
     async fn start(&self, mut shutdown: ShutdownWatch) {
+        let r = &self.resilience;
+        let mut last_refresh = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(PROBE_INTERVAL) => {}
                 _ = shutdown.changed() => return,
             }
-            if self.breaker.is_open() && self.store.ping().await.is_ok() && self.breaker.close() {
-                METRICS.store_fallback.set(0);
-                tracing::info!("quota store answers again: exact shared counting resumes");
+            if r.breaker.is_open() {
+                match self.store.probe().await {
+                    Ok(()) => {
+                        if r.breaker.close() {
+                            METRICS.store_fallback.set(0);
+                            tracing::info!(
+                                "quota store runs scripts again: exact shared counting resumes"
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "store probe failed; the breaker stays open")
+                    }
+                }
+            } else if !r.ban_cache.is_empty() && last_refresh.elapsed() >= BAN_RECHECK {
+                last_refresh = tokio::time::Instant::now();
+                match self.store.bans().await {
+                    Ok(active) => r.ban_cache.keep_only(&active),
+                    Err(e) => tracing::debug!(error = %e, "cannot refresh the ban cache"),
+                }
             }
         }
     }

@@ -18,6 +18,8 @@ use proxy::store::{MemoryStore, QuotaStore, RedisStore};
 struct Subject {
     store: Arc<dyn QuotaStore>,
     clock: Option<Clock>,
+    /// A single Redis server's address, for tests that edit its data by hand.
+    redis: Option<std::net::SocketAddr>,
     _servers: Option<Box<dyn std::any::Any>>,
 }
 
@@ -30,6 +32,26 @@ impl Subject {
         match &self.clock {
             Some(clock) => clock.set(MANUAL_START),
             None => fresh_minute(margin),
+        }
+    }
+
+    /// The store's clock steps back a whole day for `key` (NTP, or a failover to a node whose
+    /// clock lags). Redis keeps its own `TIME`, so there the key's stored windows move a day
+    /// ahead instead, which is the same to the script.
+    fn clock_steps_back_a_day(&self, key: &str) {
+        match (&self.clock, self.redis) {
+            (Some(clock), _) => clock.set(clock.now() - 86_400),
+            (None, Some(addr)) => {
+                let hash = format!("test:quota:{{{key}}}");
+                for (field, by) in [("mw", "1440"), ("dw", "1"), ("sw", "1440")] {
+                    let out = e2e::redis_cli()
+                        .args(["-p", &addr.port().to_string(), "HINCRBY", &hash, field, by])
+                        .output()
+                        .expect("redis-cli");
+                    assert!(out.status.success(), "{out:?}");
+                }
+            }
+            (None, None) => panic!("this subject cannot step its clock"),
         }
     }
 
@@ -47,6 +69,7 @@ fn memory() -> Subject {
     Subject {
         store: Arc::new(MemoryStore::with_clock(clock.clone())),
         clock: Some(clock),
+        redis: None,
         _servers: None,
     }
 }
@@ -57,6 +80,7 @@ fn redis() -> Subject {
     Subject {
         store: Arc::new(store),
         clock: None,
+        redis: Some(server.addr),
         _servers: Some(Box::new(server)),
     }
 }
@@ -67,6 +91,7 @@ fn cluster() -> Subject {
     Subject {
         store: Arc::new(store),
         clock: None,
+        redis: None,
         _servers: Some(Box::new(cluster)),
     }
 }
@@ -305,13 +330,60 @@ async fn lifting_a_ban_ends_it_now(subject: &Subject) {
         decay_secs: 3_600,
     };
     assert_eq!(outcome(store, "lift", limits, &ban).await, Outcome::Banned);
+    assert_eq!(outcome(store, "other", limits, &ban).await, Outcome::Banned);
+    let listed = |bans: Vec<proxy::store::Ban>| {
+        let mut ids: Vec<String> = bans.into_iter().map(|b| b.key_id).collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(listed(store.bans().await.unwrap()), ["lift", "other"]);
     assert!(store.lift_ban("lift").await.unwrap());
     assert_eq!(store.ban_of("lift").await.unwrap(), None);
+    assert_eq!(
+        listed(store.bans().await.unwrap()),
+        ["other"],
+        "one call lists the bans"
+    );
     assert!(
         !store.lift_ban("lift").await.unwrap(),
         "nothing left to lift"
     );
     assert!(!store.lift_ban("never-seen").await.unwrap());
+}
+
+async fn a_clock_stepping_back_keeps_the_counts(subject: &Subject) {
+    let store = &*subject.store;
+    subject.fresh_minute(Duration::from_secs(10));
+    let limits = Limits {
+        per_minute: 100,
+        per_day: 3,
+    };
+    for _ in 0..3 {
+        assert_eq!(
+            outcome(store, "back", limits, &NO_BANS()).await,
+            Outcome::Admitted
+        );
+    }
+    subject.clock_steps_back_a_day("back");
+    let v = store
+        .acquire(&Arc::from("back"), limits, &NO_BANS())
+        .await
+        .unwrap();
+    assert_eq!(
+        (v.outcome, v.minute_count, v.day_count),
+        (Outcome::Limited, 3, 3),
+        "an older window must not reset a newer one"
+    );
+}
+
+#[tokio::test]
+async fn memory_a_clock_stepping_back_keeps_the_counts() {
+    a_clock_stepping_back_keeps_the_counts(&memory()).await
+}
+
+#[tokio::test]
+async fn redis_a_clock_stepping_back_keeps_the_counts() {
+    a_clock_stepping_back_keeps_the_counts(&redis()).await
 }
 
 macro_rules! store_suite {

@@ -122,7 +122,29 @@ impl QuotaStore for MemoryStore {
             }))
     }
 
+    async fn bans(&self) -> Result<Vec<Ban>, StoreError> {
+        let now = self.clock.now();
+        let mut bans = Vec::new();
+        for shard in self.shards.iter() {
+            bans.extend(
+                lock(shard)
+                    .keys
+                    .iter()
+                    .filter(|(_, s)| s.ban_until > now)
+                    .map(|(id, s)| Ban {
+                        key_id: id.to_string(),
+                        until: s.ban_until,
+                    }),
+            );
+        }
+        Ok(bans)
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn probe(&self) -> Result<(), StoreError> {
         Ok(())
     }
 }

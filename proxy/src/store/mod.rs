@@ -71,6 +71,15 @@ pub trait QuotaStore: Send + Sync {
     /// The ban of `key_id`, if one is active.
     async fn ban_of(&self, key_id: &str) -> Result<Option<Ban>, StoreError>;
 
+    /// Every active ban, in one call (for `bans list`, and for each node to drop cached bans
+    /// that were lifted elsewhere).
+    async fn bans(&self) -> Result<Vec<Ban>, StoreError>;
+
+    /// Runs the same kind of operation as [`QuotaStore::acquire`] (a script that writes) on a
+    /// key of its own, so that a store that answers `PING` but cannot run scripts or take
+    /// writes (paused, out of memory, a read-only replica) counts as failing.
+    async fn probe(&self) -> Result<(), StoreError>;
+
     /// Whether the store answers (for `/readyz`).
     async fn ping(&self) -> Result<(), StoreError>;
 }

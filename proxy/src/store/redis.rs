@@ -67,6 +67,9 @@ pub struct RedisStore {
     acquire: redis::Script,
     lift_ban: redis::Script,
     ban_of: redis::Script,
+    bans: redis::Script,
+    index_ban: redis::Script,
+    probe: redis::Script,
 }
 
 impl RedisStore {
@@ -93,6 +96,9 @@ impl RedisStore {
             acquire: redis::Script::new(scripts::ACQUIRE),
             lift_ban: redis::Script::new(scripts::LIFT_BAN),
             ban_of: redis::Script::new(scripts::BAN_OF),
+            bans: redis::Script::new(scripts::BANS),
+            index_ban: redis::Script::new(scripts::INDEX_BAN),
+            probe: redis::Script::new(scripts::PROBE),
         })
     }
 
@@ -132,6 +138,11 @@ impl RedisStore {
             .cloned()
     }
 
+    /// The sorted set indexing the environment's active bans.
+    fn ban_index(&self) -> String {
+        format!("{}:bans", self.prefix)
+    }
+
     /// Runs `script` on `key_id`'s hash under the deadline.
     async fn invoke<T: redis::FromRedisValue>(
         &self,
@@ -143,10 +154,28 @@ impl RedisStore {
         for a in args {
             invocation.arg(*a);
         }
+        self.run(&invocation).await
+    }
+
+    /// Records (or, with `until` 0, removes) a ban in the index. A failure is logged, not
+    /// returned: the ban itself is in force either way; only `bans list` would miss it.
+    async fn index_ban(&self, key_id: &str, until: u64) {
+        let mut invocation = self.index_ban.key(self.ban_index());
+        invocation.arg(key_id).arg(until);
+        if let Err(e) = self.run::<i64>(&invocation).await {
+            tracing::warn!(error = %e, key_id, "could not update the ban index; `bans list` may miss this change");
+        }
+    }
+
+    /// Runs one script invocation under the deadline.
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
         let call = async {
             match self.conn().await? {
-                Conn::Single(mut c) => invoke_on(&invocation, &mut c).await,
-                Conn::Cluster(mut c) => invoke_on(&invocation, &mut c).await,
+                Conn::Single(mut c) => invoke_on(invocation, &mut c).await,
+                Conn::Cluster(mut c) => invoke_on(invocation, &mut c).await,
             }
         };
         match tokio::time::timeout(self.timeout, call).await {
@@ -198,6 +227,9 @@ impl QuotaStore for RedisStore {
             other => return Err(StoreError::Protocol(format!("unknown outcome {other}"))),
         };
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        if outcome == 3 {
+            self.index_ban(key_id, n(ban_until)).await;
+        }
         Ok(Verdict {
             outcome: outcome_of,
             ban_started: outcome == 3,
@@ -210,6 +242,7 @@ impl QuotaStore for RedisStore {
 
     async fn lift_ban(&self, key_id: &str) -> Result<bool, StoreError> {
         let lifted: i64 = self.invoke(&self.lift_ban, key_id, &[]).await?;
+        self.index_ban(key_id, 0).await;
         Ok(lifted == 1)
     }
 
@@ -219,6 +252,19 @@ impl QuotaStore for RedisStore {
             key_id: key_id.to_owned(),
             until: u64::try_from(until).unwrap_or(0),
         }))
+    }
+
+    async fn bans(&self) -> Result<Vec<Ban>, StoreError> {
+        let listed: Vec<(String, u64)> = self.run(&self.bans.key(self.ban_index())).await?;
+        Ok(listed
+            .into_iter()
+            .map(|(key_id, until)| Ban { key_id, until })
+            .collect())
+    }
+
+    async fn probe(&self) -> Result<(), StoreError> {
+        let key = format!("{}:probe", self.prefix);
+        self.run::<i64>(&self.probe.key(key)).await.map(drop)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -14,6 +14,11 @@
 //! | `bu` | ban end; banned while `bu > now` |
 //! | `lv`, `lu` | ban level (how many bans in a row) and when it decays back to 0 |
 //!
+//! Beside them, one sorted set per environment, `<prefix>:bans`, indexes the active bans (member
+//! the key id, score the ban's end), so listing them is one call. It is a key of its own slot,
+//! so the store writes it in a call of its own when a ban starts or is lifted: a request never
+//! runs a script across two slots.
+//!
 //! The clock is Redis `TIME`, read inside the script, so every gateway node agrees on windows.
 //! The rules are those of `quota::KeyState::acquire`; the store behaviour suite runs the same
 //! tests against this script and that function.
@@ -36,6 +41,10 @@ local now = tonumber(t[1])
 local mw = math.floor(now / 60)
 local dw = math.floor(now / 86400)
 local f = redis.call('HMGET', key, 'mw', 'mc', 'dw', 'dc', 'sw', 'sc', 'bu', 'lv', 'lu')
+-- Only a newer window starts from zero: behind the stored one (a failover to a lagging clock)
+-- the stored window keeps counting.
+mw = math.max(mw, tonumber(f[1]) or 0)
+dw = math.max(dw, tonumber(f[3]) or 0)
 local mc = 0
 if tonumber(f[1]) == mw then mc = tonumber(f[2]) or 0 end
 local dc = 0
@@ -53,8 +62,9 @@ if mc < tonumber(ARGV[1]) and dc < tonumber(ARGV[2]) then
   redis.call('EXPIREAT', key, math.max(day_end, lu))
   return {0, now, mc, dc, 0}
 end
+local sw = math.max(mw, tonumber(f[5]) or 0)
 local sc = 0
-if tonumber(f[5]) == mw then sc = tonumber(f[6]) or 0 end
+if (tonumber(f[5]) or 0) >= mw then sc = tonumber(f[6]) or 0 end
 sc = sc + 1
 local outcome = 1
 local lv = tonumber(f[8]) or 0
@@ -70,7 +80,7 @@ if sc > tonumber(ARGV[3]) then
 else
   bu = 0
 end
-redis.call('HSET', key, 'mw', mw, 'mc', mc, 'dw', dw, 'dc', dc, 'sw', mw, 'sc', sc,
+redis.call('HSET', key, 'mw', mw, 'mc', mc, 'dw', dw, 'dc', dc, 'sw', sw, 'sc', sc,
   'bu', bu, 'lv', lv, 'lu', lu)
 redis.call('EXPIREAT', key, math.max(day_end, lu))
 return {outcome, now, mc, dc, bu}
@@ -99,4 +109,41 @@ local now = tonumber(redis.call('TIME')[1])
 local bu = tonumber(redis.call('HGET', KEYS[1], 'bu')) or 0
 if bu <= now then return 0 end
 return bu
+"#;
+
+/// Lists the active bans, dropping ended ones from the index first.
+///
+/// - `KEYS[1]`: the ban index, `<prefix>:bans`.
+///
+/// Returns `{key id, ban end, key id, ban end, ...}`.
+pub const BANS: &str = r#"
+local now = tonumber(redis.call('TIME')[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+"#;
+
+/// Records a ban in the index (`ban_end` 0: removes it), and expires the index after the last
+/// ban in it ends.
+///
+/// - `KEYS[1]`: the ban index, `<prefix>:bans`.
+/// - `ARGV[1]`: the key id; `ARGV[2]`: the ban's end, Unix seconds, or 0.
+pub const INDEX_BAN: &str = r#"
+if tonumber(ARGV[2]) == 0 then
+  return redis.call('ZREM', KEYS[1], ARGV[1])
+end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+redis.call('EXPIREAT', KEYS[1], tonumber(last[2]) + 1)
+return 1
+"#;
+
+/// The store probe: the same kind of work as [`ACQUIRE`] (`TIME`, a read and a write on a hash
+/// with an expiry), on a key no request uses, so it fails wherever requests would.
+///
+/// - `KEYS[1]`: `<prefix>:probe`.
+pub const PROBE: &str = r#"
+local now = tonumber(redis.call('TIME')[1])
+redis.call('HINCRBY', KEYS[1], 'n', 1)
+redis.call('EXPIREAT', KEYS[1], now + 60)
+return 1
 "#;
