@@ -73,14 +73,22 @@ async fn missing_malformed_unknown_and_revoked_keys_get_401_and_are_never_forwar
         .and_then(|l| l.split_whitespace().next())
         .unwrap()
         .to_owned();
+    // No gateway runs yet: the file records the revocation, and the command says it could
+    // not confirm it in force rather than pretending.
+    let nobody = e2e::free_addr().to_string();
     let out = gateway_cli(&[
         "keys",
         "revoke",
         "--keys-file",
         &s.keys.to_string_lossy(),
+        "--admin-listen",
+        &nobody,
         &revoked_id,
     ]);
-    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("NOT confirmed"), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("revoked"));
 
     // Nothing listens upstream: a forwarded request would be a 502, not a 401.
     let nowhere = e2e::free_addr();
@@ -257,15 +265,18 @@ async fn revocations_and_plan_edits_apply_within_two_seconds_and_bad_edits_are_r
         .find_map(|l| l.strip_prefix("id = \""))
         .map(|l| l.trim_end_matches('"').to_owned())
         .unwrap();
-    assert!(gateway_cli(&[
+    let admin = gw.admin.to_string();
+    let out = gateway_cli(&[
         "keys",
         "revoke",
         "--keys-file",
         &s.keys.to_string_lossy(),
-        &id
-    ])
-    .status
-    .success());
+        "--admin-listen",
+        &admin,
+        &id,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("in force"));
     let took = eventually(Duration::from_secs(2), || async {
         client
             .get(gw.url("/v1/pets"))

@@ -358,3 +358,147 @@ async fn five_gateways_one_free_key_500_concurrent_requests_exactly_60_admitted(
     assert_eq!(counts.get(&200), Some(&60), "{counts:?}");
     assert_eq!(counts.get(&429), Some(&440), "{counts:?}");
 }
+
+/// A Redis that answers `PING` but takes no writes (here paused for writes; the same holds out
+/// of memory or as a read-only replica): the breaker's probe runs a script like a request does,
+/// so the breaker stays open for the whole pause instead of closing every 250 ms and costing
+/// requests a deadline each time, and it closes within 2 s of the pause ending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_paused_for_writes_keeps_the_breaker_open_without_flapping() {
+    let s = setup(1_000_000);
+    let redis = RedisServer::start();
+    let backend = Backend::start(&s.dir.path().join("pets.db"));
+    let mut spec = GatewaySpec::new(backend.addr, &s.keys, &s.plans);
+    spec.redis_url = Some(redis.url());
+    let gw = GatewayProcess::start(s.dir.path(), &spec);
+
+    let stream = Stream::start(vec![gw.url("/v1/pets")], &s.key, 2);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", "30000", "WRITE"]), "OK");
+    gauge_reaches(&gw, 1.0, Duration::from_secs(2)).await;
+    // The old probe (PING) closed the breaker within 250 ms of opening it, again and again.
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(4) {
+        assert_eq!(
+            fallback_gauge(&gw).await,
+            1.0,
+            "the fallback gauge flapped {:?} into the pause",
+            watched.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(redis.cli(&["CLIENT", "UNPAUSE"]), "OK");
+    let back = gauge_reaches(&gw, 0.0, Duration::from_secs(2)).await;
+    println!("exact counting resumed {back:?} after the pause ended");
+    let outcomes = stream.finish().await;
+    // Only the three calls that opened the breaker waited for the deadline.
+    let slow = outcomes.iter().filter(|o| o.took >= DEADLINE).count();
+    assert!(slow <= 4, "{slow} requests waited a deadline");
+    assert_all(&outcomes, 200, DEADLINE + SLACK);
+}
+
+/// A ban lifted on node A must not come back on node B during a later outage: B's ban cache
+/// follows the store's list of bans, and a store answer of "not banned" drops its entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ban_lifted_on_one_node_does_not_return_on_another_during_an_outage() {
+    let s = setup(1);
+    let id = first_key_id(&s.keys);
+    let redis = RedisServer::start();
+    let backend = Backend::start(&s.dir.path().join("pets.db"));
+    let mut spec = GatewaySpec::new(backend.addr, &s.keys, &s.plans);
+    spec.redis_url = Some(redis.url());
+    spec.extra = "[ban]\nstrikes = 0\ndurations_secs = [600]\n".into();
+    let a = GatewayProcess::start(s.dir.path(), &spec);
+    let b = GatewayProcess::start(s.dir.path(), &spec);
+    let client = reqwest::Client::new();
+    let code = |gw: &GatewayProcess| {
+        let (client, url, key) = (client.clone(), gw.url("/v1/pets"), s.key.clone());
+        async move {
+            let resp = client.get(url).bearer_auth(key).send().await.unwrap();
+            if resp.status() == 200 {
+                return "ok".to_owned();
+            }
+            let body: Value = resp.json().await.unwrap();
+            body["code"].as_str().unwrap().to_owned()
+        }
+    };
+    fresh_minute(Duration::from_secs(15));
+    assert_eq!(code(&a).await, "ok");
+    assert_eq!(code(&a).await, "api_key_banned", "the first refusal bans");
+    assert_eq!(code(&b).await, "api_key_banned", "B learns the ban");
+
+    let lift = client
+        .post(a.admin_url(&format!("/bans/{id}/lift")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(lift.status(), 200);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    redis.process.kill_hard();
+    for _ in 0..8 {
+        let c = code(&b).await;
+        assert_ne!(c, "api_key_banned", "the lifted ban came back on B");
+    }
+    assert_eq!(fallback_gauge(&b).await, 1.0, "B decided without Redis");
+}
+
+/// Redis full: with the shipped `maxmemory-policy`, live counters are never evicted. Requests
+/// fail visibly while it is full (503 in closed mode), and once memory is freed the count goes
+/// on from where it was, never from zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_redis_refuses_visibly_and_never_resets_a_count() {
+    let conf = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/redis/redis.conf"),
+    )
+    .unwrap();
+    let policy = conf
+        .lines()
+        .find_map(|l| l.strip_prefix("maxmemory-policy "))
+        .expect("the shipped redis.conf sets maxmemory-policy")
+        .trim()
+        .to_owned();
+    let s = setup(1_000);
+    let redis = RedisServer::start_with(
+        e2e::free_addr(),
+        &["--maxmemory", "4mb", "--maxmemory-policy", &policy],
+    );
+    let backend = Backend::start(&s.dir.path().join("pets.db"));
+    let mut spec = GatewaySpec::new(backend.addr, &s.keys, &s.plans);
+    spec.redis_url = Some(redis.url());
+    spec.extra = "on_store_error = \"closed\"\n".into();
+    let gw = GatewayProcess::start(s.dir.path(), &spec);
+    let client = reqwest::Client::new();
+    fresh_minute(Duration::from_secs(20));
+    for _ in 0..4 {
+        remaining(&client, &gw, &s.key).await;
+    }
+    assert_eq!(remaining(&client, &gw, &s.key).await, 995);
+
+    // 8 MiB of data without a TTL, in one script (checked against maxmemory only at its start).
+    redis.cli(&[
+        "EVAL",
+        "redis.call('SET', 'junk', string.rep('x', 8 * 1024 * 1024)) return 1",
+        "0",
+    ]);
+    for _ in 0..5 {
+        let resp = client
+            .get(gw.url("/v1/pets"))
+            .bearer_auth(&s.key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 503, "a full store refuses visibly");
+    }
+    assert!(
+        gw.metric("pet_gateway_store_errors_total{kind=\"protocol\"}")
+            .await
+            >= 3.0
+    );
+    redis.cli(&["DEL", "junk"]);
+    gauge_reaches(&gw, 0.0, Duration::from_secs(3)).await;
+    assert_eq!(
+        remaining(&client, &gw, &s.key).await,
+        994,
+        "the count went on from where it was (policy {policy})"
+    );
+}

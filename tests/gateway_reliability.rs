@@ -136,3 +136,156 @@ async fn every_rate_limit_header_of_a_banned_key_says_zero_remaining() {
         assert_eq!(body["code"], "api_key_banned");
     }
 }
+
+fn revoke(f: &Fixture, gw: &e2e::GatewayProcess, id: &str) -> std::process::Output {
+    e2e::gateway_cli(&[
+        "keys",
+        "revoke",
+        "--keys-file",
+        &f.keys.to_string_lossy(),
+        "--admin-listen",
+        &gw.admin.to_string(),
+        id,
+    ])
+}
+
+async fn status_of(gw: &e2e::GatewayProcess, key: &str) -> u16 {
+    reqwest::Client::new()
+        .get(gw.url("/v1/pets"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// An editor's backup, a wrongly cased copy and a broken plan file in the plans directory:
+/// none holds back a revocation, which the command confirms with the running gateway.
+#[tokio::test]
+async fn a_stray_or_broken_plan_file_never_holds_back_a_revocation() {
+    let f = Fixture::new(600, 100_000);
+    let key = f.issue("free");
+    let id = e2e::first_key_id(&f.keys);
+    let upstream = e2e::EchoUpstream::start();
+    let gw = f.gateway(&f.spec(upstream.addr));
+    assert_eq!(status_of(&gw, &key).await, 200);
+
+    std::fs::write(f.plans.join("free.bak.toml"), "requests_per_minute = = 1").unwrap();
+    std::fs::write(f.plans.join("Free.toml"), "requests_per_minute = 0").unwrap();
+    // Applied by this call or by the reloader's tick just before it.
+    let reload: serde_json::Value = reqwest::Client::new()
+        .post(gw.admin_url("/reload"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(reload["plans"].get("refused").is_none(), "{reload}");
+    let started = std::time::Instant::now();
+    loop {
+        let log = gw.log_text();
+        if log.contains("free.bak.toml") && log.contains("Free.toml") && log.contains("ignored") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "no warning: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    std::fs::write(f.plans.join("pro.toml"), "requests_per_minute = \"lots\"").unwrap();
+    let out = revoke(&f, &gw, &id);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("in force"), "{stdout}");
+    // Confirmed means in force now, not within a reload interval.
+    assert_eq!(status_of(&gw, &key).await, 401);
+    assert_eq!(
+        gw.metric("pet_gateway_catalog_reload_failing{part=\"plans\"}")
+            .await,
+        1.0,
+        "the broken pro.toml is refused, visibly"
+    );
+    assert_eq!(
+        gw.metric("pet_gateway_catalog_reload_failing{part=\"keys\"}")
+            .await,
+        0.0
+    );
+}
+
+/// When the running gateway refuses the keys file (here it names a plan the gateway does not
+/// have), `keys revoke` says the revocation is not in force and exits non-zero.
+#[tokio::test]
+async fn a_revocation_the_gateway_refuses_fails_the_command_and_shows_in_metrics() {
+    let f = Fixture::new(600, 100_000);
+    let key = f.issue("free");
+    let id = e2e::first_key_id(&f.keys);
+    let upstream = e2e::EchoUpstream::start();
+    let gw = f.gateway(&f.spec(upstream.addr));
+
+    // A key on a plan only another plans directory has.
+    let other_plans = f.dir.path().join("other-plans");
+    e2e::write_plan(&other_plans, "gold", 10, 10);
+    e2e::issue_key(&f.keys, &other_plans, "gold");
+    let out = revoke(&f, &gw, &id);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("NOT confirmed")
+            && stderr.contains("still accepts")
+            && stderr.contains("gold"),
+        "{stderr}"
+    );
+    assert_eq!(
+        status_of(&gw, &key).await,
+        200,
+        "the old keys stay in force"
+    );
+    assert_eq!(
+        gw.metric("pet_gateway_catalog_reload_failing{part=\"keys\"}")
+            .await,
+        1.0
+    );
+}
+
+/// An edit that keeps the file's size and modification time (an in-place rewrite, then
+/// `touch -r`; or only a `chown`/`chmod` that makes an unreadable file readable) is still
+/// noticed: the gateway watches the inode and its change time too.
+#[cfg(unix)]
+#[tokio::test]
+async fn an_edit_keeping_size_and_mtime_is_reloaded() {
+    use std::io::Write as _;
+    let f = Fixture::new(600, 100_000);
+    let key = f.issue("free");
+    let other = f.issue("free");
+    let upstream = e2e::EchoUpstream::start();
+    let gw = f.gateway(&f.spec(upstream.addr));
+    assert_eq!(status_of(&gw, &key).await, 200);
+
+    let text = std::fs::read_to_string(&f.keys).unwrap();
+    let mtime = std::fs::metadata(&f.keys).unwrap().modified().unwrap();
+    let hash = |k: &str| {
+        use sha2::Digest as _;
+        hex::encode(sha2::Sha256::digest(k.as_bytes()))
+    };
+    let edited = text.replace(&hash(&key), &hash("pet_someone-else"));
+    assert_eq!(edited.len(), text.len());
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f.keys)
+        .unwrap();
+    (&file).write_all(edited.as_bytes()).unwrap();
+    file.set_modified(mtime).unwrap();
+    drop(file);
+    let started = std::time::Instant::now();
+    while status_of(&gw, &key).await != 401 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "an in-place edit with the same size and mtime was never reloaded"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status_of(&gw, &other).await, 200);
+}

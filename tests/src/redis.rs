@@ -21,6 +21,11 @@ impl RedisServer {
 
     /// Starts (or restarts, after a kill) a server on a given address.
     pub fn start_at(addr: SocketAddr) -> RedisServer {
+        Self::start_with(addr, &[])
+    }
+
+    /// Starts a server with more settings (`["--maxmemory", "4mb"]`).
+    pub fn start_with(addr: SocketAddr, settings: &[&str]) -> RedisServer {
         let process = Process::spawn(
             "redis-server",
             Command::new(redis_server_path())
@@ -28,6 +33,7 @@ impl RedisServer {
                 .args(["--bind", "127.0.0.1"])
                 .args(["--save", "", "--appendonly", "no"])
                 .args(["--loglevel", "warning"])
+                .args(settings)
                 .stdout(Stdio::null()),
         );
         wait_for_listener(addr, Duration::from_secs(10));
@@ -36,6 +42,17 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://{}/", self.addr)
+    }
+
+    /// Runs one command with `redis-cli`; returns its output, failing the test if it cannot run.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = redis_cli()
+            .args(["-p", &self.addr.port().to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli runs");
+        assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 }
 
