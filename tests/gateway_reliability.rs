@@ -289,3 +289,66 @@ async fn an_edit_keeping_size_and_mtime_is_reloaded() {
     }
     assert_eq!(status_of(&gw, &other).await, 200);
 }
+
+/// The per-client limit on requests without a valid key: behind a trusted load balancer each
+/// client (from `X-Forwarded-For`) has its own bucket, an IPv6 client cannot escape it by
+/// rotating through its /64, and from an untrusted peer the header changes nothing.
+#[tokio::test]
+async fn unauthenticated_clients_are_told_apart_behind_a_trusted_proxy_and_ipv6_by_64() {
+    let f = Fixture::new(600, 100_000);
+    f.issue("free");
+    let upstream = e2e::EchoUpstream::start();
+    let mut spec = f.spec(upstream.addr);
+    spec.extra = "unauthenticated_per_minute = 2\ntrusted_proxies = [\"127.0.0.1/32\"]\n".into();
+    let behind_lb = f.gateway(&spec);
+    spec.extra = "unauthenticated_per_minute = 2\n".into();
+    let direct = f.gateway(&spec);
+    let client = reqwest::Client::new();
+    let status = |gw: &e2e::GatewayProcess, xff: &str| {
+        client
+            .get(gw.url("/v1/pets"))
+            .header("authorization", "Bearer pet_wrong")
+            .header("x-forwarded-for", xff)
+            .send()
+    };
+    let code = |r: reqwest::Response| r.status().as_u16();
+
+    for _ in 0..2 {
+        assert_eq!(code(status(&behind_lb, "198.51.100.1").await.unwrap()), 401);
+    }
+    assert_eq!(code(status(&behind_lb, "198.51.100.1").await.unwrap()), 429);
+    assert_eq!(
+        code(status(&behind_lb, "198.51.100.2").await.unwrap()),
+        401,
+        "another client behind the same balancer has its own bucket"
+    );
+    // A forged hop left of the real client changes nothing: the balancer appended the real one.
+    assert_eq!(
+        code(
+            status(&behind_lb, "192.0.2.99, 198.51.100.1")
+                .await
+                .unwrap()
+        ),
+        429
+    );
+    for (addr, expected) in [
+        ("2001:db8:7:7::1", 401),
+        ("2001:db8:7:7::2", 401),
+        ("2001:db8:7:7:ffff::3", 429),
+    ] {
+        assert_eq!(
+            code(status(&behind_lb, addr).await.unwrap()),
+            expected,
+            "{addr}"
+        );
+    }
+
+    for xff in ["198.51.100.7", "198.51.100.8"] {
+        assert_eq!(code(status(&direct, xff).await.unwrap()), 401);
+    }
+    assert_eq!(
+        code(status(&direct, "198.51.100.9").await.unwrap()),
+        429,
+        "an untrusted peer's X-Forwarded-For is ignored"
+    );
+}

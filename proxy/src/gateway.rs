@@ -83,12 +83,20 @@ impl Gateway {
             .auth_failures
             .with_label_values(&[why.as_str()])
             .inc();
-        let ip = session
+        let peer = session
             .client_addr()
             .and_then(|a| a.as_inet())
             .map(SocketAddr::ip)
             .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-        let refusal = match self.unauth.check(ip, unix_now()) {
+        let forwarded: Vec<&[u8]> = session
+            .req_header()
+            .headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect();
+        let client = self.unauth.client(peer, &forwarded);
+        let refusal = match self.unauth.check(client, unix_now()) {
             UnauthDecision::Allowed(limit) => Refusal::unauthorized(why.message(), limit),
             UnauthDecision::Refused { limit, retry_after } => {
                 Refusal::unauthenticated_flood(limit, retry_after)

@@ -101,7 +101,7 @@ pub fn run(
             "pet-gateway starting"
         );
     }
-    let unauth = Arc::new(UnauthLimiter::new(config.unauthenticated_per_minute));
+    let unauth = Arc::new(UnauthLimiter::new(config.unauthenticated.clone()));
 
     let conf = ServerConf {
         threads: config.threads,

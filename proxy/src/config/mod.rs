@@ -22,6 +22,7 @@ use serde::Deserialize;
 
 pub use self::flags::{Env, Overrides};
 use crate::quota::BanPolicy;
+use crate::unauth::UnauthSettings;
 
 /// What to do when the quota store cannot answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
@@ -69,8 +70,13 @@ pub struct Config {
     pub on_store_error: OnStoreError,
     /// Worker threads of the proxy.
     pub threads: usize,
-    /// Requests per minute a client IP may make with a missing or invalid key.
-    pub unauthenticated_per_minute: u32,
+    /// The limit on requests with a missing or invalid key: per minute, per client (an IPv4
+    /// address or an IPv6 network), how many clients are tracked, and which peers' `X-Forwarded-For`
+    /// is believed.
+    pub unauthenticated: UnauthSettings,
+    /// The whole request head (request line and headers) must arrive within this, however it
+    /// trickles in; otherwise the connection is closed.
+    pub request_header_timeout: Duration,
     pub ban: BanPolicy,
     pub upstream_connect_timeout: Duration,
     pub upstream_read_timeout: Duration,
@@ -121,6 +127,10 @@ pub struct Layer {
     pub on_store_error: Option<OnStoreError>,
     pub threads: Option<usize>,
     pub unauthenticated_per_minute: Option<u32>,
+    pub unauthenticated_ipv6_prefix: Option<u8>,
+    pub unauthenticated_max_tracked: Option<usize>,
+    pub trusted_proxies: Option<Vec<String>>,
+    pub request_header_timeout_ms: Option<u64>,
     pub upstream_connect_timeout_ms: Option<u64>,
     pub upstream_read_timeout_ms: Option<u64>,
     pub client_read_timeout_ms: Option<u64>,
@@ -188,6 +198,10 @@ const ON_STORE_ERROR: Setting = Setting::overridable(
 );
 const THREADS: Setting = Setting::file_only("threads");
 const UNAUTHENTICATED_PER_MINUTE: Setting = Setting::file_only("unauthenticated_per_minute");
+const UNAUTHENTICATED_IPV6_PREFIX: Setting = Setting::file_only("unauthenticated_ipv6_prefix");
+const UNAUTHENTICATED_MAX_TRACKED: Setting = Setting::file_only("unauthenticated_max_tracked");
+const TRUSTED_PROXIES: Setting = Setting::file_only("trusted_proxies");
+const REQUEST_HEADER_TIMEOUT_MS: Setting = Setting::file_only("request_header_timeout_ms");
 const UPSTREAM_CONNECT_TIMEOUT_MS: Setting = Setting::file_only("upstream_connect_timeout_ms");
 const UPSTREAM_READ_TIMEOUT_MS: Setting = Setting::file_only("upstream_read_timeout_ms");
 const CLIENT_READ_TIMEOUT_MS: Setting = Setting::file_only("client_read_timeout_ms");
@@ -507,13 +521,51 @@ fn validate(l: &Layers) -> Result<Config, ConfigError> {
             .or(&ON_STORE_ERROR, |l| &l.on_store_error, OnStoreError::Local)
             .value,
         threads,
-        unauthenticated_per_minute: l
+        unauthenticated: UnauthSettings {
+            per_minute: l
+                .or(
+                    &UNAUTHENTICATED_PER_MINUTE,
+                    |l| &l.unauthenticated_per_minute,
+                    60,
+                )
+                .parse(at_least_one)?,
+            ipv6_prefix: l
+                .or(
+                    &UNAUTHENTICATED_IPV6_PREFIX,
+                    |l| &l.unauthenticated_ipv6_prefix,
+                    64,
+                )
+                .parse(|p| {
+                    if (1..=128).contains(&p) {
+                        Ok(p)
+                    } else {
+                        Err(format!("must be 1 to 128 bits (got {p})"))
+                    }
+                })?,
+            max_tracked: l
+                .or(
+                    &UNAUTHENTICATED_MAX_TRACKED,
+                    |l| &l.unauthenticated_max_tracked,
+                    100_000,
+                )
+                .parse(|n| {
+                    if n >= 16 {
+                        Ok(n)
+                    } else {
+                        Err(format!("must be at least 16 (got {n})"))
+                    }
+                })?,
+            trusted_proxies: l
+                .or(&TRUSTED_PROXIES, |l| &l.trusted_proxies, Vec::new())
+                .parse(|list| list.iter().map(|n| parse_net(n)).collect())?,
+        },
+        request_header_timeout: l
             .or(
-                &UNAUTHENTICATED_PER_MINUTE,
-                |l| &l.unauthenticated_per_minute,
-                60,
+                &REQUEST_HEADER_TIMEOUT_MS,
+                |l| &l.request_header_timeout_ms,
+                10_000,
             )
-            .parse(at_least_one)?,
+            .parse(millis)?,
         ban,
         upstream_connect_timeout: l
             .or(
@@ -550,6 +602,14 @@ fn validate(l: &Layers) -> Result<Config, ConfigError> {
         upgrade_sock,
         environment,
     })
+}
+
+/// `10.0.0.0/8`, `2001:db8::/32`, or one address (`10.1.2.3`, a /32 or /128).
+fn parse_net(text: &str) -> Result<ipnet::IpNet, String> {
+    let text = text.trim();
+    text.parse::<ipnet::IpNet>()
+        .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("`{text}` is not an address or a network (`10.0.0.0/8`)"))
 }
 
 /// A default path sits beside the config file, like the file's own relative paths.
