@@ -352,3 +352,156 @@ async fn unauthenticated_clients_are_told_apart_behind_a_trusted_proxy_and_ipv6_
         "an untrusted peer's X-Forwarded-For is ignored"
     );
 }
+
+/// An HTTP/2 client that stalls mid-body gets 408 after `client_read_timeout_ms`, like an
+/// HTTP/1.1 one, instead of holding a backend connection until the upstream timeout (504).
+#[tokio::test]
+async fn a_stalled_http2_request_body_gets_408_not_504() {
+    let f = Fixture::new(600, 100_000);
+    let key = f.issue("free");
+    let backend = f.backend();
+    let cert = TestCert::generate("h2 body ca");
+    let mut spec = f.tls_spec(backend.addr, &cert);
+    spec.extra
+        .push_str("client_read_timeout_ms = 500\nupstream_read_timeout_ms = 4000\n");
+    let gw = f.gateway(&spec);
+    let client = cert.client(&[b"h2"]);
+
+    // One chunk, then nothing for longer than any timeout here.
+    let chunks = futures_util::stream::unfold(0u8, |step| async move {
+        match step {
+            0 => Some((Ok::<_, std::io::Error>(b"{\"name\":".to_vec()), 1)),
+            _ => {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                None
+            }
+        }
+    });
+    let started = std::time::Instant::now();
+    let resp = tokio::time::timeout(
+        Duration::from_secs(10),
+        client
+            .post(format!("https://localhost:{}/v1/pets", gw.addr.port()))
+            .bearer_auth(&key)
+            .header("content-type", "application/json")
+            .body(reqwest::Body::wrap_stream(chunks))
+            .send(),
+    )
+    .await
+    .expect("an answer, not a hang")
+    .expect("a response");
+    assert_eq!(resp.version(), reqwest::Version::HTTP_2);
+    assert_eq!(resp.status(), 408, "after {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["status"], 408);
+
+    // A body that arrives is forwarded whole.
+    let resp = client
+        .post(format!("https://localhost:{}/v1/pets", gw.addr.port()))
+        .bearer_auth(&key)
+        .header("content-type", "application/json")
+        .body("{\"name\":\"Rex\",\"categoryId\":1}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    assert!(resp.text().await.unwrap().contains("Rex"));
+}
+
+/// Reads one HTTP/1.1 response with a Content-Length from `s`; returns its status.
+fn read_response(s: &mut TcpStream) -> u16 {
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).expect("a response");
+        assert!(n > 0, "closed before a response");
+        raw.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&raw).to_string();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .unwrap_or(0);
+            if body.len() >= length {
+                return head[9..12].parse().unwrap();
+            }
+        }
+    }
+}
+
+/// A client trickling its request head a byte at a time is closed once the whole head has
+/// taken `request_header_timeout_ms`, while other clients are served; a keep-alive connection
+/// idle between requests is not (the deadline starts with a head's first byte).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_trickling_its_request_head_is_closed_while_others_are_served() {
+    let f = Fixture::new(600, 100_000);
+    let key = f.issue("free");
+    let upstream = e2e::EchoUpstream::start();
+    let mut spec = f.spec(upstream.addr);
+    spec.extra = "request_header_timeout_ms = 1000\n".into();
+    let gw = f.gateway(&spec);
+    let addr = gw.addr;
+
+    let trickler = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let started = std::time::Instant::now();
+        let head = b"GET /v1/pets HTTP/1.1\r\nHost: x\r\nX-Slow: abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnop\r\n\r\n";
+        let mut buf = [0u8; 256];
+        for byte in head {
+            if s.write_all(std::slice::from_ref(byte)).is_err() {
+                return Some(started.elapsed());
+            }
+            match s.read(&mut buf) {
+                Ok(0) => return Some(started.elapsed()),
+                Ok(_) => panic!("the gateway answered a head that never completed in time"),
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => return Some(started.elapsed()),
+            }
+        }
+        None
+    });
+
+    // Meanwhile, on a keep-alive connection: a request, 1.5 s idle, another request.
+    let keepalive = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let request =
+            format!("GET /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n");
+        s.write_all(request.as_bytes()).unwrap();
+        let first = read_response(&mut s);
+        std::thread::sleep(Duration::from_millis(1_500));
+        s.write_all(request.as_bytes()).unwrap();
+        (first, read_response(&mut s))
+    });
+
+    let closed_after = tokio::task::spawn_blocking(move || trickler.join().unwrap())
+        .await
+        .unwrap()
+        .expect("the trickling client was never cut off");
+    assert!(
+        closed_after >= Duration::from_millis(900) && closed_after < Duration::from_millis(2_500),
+        "closed after {closed_after:?}"
+    );
+    let (first, second) = tokio::task::spawn_blocking(move || keepalive.join().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        (first, second),
+        (200, 200),
+        "the idle keep-alive connection was served"
+    );
+    assert_eq!(gw.metric("pet_gateway_slow_request_heads_total").await, 1.0);
+}

@@ -21,7 +21,7 @@ use crate::config::Config;
 use crate::keys::KeyInfo;
 use crate::metrics::METRICS;
 use crate::quota::RateView;
-use crate::request::{refuse_shape, request_id};
+use crate::request::{read_h2_body, refuse_shape, request_id};
 use crate::resilience::Resilience;
 use crate::responses::{insert_rate_headers, refuse, RateHeaders, Refusal};
 use crate::routes::Route;
@@ -187,7 +187,16 @@ impl ProxyHttp for Gateway {
             METRICS.bans.with_label_values(&[plan]).inc();
         }
         let refusal = match (decision.outcome, ctx.rate.as_ref()) {
-            (Outcome::Admitted, _) => return Ok(false),
+            (Outcome::Admitted, _) => {
+                return match read_h2_body(session, self.client_read_timeout).await? {
+                    Ok(()) => Ok(false),
+                    Err(why) => {
+                        let refusal = Refusal::unread_body(why, ctx.rate.as_ref());
+                        refuse(session, &ctx.request_id, refusal).await;
+                        Ok(true)
+                    }
+                };
+            }
             (Outcome::Limited, Some(view)) => Refusal::rate_limited(view),
             (Outcome::Banned, Some(view)) => Refusal::banned(view),
             (Outcome::StoreUnavailable, _) | (_, None) => Refusal::store_unavailable(),

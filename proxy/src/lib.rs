@@ -5,7 +5,8 @@
 //! | module | concern |
 //! |---|---|
 //! | [`gateway`] | the pingora phases, and nothing else |
-//! | [`request`] | a request's shape limits and its request id |
+//! | [`request`] | a request's shape limits, its request id, and reading an HTTP/2 body under a deadline |
+//! | [`head_deadline`] | the deadline on a whole HTTP/1.x request head (slow clients) |
 //! | [`routes`] | the operation a request is for (the route label) |
 //! | [`auth`] | the bearer token |
 //! | [`admission`] | ban cache → breaker → store → `on_store_error`: one [`admission::Decision`] |
@@ -13,7 +14,7 @@
 //! | [`quota`] | the window, strike and ban arithmetic; the rate-limit header numbers |
 //! | [`store`] | where counts live: the `QuotaStore` trait, memory and Redis (Lua scripts) |
 //! | [`resilience`] | circuit breaker, per-node fallback limiter, ban cache |
-//! | [`unauth`] | the per-IP limit on requests without a valid key |
+//! | [`unauth`] | the per-client limit on requests without a valid key (IPv6 /64, trusted proxies) |
 //! | [`upstreams`] | backend rotation and passive health |
 //! | [`keys`], [`plans`] | the hand-edited keys file and plan files |
 //! | [`catalog`] | the keys and plans in force, reloaded on edits |
@@ -34,6 +35,7 @@ pub mod clock;
 pub mod commands;
 pub mod config;
 pub mod gateway;
+pub mod head_deadline;
 pub mod keys;
 pub mod metrics;
 pub mod plans;

@@ -23,6 +23,7 @@ pub struct Metrics {
     pub store_fallback: IntGauge,
     pub config_reloads: IntCounterVec,
     pub responses_aborted: IntCounter,
+    pub slow_request_heads: IntCounter,
     pub catalog_reload_failing: IntGaugeVec,
     pub catalog_last_reload: IntGaugeVec,
 }
@@ -169,6 +170,15 @@ impl Metrics {
                     "pet_gateway_responses_aborted_total",
                     "Responses cut off after their head had gone out (the backend failed mid-body): \
                      the client saw an incomplete response, never an error spliced into it.",
+                )
+                .expect("valid metric definition"),
+            ),
+            slow_request_heads: register(
+                r,
+                IntCounter::new(
+                    "pet_gateway_slow_request_heads_total",
+                    "Connections closed because a request head did not arrive within \
+                     request_header_timeout_ms (a slow or trickling client).",
                 )
                 .expect("valid metric definition"),
             ),

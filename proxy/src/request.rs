@@ -46,3 +46,47 @@ pub fn request_id(req: &RequestHeader) -> String {
     rand::rng().fill_bytes(&mut raw);
     hex::encode(raw)
 }
+
+/// Largest request body the interface accepts (the backend enforces it too, with 413).
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// Why an HTTP/2 request body was not read whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyRefusal {
+    /// The client stalled for longer than the read timeout.
+    Stalled,
+    /// More than [`MAX_BODY_BYTES`].
+    TooLarge,
+}
+
+/// Reads an HTTP/2 request body whole before it is forwarded, each read under `timeout`.
+///
+/// Pingora applies no read timeout to HTTP/2 request bodies (`set_read_timeout` is a no-op
+/// there), so a client that stalls mid-body would hold a backend connection until the upstream
+/// timeout and get 504. Read here, into pingora's retry buffer (64 KiB, the interface's body
+/// limit), the body is sent on from that buffer once the backend connection is up. HTTP/1.x
+/// bodies stream through under the per-read timeout as before.
+pub async fn read_h2_body(
+    session: &mut pingora::proxy::Session,
+    timeout: std::time::Duration,
+) -> pingora::Result<Result<(), BodyRefusal>> {
+    if session.as_http2().is_none() || session.is_body_done() {
+        return Ok(Ok(()));
+    }
+    session.enable_retry_buffering();
+    let mut total = 0usize;
+    loop {
+        match tokio::time::timeout(timeout, session.read_request_body()).await {
+            Err(_) => return Ok(Err(BodyRefusal::Stalled)),
+            Ok(chunk) => match chunk? {
+                None => return Ok(Ok(())),
+                Some(bytes) => {
+                    total += bytes.len();
+                    if total > MAX_BODY_BYTES {
+                        return Ok(Err(BodyRefusal::TooLarge));
+                    }
+                }
+            },
+        }
+    }
+}

@@ -20,6 +20,7 @@ pub enum ErrorCode {
     Unauthorized,
     NotFound,
     MethodNotAllowed,
+    PayloadTooLarge,
     RateLimited,
     ApiKeyBanned,
     BadGateway,
@@ -36,6 +37,7 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::ApiKeyBanned => "api_key_banned",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::BadGateway => "bad_gateway",
             ErrorCode::GatewayTimeout => "gateway_timeout",
             ErrorCode::Internal => "internal",
@@ -147,6 +149,30 @@ impl<'a> Refusal<'a> {
         Refusal {
             close: true,
             ..Refusal::new(status, ErrorCode::InvalidRequest, message)
+        }
+    }
+
+    /// An HTTP/2 request body that stalled (408) or was too large (413); the request was
+    /// admitted, so its rate-limit headers go with it. The connection's other streams go on.
+    pub fn unread_body(
+        why: crate::request::BodyRefusal,
+        rate: Option<&'a RateView>,
+    ) -> Refusal<'a> {
+        let (status, code, message) = match why {
+            crate::request::BodyRefusal::Stalled => (
+                408,
+                ErrorCode::InvalidRequest,
+                "the request body did not arrive in time",
+            ),
+            crate::request::BodyRefusal::TooLarge => (
+                413,
+                ErrorCode::PayloadTooLarge,
+                "request body exceeds 65536 bytes",
+            ),
+        };
+        Refusal {
+            rate: rate.map_or(RateHeaders::None, RateHeaders::Plan),
+            ..Refusal::new(status, code, message)
         }
     }
 

@@ -16,6 +16,7 @@ use crate::admin::Admin;
 use crate::catalog::{Catalog, CatalogError};
 use crate::config::{Config, OnStoreError};
 use crate::gateway::Gateway;
+use crate::head_deadline::HeadDeadline;
 use crate::metrics::METRICS;
 use crate::resilience::{Resilience, BAN_RECHECK};
 use crate::store::{MemoryStore, QuotaStore, RedisStore, StoreConfigError};
@@ -125,8 +126,13 @@ pub fn run(
         Arc::clone(&unauth),
         resilience.clone(),
     );
-    let mut proxy =
-        pingora::proxy::http_proxy_service_with_name(&server.configuration, gateway, "pet-gateway");
+    let mut proxy = Service::new(
+        "pet-gateway".to_owned(),
+        HeadDeadline::new(
+            pingora::proxy::http_proxy(&server.configuration, gateway),
+            config.request_header_timeout,
+        ),
+    );
     let listen = config.listen.to_string();
     match &certs {
         Some(resolver) => {

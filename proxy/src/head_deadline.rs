@@ -1,0 +1,305 @@
+//! A deadline for the whole HTTP/1.x request head (request line and headers), against clients
+//! that trickle it a byte at a time (slowloris): pingora's read timeout restarts with every read,
+//! so such a client holds a connection for as long as it likes.
+//!
+//! Pingora offers no hook between accepting a connection and reading the head, so the hook is
+//! the smallest one that sits there: [`HeadDeadline`] wraps the proxy's [`ServerApp`] and hands
+//! it each connection's stream inside a [`HeadGuard`]. The guard watches the bytes the proxy
+//! reads: while a head is arriving (from the connection's start, or for a later keep-alive
+//! request from its first byte, so idle keep-alive time does not count) a read that would pass
+//! the deadline fails with `TimedOut`, and pingora closes the connection. The blank line that
+//! ends a head disarms it; the gateway writing a response re-arms it for the next head. Bodies
+//! have their own per-read timeout (`client_read_timeout`). HTTP/2 connections (negotiated by
+//! ALPN) pass through untouched: their headers arrive as frames the h2 library assembles.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::apps::ServerApp;
+use pingora::protocols::tls::TlsRef;
+use pingora::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
+    TimingDigest, UniqueID, UniqueIDType, ALPN,
+};
+use pingora::server::ShutdownWatch;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+use crate::metrics::METRICS;
+
+/// Wraps a [`ServerApp`] so that every HTTP/1.x request head must arrive within `limit`.
+pub struct HeadDeadline<A> {
+    inner: Arc<A>,
+    limit: Duration,
+}
+
+impl<A> HeadDeadline<A> {
+    pub fn new(inner: A, limit: Duration) -> HeadDeadline<A> {
+        HeadDeadline {
+            inner: Arc::new(inner),
+            limit,
+        }
+    }
+}
+
+#[async_trait]
+impl<A: ServerApp + Send + Sync + 'static> ServerApp for HeadDeadline<A> {
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        if matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) {
+            return self.inner.process_new(stream, shutdown).await;
+        }
+        let guarded: Stream = Box::new(HeadGuard::new(stream, self.limit));
+        self.inner.process_new(guarded, shutdown).await
+    }
+
+    async fn cleanup(&self) {
+        self.inner.cleanup().await
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// A head is expected: the deadline runs from `started` (`None`: from its first byte).
+    Head { started: Option<Instant> },
+    /// The head is complete; the body and the response follow.
+    AfterHead,
+}
+
+/// A stream whose reads fail once a request head has taken longer than the limit.
+pub struct HeadGuard {
+    inner: Stream,
+    limit: Duration,
+    phase: Phase,
+    /// The last two bytes of the head so far, to find its end across reads.
+    tail: [u8; 2],
+    /// The head so far holds more than empty lines.
+    saw_content: bool,
+    /// A response was written since the last head: the next bytes read start a new head.
+    responded: bool,
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl HeadGuard {
+    pub fn new(inner: Stream, limit: Duration) -> HeadGuard {
+        HeadGuard {
+            inner,
+            limit,
+            phase: Phase::Head {
+                started: Some(Instant::now()),
+            },
+            tail: [0; 2],
+            saw_content: false,
+            responded: false,
+            timer: None,
+        }
+    }
+
+    /// Looks for the blank line ending the head (`\r\n\r\n`, or a bare `\n\n`) in `bytes`.
+    /// Empty lines before any content (which HTTP lets a server skip) do not end a head, or a
+    /// client could send `\r\n\r\n` first and trickle the real head undeadlined.
+    fn scan(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            let [before, last] = self.tail;
+            if b == b'\n'
+                && self.saw_content
+                && (last == b'\n' || (last == b'\r' && before == b'\n'))
+            {
+                self.phase = Phase::AfterHead;
+                self.timer = None;
+                self.tail = [0; 2];
+                self.saw_content = false;
+                return;
+            }
+            if b != b'\r' && b != b'\n' {
+                self.saw_content = true;
+            }
+            self.tail = [last, b];
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Head {
+                started: Some(started),
+            } => Some(started + self.limit),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Debug for HeadGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HeadGuard")
+            .field("inner", &self.inner)
+            .field("phase", &self.phase)
+            .finish()
+    }
+}
+
+impl AsyncRead for HeadGuard {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        if this.responded {
+            // The response to the last head has started: what arrives next is a new head, and
+            // its deadline starts with its first byte (idle keep-alive time does not count).
+            this.responded = false;
+            this.phase = Phase::Head { started: None };
+            this.timer = None;
+            this.tail = [0; 2];
+            this.saw_content = false;
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                let read = &buf.filled()[before..];
+                if let Phase::Head { started: None } = this.phase {
+                    if !read.is_empty() {
+                        this.phase = Phase::Head {
+                            started: Some(Instant::now()),
+                        };
+                    }
+                }
+                if matches!(this.phase, Phase::Head { .. }) {
+                    this.scan(read);
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                let Some(deadline) = this.deadline() else {
+                    return Poll::Pending;
+                };
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if timer.deadline() != deadline {
+                    timer.as_mut().reset(deadline);
+                }
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        METRICS.slow_request_heads.inc();
+                        Poll::Ready(Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "request head not complete within the deadline",
+                        )))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+use std::future::Future as _;
+
+impl AsyncWrite for HeadGuard {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.responded = true;
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        self.responded = true;
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[async_trait]
+impl Shutdown for HeadGuard {
+    async fn shutdown(&mut self) {
+        self.inner.shutdown().await
+    }
+}
+
+impl UniqueID for HeadGuard {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for HeadGuard {
+    fn get_ssl(&self) -> Option<&TlsRef> {
+        self.inner.get_ssl()
+    }
+
+    fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for HeadGuard {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> Duration {
+        self.inner.get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for HeadGuard {
+    fn get_proxy_digest(&self) -> Option<Arc<pingora::protocols::raw_connect::ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+
+    fn set_proxy_digest(&mut self, digest: pingora::protocols::raw_connect::ProxyDigest) {
+        self.inner.set_proxy_digest(digest)
+    }
+}
+
+impl GetSocketDigest for HeadGuard {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+
+    fn set_socket_digest(&mut self, digest: SocketDigest) {
+        self.inner.set_socket_digest(digest)
+    }
+}
+
+#[async_trait]
+impl Peek for HeadGuard {
+    async fn try_peek(&mut self, buf: &mut [u8]) -> std::io::Result<bool> {
+        self.inner.try_peek(buf).await
+    }
+}
