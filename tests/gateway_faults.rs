@@ -435,7 +435,8 @@ async fn a_ban_lifted_on_one_node_does_not_return_on_another_during_an_outage() 
         .await
         .unwrap();
     assert_eq!(lift.status(), 200);
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // B's probe compares its ban cache with the store's list once a second.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
     redis.process.kill_hard();
     for _ in 0..8 {
         let c = code(&b).await;

@@ -215,31 +215,71 @@ async fn a_stray_or_broken_plan_file_never_holds_back_a_revocation() {
     );
 }
 
-/// When the running gateway refuses the keys file (here it names a plan the gateway does not
-/// have), `keys revoke` says the revocation is not in force and exits non-zero.
+/// `keys revoke` exits non-zero, saying why, whenever it cannot confirm the revocation in
+/// force: the gateway it asks serves another keys file; or the gateway refuses its keys file
+/// (unparseable), keeps its previous keys and shows that in its metrics. A key naming a plan
+/// the gateway lacks no longer blocks the rest of the file.
 #[tokio::test]
-async fn a_revocation_the_gateway_refuses_fails_the_command_and_shows_in_metrics() {
+async fn a_revocation_the_gateway_does_not_apply_fails_the_command() {
     let f = Fixture::new(600, 100_000);
     let key = f.issue("free");
     let id = e2e::first_key_id(&f.keys);
     let upstream = e2e::EchoUpstream::start();
     let gw = f.gateway(&f.spec(upstream.addr));
 
-    // A key on a plan only another plans directory has.
+    // A key on a plan only another plans directory has: skipped, the revocation applies.
     let other_plans = f.dir.path().join("other-plans");
     e2e::write_plan(&other_plans, "gold", 10, 10);
     e2e::issue_key(&f.keys, &other_plans, "gold");
     let out = revoke(&f, &gw, &id);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(status_of(&gw, &key).await, 401);
+
+    // Another keys file than the gateway's: the command says so.
+    let elsewhere = f.dir.path().join("elsewhere-keys.toml");
+    e2e::issue_key(&elsewhere, &f.plans, "free");
+    let other_id = e2e::first_key_id(&elsewhere);
+    let out = e2e::gateway_cli(&[
+        "keys",
+        "revoke",
+        "--keys-file",
+        &elsewhere.to_string_lossy(),
+        "--admin-listen",
+        &gw.admin.to_string(),
+        &other_id,
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(
-        stderr.contains("NOT confirmed")
-            && stderr.contains("still accepts")
-            && stderr.contains("gold"),
+        stderr.contains("NOT confirmed") && stderr.contains("serves the keys file"),
         "{stderr}"
     );
+
+    // A keys file the gateway cannot parse: the old keys stay, visibly.
+    let live = f.issue("free");
+    let reload = || async {
+        reqwest::Client::new()
+            .post(gw.admin_url("/reload"))
+            .send()
+            .await
+            .unwrap()
+            .json::<serde_json::Value>()
+            .await
+            .unwrap()
+    };
+    reload().await;
+    assert_eq!(status_of(&gw, &live).await, 200);
+    let mut text = std::fs::read_to_string(&f.keys).unwrap();
+    text.push_str("\n[[key]]\nid = \"broken\"\n");
+    std::fs::write(&f.keys, text).unwrap();
+    let answer = reload().await;
+    assert!(answer["keys_refused"].is_string(), "{answer}");
+    // Asked again (nothing changed since), it still says why.
+    let again = reload().await;
+    assert_eq!(again["keys"], "unchanged", "{again}");
+    assert!(again["keys_refused"].is_string(), "{again}");
     assert_eq!(
-        status_of(&gw, &key).await,
+        status_of(&gw, &live).await,
         200,
         "the old keys stay in force"
     );
@@ -432,7 +472,10 @@ fn read_response(s: &mut TcpStream) -> u16 {
                 })
                 .unwrap_or(0);
             if body.len() >= length {
-                return head[9..12].parse().unwrap();
+                return head
+                    .get(9..12)
+                    .and_then(|c| c.parse().ok())
+                    .unwrap_or_else(|| panic!("not a status line: {text:?}"));
             }
         }
     }
@@ -504,4 +547,86 @@ async fn a_client_trickling_its_request_head_is_closed_while_others_are_served()
         "the idle keep-alive connection was served"
     );
     assert_eq!(gw.metric("pet_gateway_slow_request_heads_total").await, 1.0);
+}
+
+/// An upstream that answers `Expect: 100-continue` with `100 Continue`, reads the body, then
+/// takes `delay` before its 200.
+fn continue_upstream(delay: Duration) -> std::net::SocketAddr {
+    use std::io::{BufRead, BufReader};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut writer = stream;
+                let (mut length, mut expect) = (0usize, false);
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let lower = line.to_ascii_lowercase();
+                    if let Some(v) = lower.strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
+                    expect |= lower.starts_with("expect: 100-continue");
+                    if line == "\r\n" {
+                        break;
+                    }
+                }
+                if expect {
+                    writer.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").unwrap();
+                }
+                let mut body = vec![0u8; length];
+                reader.read_exact(&mut body).unwrap();
+                std::thread::sleep(delay);
+                let _ = writer.write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 2\r\n\r\nok",
+                );
+            });
+        }
+    });
+    addr
+}
+
+/// `Expect: 100-continue`: the interim `100 Continue` does not re-arm the head deadline, so a
+/// body followed by a slow answer is not mistaken for a trickling head (the connection used to
+/// be closed with no response).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_100_continue_request_with_a_slow_answer_is_not_cut_off() {
+    let f = Fixture::new(600, 100_000);
+    let key = f.issue("free");
+    let upstream = continue_upstream(Duration::from_millis(1_500));
+    let mut spec = f.spec(upstream);
+    spec.extra = "request_header_timeout_ms = 1000\n".into();
+    let gw = f.gateway(&spec);
+    let addr = gw.addr;
+    let status = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let body = "{\"name\":\"Rex\"}";
+        write!(
+            s,
+            "POST /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+            body.len()
+        )
+        .unwrap();
+        // The interim response, whole (it carries the rate-limit headers too).
+        let mut interim = Vec::new();
+        let mut byte = [0u8; 1];
+        while !interim.ends_with(b"\r\n\r\n") {
+            assert_eq!(s.read(&mut byte).unwrap(), 1, "closed before 100 Continue");
+            interim.push(byte[0]);
+        }
+        let interim = String::from_utf8_lossy(&interim).to_string();
+        assert!(interim.starts_with("HTTP/1.1 100"), "{interim}");
+        s.write_all(body.as_bytes()).unwrap();
+        read_response(&mut s)
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(gw.metric("pet_gateway_slow_request_heads_total").await, 0.0);
 }

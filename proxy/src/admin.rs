@@ -9,7 +9,7 @@
 //! | `GET /metrics` | the Prometheus text format |
 //! | `GET /bans` | the active bans of the keys in the keys file |
 //! | `POST /bans/{key id}/lift` | ends that key's ban now |
-//! | `POST /reload` | reloads the keys and plans now; says what each part did |
+//! | `POST /reload` | reloads the keys and plans now; says what each part did, which keys file is served and why a part is refused |
 //! | `GET /keys/{key id}` | 200 with the key's plan while this gateway accepts the key, else 404 |
 
 use std::io::{Read, Write};
@@ -152,8 +152,19 @@ impl ServeHttp for Admin {
             },
             "/reload" if method == http::Method::POST => {
                 let catalog = Arc::clone(&self.catalog);
-                match tokio::task::spawn_blocking(move || catalog.reload(false)).await {
-                    Ok(report) => json_response(200, report.to_json().to_string().into_bytes()),
+                let reloaded = tokio::task::spawn_blocking(move || {
+                    let report = catalog.reload(false).to_json();
+                    let mut state = catalog.state();
+                    if let (Some(state), serde_json::Value::Object(report)) =
+                        (state.as_object_mut(), report)
+                    {
+                        state.extend(report);
+                    }
+                    state
+                })
+                .await;
+                match reloaded {
+                    Ok(answer) => json_response(200, answer.to_string().into_bytes()),
                     Err(e) => error(500, ErrorCode::Internal, &format!("reload failed: {e}")),
                 }
             }

@@ -64,8 +64,8 @@ type Fingerprint = Vec<FileStamp>;
 /// The two parts, for logs and the `part` metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Part {
-    Keys,
-    Plans,
+    Keys = 0,
+    Plans = 1,
 }
 
 impl Part {
@@ -112,6 +112,8 @@ impl ReloadReport {
 struct Seen {
     keys: Fingerprint,
     plans: Fingerprint,
+    /// Why each part's newest version is refused, by [`Part`].
+    refused: [Option<String>; 2],
 }
 
 pub struct Catalog {
@@ -127,6 +129,7 @@ impl Catalog {
         let seen = Seen {
             keys: fingerprint(std::slice::from_ref(&keys_file.to_owned())),
             plans: plans_fingerprint(plans_dir),
+            refused: [None, None],
         };
         let snapshot = Snapshot::load(keys_file, plans_dir)?;
         if let Some(warning) = snapshot.plans.ignored_warning(plans_dir) {
@@ -147,23 +150,35 @@ impl Catalog {
         self.current.load()
     }
 
-    /// Reloads each part whose files changed since the last attempt (or both, when `force`,
-    /// as on SIGHUP). Plans go first, so a key naming a plan added in the same edit loads.
-    /// Blocking file I/O: call it off the request path.
+    /// Reloads what changed since the last attempt (everything, when `force`, as on SIGHUP).
+    ///
+    /// Plans go first and are refused when broken or when they would take away the plan of an
+    /// active key. Keys are read whenever their file changed or the plans were tried (a plan
+    /// edit changes which keys can load), and are never refused for one key's sake: a key
+    /// whose plan is not in force is skipped and named in the log, the rest (revocations
+    /// included) apply. Only a keys file that cannot be read or parsed at all keeps the old
+    /// keys. A refused part is tried again whenever the other part changes, so no pair of edits
+    /// can leave the catalog stuck. Blocking file I/O: call it off the request path.
     pub fn reload(&self, force: bool) -> ReloadReport {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let keys_now = fingerprint(std::slice::from_ref(&self.keys_file));
         let plans_now = plans_fingerprint(&self.plans_dir);
+        let keys_changed = seen.keys != keys_now;
+        let plans_changed = seen.plans != plans_now;
         // Remember even a refused version, so a broken file is reported once, not every tick.
-        let keys_changed = force || seen.keys != keys_now;
-        let plans_changed = force || seen.plans != plans_now;
         seen.keys = keys_now;
         seen.plans = plans_now;
+        let try_plans = force
+            || plans_changed
+            || (keys_changed && seen.refused[Part::Plans as usize].is_some());
+        let try_keys = force || keys_changed || try_plans;
 
         let current = Snapshot::clone(&self.current.load());
         let mut next = current.clone();
-        let plans = if plans_changed {
-            match self.load_plans(&current.keys) {
+        // The keys file as it is now, for the plans' orphan check and the keys' reload.
+        let keys_file = try_keys.then(|| KeysFile::load(&self.keys_file));
+        let plans = if try_plans {
+            match self.load_plans(keys_file.as_ref(), &current.keys) {
                 Ok(plans) => {
                     next.plans = Arc::new(plans);
                     Reload::Applied
@@ -173,16 +188,23 @@ impl Catalog {
         } else {
             Reload::Unchanged
         };
-        let keys = if keys_changed {
-            match load_keys(&self.keys_file, &next.plans) {
-                Ok(keys) => {
-                    next.keys = Arc::new(keys);
-                    Reload::Applied
+        let keys = match keys_file {
+            None => Reload::Unchanged,
+            Some(Err(e)) => Reload::Refused(e.to_string()),
+            Some(Ok(file)) => {
+                let (index, skipped) = file.index_for(&next.plans);
+                if !skipped.is_empty() {
+                    tracing::error!(
+                        keys_file = %self.keys_file.display(),
+                        plans = ?next.plans.names(),
+                        skipped = ?skipped,
+                        "keys naming a plan that is not in force were skipped (they get 401); \
+                         the other keys, revocations included, apply"
+                    );
                 }
-                Err(e) => Reload::Refused(e.to_string()),
+                next.keys = Arc::new(index);
+                Reload::Applied
             }
-        } else {
-            Reload::Unchanged
         };
         let report = ReloadReport { keys, plans };
         if report.parts().iter().any(|(_, r)| **r == Reload::Applied) {
@@ -192,6 +214,7 @@ impl Catalog {
             match result {
                 Reload::Unchanged => {}
                 Reload::Applied => {
+                    seen.refused[part as usize] = None;
                     mark_loaded(part);
                     METRICS.config_reloads.with_label_values(&["applied"]).inc();
                     if part == Part::Plans {
@@ -205,6 +228,7 @@ impl Catalog {
                     );
                 }
                 Reload::Refused(reason) => {
+                    seen.refused[part as usize] = Some(reason.clone());
                     METRICS.config_reloads.with_label_values(&["refused"]).inc();
                     METRICS
                         .catalog_reload_failing
@@ -218,20 +242,46 @@ impl Catalog {
         report
     }
 
+    /// What this catalog serves, for the admin listener: the keys file (canonical path), and
+    /// why each part's newest version is refused, if it is (whether or not the refusal happened
+    /// in this very reload).
+    pub fn state(&self) -> serde_json::Value {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let keys_file = std::fs::canonicalize(&self.keys_file).unwrap_or(self.keys_file.clone());
+        serde_json::json!({
+            "keys_file": keys_file,
+            "keys_refused": seen.refused[Part::Keys as usize],
+            "plans_refused": seen.refused[Part::Plans as usize],
+        })
+    }
+
     /// The plans directory, refused when it is broken or when it would leave an active key
-    /// without its plan (that key would stop working on a plan edit nobody meant for it).
-    fn load_plans(&self, keys: &KeyIndex) -> Result<Plans, String> {
+    /// without its plan (that key would stop working on a plan edit nobody meant for it). The
+    /// keys checked are the keys file as it is now, or the keys in force when it cannot be read.
+    fn load_plans(
+        &self,
+        keys_file: Option<&Result<KeysFile, KeysError>>,
+        in_force: &KeyIndex,
+    ) -> Result<Plans, String> {
         let plans = Plans::load_dir(&self.plans_dir).map_err(|e| e.to_string())?;
         if let Some(warning) = plans.ignored_warning(&self.plans_dir) {
             tracing::warn!("{warning}");
         }
-        if let Some(orphan) = keys.keys().find(|k| !plans.contains(&k.plan)) {
+        let orphan = match keys_file {
+            Some(Ok(file)) => file
+                .active()
+                .find(|k| !plans.contains(&k.plan))
+                .map(|k| (k.id.clone(), k.plan.clone())),
+            _ => in_force
+                .keys()
+                .find(|k| !plans.contains(&k.plan))
+                .map(|k| (k.id.to_string(), k.plan.to_string())),
+        };
+        if let Some((id, plan)) = orphan {
             return Err(format!(
-                "{}: no plan `{}` any more, but key `{}` (and maybe others) uses it; \
-                 revoke or move those keys first",
+                "{}: no plan `{plan}` any more, but key `{id}` (and maybe others) uses it; \
+                 revoke those keys or keep the plan",
                 self.plans_dir.display(),
-                orphan.plan,
-                orphan.id
             ));
         }
         Ok(plans)
@@ -338,6 +388,39 @@ mod tests {
         let snapshot = catalog.snapshot();
         let info = snapshot.keys.lookup(&key).unwrap();
         assert!(snapshot.plans.contains(&info.plan));
+    }
+
+    #[test]
+    fn renaming_a_plan_in_use_never_stops_revocations() {
+        let (_dir, keys, plans_dir, catalog) = setup();
+        std::fs::write(plans_dir.join("pro.toml"), FREE).unwrap();
+        catalog.reload(false);
+        let plans = Plans::load_dir(&plans_dir).unwrap();
+        let (free, free_key) = crate::keys::issue(&keys, &plans, "free", None).unwrap();
+        let (pro, _) = crate::keys::issue(&keys, &plans, "pro", None).unwrap();
+        catalog.reload(false);
+
+        // The rename is refused: a key still uses `pro`.
+        std::fs::rename(plans_dir.join("pro.toml"), plans_dir.join("pro2.toml")).unwrap();
+        assert!(matches!(catalog.reload(false).plans, Reload::Refused(_)));
+        // A key on the new name: skipped for now, the rest of the file applies.
+        let plans = Plans::load_dir(&plans_dir).unwrap();
+        let (_, pro2_key) = crate::keys::issue(&keys, &plans, "pro2", None).unwrap();
+        assert_eq!(catalog.reload(false).keys, Reload::Applied);
+        assert!(catalog.snapshot().keys.lookup(&pro2_key).is_none());
+        // A revocation applies regardless.
+        crate::keys::revoke(&keys, &free.id).unwrap();
+        assert_eq!(catalog.reload(false).keys, Reload::Applied);
+        assert!(catalog.snapshot().keys.lookup(&free_key).is_none());
+        // Once no key uses `pro`, the refused plans are tried again with the keys edit.
+        crate::keys::revoke(&keys, &pro.id).unwrap();
+        let report = catalog.reload(false);
+        assert_eq!(
+            (report.plans, report.keys),
+            (Reload::Applied, Reload::Applied)
+        );
+        assert!(catalog.snapshot().keys.lookup(&pro2_key).is_some());
+        assert_eq!(catalog.state()["plans_refused"], serde_json::Value::Null);
     }
 
     #[test]

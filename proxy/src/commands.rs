@@ -183,7 +183,7 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
                 config.keys_file.display(),
                 record.revoked_at.as_deref().unwrap_or("?")
             );
-            confirm_revoked(config.admin_listen, &record.id)
+            confirm_revoked(config.admin_listen, &config.keys_file, &record.id)
                 .map_err(|why| format!("the revocation is NOT confirmed in force: {why}"))?;
             println!(
                 "in force: the gateway at {} refuses {} now",
@@ -194,23 +194,39 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
     }
 }
 
-/// Asks the running gateway to reload its keys now and whether it still accepts `id`.
-fn confirm_revoked(addr: std::net::SocketAddr, id: &str) -> Result<(), String> {
+/// Asks the running gateway to reload its keys now, checks that it serves this keys file, and
+/// whether it still accepts `id`.
+fn confirm_revoked(
+    addr: std::net::SocketAddr,
+    keys_file: &std::path::Path,
+    id: &str,
+) -> Result<(), String> {
     let (status, body) = admin::call(addr, "POST", "/reload")?;
     if status != 200 {
         return Err(format!("the gateway answered {status} to a reload: {body}"));
     }
-    let report: serde_json::Value = serde_json::from_str(&body)
+    let answer: serde_json::Value = serde_json::from_str(&body)
         .map_err(|e| format!("unexpected answer from the gateway: {e}"))?;
+    let mine = std::fs::canonicalize(keys_file).unwrap_or(keys_file.to_owned());
+    let served = answer["keys_file"].as_str().unwrap_or("?");
+    if std::path::Path::new(served) != mine {
+        return Err(format!(
+            "the gateway at {addr} serves the keys file {served}, not {}; give the right \
+             --admin-listen or --config",
+            mine.display()
+        ));
+    }
+    if let Some(reason) = answer["keys_refused"].as_str() {
+        return Err(format!(
+            "the gateway at {addr} refuses the keys file and keeps its previous keys: {reason}"
+        ));
+    }
     let (status, body) = admin::call(addr, "GET", &format!("/keys/{id}"))?;
     match status {
         404 => Ok(()),
-        200 => Err(match report["keys"]["refused"].as_str() {
-            Some(reason) => format!(
-                "the gateway at {addr} still accepts {id}: it refused the keys file: {reason}"
-            ),
-            None => format!("the gateway at {addr} still accepts {id} after reloading"),
-        }),
+        200 => Err(format!(
+            "the gateway at {addr} still accepts {id} after reloading"
+        )),
         other => Err(format!("the gateway answered {other}: {body}")),
     }
 }

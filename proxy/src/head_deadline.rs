@@ -8,7 +8,8 @@
 //! reads: while a head is arriving (from the connection's start, or for a later keep-alive
 //! request from its first byte, so idle keep-alive time does not count) a read that would pass
 //! the deadline fails with `TimedOut`, and pingora closes the connection. The blank line that
-//! ends a head disarms it; the gateway writing a response re-arms it for the next head. Bodies
+//! ends a head disarms it; the gateway writing a final response's status line (not a
+//! `100 Continue`) re-arms it for the next head, and a `101` disarms it for good. Bodies
 //! have their own per-read timeout (`client_read_timeout`). HTTP/2 connections (negotiated by
 //! ALPN) pass through untouched: their headers arrive as frames the h2 library assembles.
 
@@ -71,6 +72,8 @@ enum Phase {
     Head { started: Option<Instant> },
     /// The head is complete; the body and the response follow.
     AfterHead,
+    /// Switched to another protocol (101): never armed again.
+    Upgraded,
 }
 
 /// A stream whose reads fail once a request head has taken longer than the limit.
@@ -125,6 +128,26 @@ impl HeadGuard {
         }
     }
 
+    /// A final response's status line (not `100 Continue` or another 1xx, after which the
+    /// request body still follows) means the next bytes read start a new head. After
+    /// `101 Switching Protocols` the connection is no longer HTTP/1: no deadline ever again.
+    fn saw_write(&mut self, bytes: &[u8]) {
+        if self.phase == Phase::Upgraded {
+            return;
+        }
+        let status = bytes
+            .strip_prefix(b"HTTP/1.")
+            .and_then(|rest| rest.get(2..5));
+        match status {
+            Some(b"101") => {
+                self.phase = Phase::Upgraded;
+                self.timer = None;
+            }
+            Some([b'1', ..]) | None => {}
+            Some(_) => self.responded = true,
+        }
+    }
+
     fn deadline(&self) -> Option<Instant> {
         match self.phase {
             Phase::Head {
@@ -151,7 +174,7 @@ impl AsyncRead for HeadGuard {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
-        if this.responded {
+        if this.responded && this.phase != Phase::Upgraded {
             // The response to the last head has started: what arrives next is a new head, and
             // its deadline starts with its first byte (idle keep-alive time does not count).
             this.responded = false;
@@ -210,7 +233,7 @@ impl AsyncWrite for HeadGuard {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        self.responded = true;
+        self.saw_write(buf);
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
@@ -219,7 +242,9 @@ impl AsyncWrite for HeadGuard {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        self.responded = true;
+        if let Some(first) = bufs.iter().find(|b| !b.is_empty()) {
+            self.saw_write(first);
+        }
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 

@@ -118,6 +118,17 @@ pub fn sha256(token: &str) -> [u8; 32] {
 impl KeysFile {
     /// Reads the file; a file that does not exist yet holds no keys.
     pub fn load(path: &Path) -> Result<KeysFile, KeysError> {
+        // Only a regular file (following a symlink): a FIFO would block a reload, a device
+        // would never end.
+        match std::fs::metadata(path) {
+            Ok(m) if !m.is_file() => {
+                return Err(KeysError::Invalid {
+                    path: path.to_owned(),
+                    message: "not a regular file".into(),
+                })
+            }
+            _ => {}
+        }
         let text = match std::fs::read_to_string(path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(KeysFile::default()),
@@ -189,6 +200,26 @@ impl KeysFile {
         Ok(())
     }
 
+    /// The records not revoked.
+    pub fn active(&self) -> impl Iterator<Item = &KeyRecord> {
+        self.keys.iter().filter(|k| k.revoked_at.is_none())
+    }
+
+    /// The index of the active keys whose plan is in `plans`, and `id (plan)` of those skipped
+    /// for naming another.
+    pub fn index_for(&self, plans: &Plans) -> (KeyIndex, Vec<String>) {
+        let skipped: Vec<String> = self
+            .active()
+            .filter(|k| !plans.contains(&k.plan))
+            .map(|k| format!("{} ({})", k.id, k.plan))
+            .collect();
+        let mut index = self.index();
+        if !skipped.is_empty() {
+            index.by_hash.retain(|_, k| plans.contains(&k.plan));
+        }
+        (index, skipped)
+    }
+
     pub fn index(&self) -> KeyIndex {
         // One shared string per plan, not one per key: a million keys name only a few plans.
         let mut plans: HashMap<&str, Arc<str>> = HashMap::new();
@@ -223,9 +254,12 @@ impl KeysFile {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
-        let tmp = path.with_extension("toml.tmp");
+        // A fresh name, created exclusively (never through a symlink someone left there).
+        let mut suffix = [0u8; 8];
+        rand::rng().fill_bytes(&mut suffix);
+        let tmp = path.with_extension(format!("toml.{}.tmp", hex::encode(suffix)));
         let result = (|| {
-            let mut f = private_file(&tmp)?;
+            let mut f = new_private_file(&tmp)?;
             keep_owner_and_mode(path, &f)?;
             f.write_all(
                 b"# Managed by `pet-gateway keys`: SHA-256 hashes of API keys, never the keys.\n\n",
@@ -267,7 +301,8 @@ fn keep_owner_and_mode(path: &Path, new: &File) -> std::io::Result<()> {
             )
         })?;
     }
-    new.set_permissions(std::fs::Permissions::from_mode(old.mode() & 0o7777))
+    // Permission bits only: never set-user-id and the like.
+    new.set_permissions(std::fs::Permissions::from_mode(old.mode() & 0o777))
 }
 
 #[cfg(not(unix))]
@@ -275,23 +310,41 @@ fn keep_owner_and_mode(_path: &Path, _new: &File) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Creates `path`, which must not exist yet (`O_EXCL`: a symlink there fails too), mode 0600.
 #[cfg(unix)]
-fn private_file(path: &Path) -> std::io::Result<File> {
+fn new_private_file(path: &Path) -> std::io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
         .open(path)
 }
 
 #[cfg(not(unix))]
-fn private_file(path: &Path) -> std::io::Result<File> {
+fn new_private_file(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().write(true).create_new(true).open(path)
+}
+
+/// Opens (creating) the lock file without truncating it and never through a symlink.
+#[cfg(unix)]
+fn lock_file(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
     OpenOptions::new()
         .write(true)
         .create(true)
-        .truncate(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
+#[cfg(not(unix))]
+fn lock_file(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
         .open(path)
 }
 
@@ -307,7 +360,7 @@ fn modify<T>(
         })?;
     }
     let lock_path = path.with_extension("toml.lock");
-    let lock = private_file(&lock_path).map_err(|source| KeysError::Write {
+    let lock = lock_file(&lock_path).map_err(|source| KeysError::Write {
         path: lock_path.clone(),
         source,
     })?;

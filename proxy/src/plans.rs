@@ -53,7 +53,10 @@ impl Plans {
             let hidden = path
                 .file_name()
                 .is_none_or(|f| f.as_encoded_bytes().starts_with(b"."));
-            let Some(name) = plan_name(&path) else {
+            // Only regular files (following a symlink): a FIFO would block the reload and a
+            // link to a device would never end.
+            let regular = std::fs::metadata(&path).is_ok_and(|m| m.is_file());
+            let Some(name) = plan_name(&path).filter(|_| regular) else {
                 if !hidden {
                     ignored.push(path);
                 }
@@ -63,7 +66,7 @@ impl Plans {
                 path: path.clone(),
                 message,
             };
-            let text = std::fs::read_to_string(&path).map_err(|source| PlanError::Read {
+            let text = read_small(&path).map_err(|source| PlanError::Read {
                 path: path.clone(),
                 source,
             })?;
@@ -127,6 +130,23 @@ impl Plans {
         names.sort_unstable();
         names
     }
+}
+
+/// A plan file is a few lines; more than this is not one.
+const MAX_PLAN_FILE: u64 = 64 * 1024;
+
+fn read_small(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_PLAN_FILE + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_PLAN_FILE {
+        return Err(std::io::Error::other(format!(
+            "larger than {MAX_PLAN_FILE} bytes: not a plan file"
+        )));
+    }
+    Ok(text)
 }
 
 fn plan_name(path: &Path) -> Option<&str> {
@@ -196,6 +216,14 @@ mod tests {
         // An editor's backup and a wrongly cased copy hold junk: skipped, never fatal.
         write(dir.path(), "free.bak.toml", "junk = = 1");
         write(dir.path(), "Free.toml", "requests_per_minute = 0");
+        // Not regular files: a FIFO would block a read forever, a directory cannot be read.
+        std::fs::create_dir(dir.path().join("dir.toml")).unwrap();
+        #[cfg(unix)]
+        assert!(std::process::Command::new("mkfifo")
+            .arg(dir.path().join("fifo.toml"))
+            .status()
+            .unwrap()
+            .success());
         let plans = Plans::load_dir(dir.path()).unwrap();
         assert_eq!(plans.names(), ["acme-corp", "free"]);
         let ignored: Vec<_> = plans
@@ -203,7 +231,17 @@ mod tests {
             .iter()
             .map(|p| p.file_name().unwrap())
             .collect();
-        assert_eq!(ignored, ["Free.toml", "README.md", "free.bak.toml"]);
+        #[cfg(unix)]
+        assert_eq!(
+            ignored,
+            [
+                "Free.toml",
+                "README.md",
+                "dir.toml",
+                "fifo.toml",
+                "free.bak.toml"
+            ]
+        );
         let warning = plans.ignored_warning(dir.path()).unwrap();
         assert!(
             warning.contains("free.bak.toml") && warning.contains("Free.toml"),

@@ -88,11 +88,13 @@ pub struct KeyState {
 impl KeyState {
     /// Decides one request at `now` and updates the counters.
     pub fn acquire(&mut self, now: u64, limits: Limits, ban: &BanPolicy) -> Verdict {
-        // Only a newer window starts from zero. A clock that steps back (NTP, a failover to a
-        // node whose clock lags) keeps counting in the stored window: resetting to an older one
-        // would zero today's count at a backwards step over midnight and admit it all again.
-        let minute = (now / MINUTE_SECS).max(self.minute_window);
-        let day = (now / DAY_SECS).max(self.day_window);
+        // Only a newer window starts from zero. A clock that steps back by up to one window
+        // (NTP, a failover to a node whose clock lags) keeps counting in the stored window:
+        // resetting to the older one would zero today's count at a backwards step over midnight
+        // and admit it all again. A stored window further ahead came from a clock that had
+        // jumped forward; it is not kept, or the key would stay pinned to it.
+        let minute = ahead_by_one(self.minute_window, now / MINUTE_SECS);
+        let day = ahead_by_one(self.day_window, now / DAY_SECS);
         if self.minute_window != minute {
             self.minute_window = minute;
             self.minute_count = 0;
@@ -117,7 +119,7 @@ impl KeyState {
             self.day_count += 1;
             return verdict(Outcome::Admitted, self);
         }
-        if self.strike_window < minute {
+        if self.strike_window != minute {
             self.strike_window = minute;
             self.strikes = 0;
         }
@@ -142,6 +144,16 @@ impl KeyState {
     /// level is pending. Such entries are evicted to keep memory bounded.
     pub fn is_idle(&self, now: u64) -> bool {
         self.day_window < now / DAY_SECS && self.ban_until <= now && self.level_until <= now
+    }
+}
+
+/// The window to count in: the stored one when it is exactly one ahead of the clock's (the
+/// clock stepped back a little), else the clock's.
+fn ahead_by_one(stored: u64, current: u64) -> u64 {
+    if stored == current + 1 {
+        stored
+    } else {
+        current
     }
 }
 
@@ -319,6 +331,12 @@ mod tests {
             assert_eq!(v.outcome, Outcome::Limited, "at {t}");
             assert_eq!(v.day_count, 5);
         }
+        // A stored window far ahead (the clock had jumped forward, then back) is not kept: the
+        // key is not pinned to it.
+        let mut s = KeyState::default();
+        s.acquire(midnight + 10 * DAY_SECS, tight, &ban);
+        let v = s.acquire(midnight + 3, tight, &ban);
+        assert_eq!((v.outcome, v.day_count), (Outcome::Admitted, 1));
     }
 
     #[test]

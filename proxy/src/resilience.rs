@@ -211,21 +211,18 @@ impl BanCache {
         self.len.load(Ordering::Relaxed) == 0
     }
 
-    /// Keeps only the bans the store still holds (`active`, all of them, from one call): a ban
-    /// lifted on another node ends here too, before an outage could make this cache its only
-    /// source.
+    /// Drops the cached bans that the store's list of active bans (all of them, from one call)
+    /// no longer holds: a ban lifted on another node ends here too, before an outage could make
+    /// this cache its only source. It never marks an entry as freshly checked: the list is an
+    /// index kept beside the bans, and only the key's own state may vouch for a ban, so a stale
+    /// index entry cannot keep a lifted ban alive.
     pub fn keep_only(&self, active: &[crate::store::Ban]) {
+        let listed: HashMap<&str, u64> = active
+            .iter()
+            .map(|b| (b.key_id.as_str(), b.until))
+            .collect();
         let mut bans = self.lock();
-        bans.retain(
-            |id, cached| match active.iter().find(|b| b.key_id == **id) {
-                Some(ban) => {
-                    cached.until = ban.until;
-                    cached.checked = Instant::now();
-                    true
-                }
-                None => false,
-            },
-        );
+        bans.retain(|id, _| listed.contains_key(&**id));
         self.len.store(bans.len(), Ordering::Relaxed);
     }
 

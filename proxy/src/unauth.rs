@@ -60,6 +60,7 @@ pub struct UnauthLimiter {
     /// Nanoseconds between two requests at the steady rate.
     interval: u64,
     started: Instant,
+    hasher: std::collections::hash_map::RandomState,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +87,7 @@ impl UnauthLimiter {
             },
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             started: Instant::now(),
+            hasher: std::collections::hash_map::RandomState::new(),
         }
     }
 
@@ -99,11 +101,7 @@ impl UnauthLimiter {
             let hops = forwarded_for
                 .iter()
                 .flat_map(|v| v.split(|&b| b == b','))
-                .map(|hop| {
-                    std::str::from_utf8(hop)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<IpAddr>().ok())
-                })
+                .map(|hop| std::str::from_utf8(hop).ok().and_then(parse_hop))
                 .collect::<Vec<_>>();
             // Right to left: each trusted hop vouches for the one before it. A hop that is not
             // an address ends the chain where it is (nothing left of it can be believed).
@@ -135,12 +133,10 @@ impl UnauthLimiter {
     }
 
     fn shard(&self, client: &IpAddr) -> &Mutex<Shard> {
-        let h = match client {
-            IpAddr::V4(v4) => u128::from(u32::from(*v4)),
-            IpAddr::V6(v6) => u128::from(*v6),
-        };
-        // Fold the address (a /64 has its low bits zero) before picking a shard.
-        let h = (h ^ (h >> 64) ^ (h >> 32) ^ (h >> 16)) as usize;
+        // A keyed hash: clients cannot choose addresses that all land in one shard and push
+        // everyone else out of it.
+        use std::hash::BuildHasher;
+        let h = self.hasher.hash_one(client) as usize;
         &self.shards[h % SHARDS]
     }
 
@@ -209,6 +205,21 @@ impl UnauthLimiter {
             .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).tat.len())
             .sum()
     }
+}
+
+/// One `X-Forwarded-For` hop: an address, with or without a port (`192.0.2.1:5678`,
+/// `[2001:db8::1]:443`). Anything else (`unknown`, an obfuscated name) is not an address.
+fn parse_hop(hop: &str) -> Option<IpAddr> {
+    let hop = hop.trim();
+    if let Ok(ip) = hop.parse() {
+        return Some(ip);
+    }
+    if let Some(rest) = hop.strip_prefix('[') {
+        return rest.split_once(']')?.0.parse().ok();
+    }
+    let (host, port) = hop.rsplit_once(':')?;
+    port.parse::<u16>().ok()?;
+    host.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4)
 }
 
 #[cfg(test)]
@@ -313,6 +324,15 @@ mod tests {
         assert_eq!(
             l.client(ip("10.0.0.5"), &[b"198.51.100.4, junk"]),
             ip("10.0.0.5")
+        );
+        // Hops with ports, as some balancers write them.
+        assert_eq!(
+            l.client(ip("10.0.0.5"), &[b"198.51.100.4:5678"]),
+            ip("198.51.100.4")
+        );
+        assert_eq!(
+            l.client(ip("10.0.0.5"), &[b"[2001:db8::1]:443"]),
+            ip("2001:db8::")
         );
     }
 }

@@ -336,6 +336,14 @@ impl Config {
     /// and `serve` logs them at start-up.
     pub fn warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
+        for net in &self.unauthenticated.trusted_proxies {
+            if net.prefix_len() == 0 {
+                warnings.push(format!(
+                    "trusted_proxies holds `{net}`: every peer is trusted, so any client can \
+                     choose the address it is limited as with X-Forwarded-For"
+                ));
+            }
+        }
         if self.environment != "production" {
             return warnings;
         }

@@ -67,7 +67,6 @@ pub struct RedisStore {
     acquire: redis::Script,
     lift_ban: redis::Script,
     ban_of: redis::Script,
-    bans: redis::Script,
     index_ban: redis::Script,
     probe: redis::Script,
 }
@@ -96,7 +95,6 @@ impl RedisStore {
             acquire: redis::Script::new(scripts::ACQUIRE),
             lift_ban: redis::Script::new(scripts::LIFT_BAN),
             ban_of: redis::Script::new(scripts::BAN_OF),
-            bans: redis::Script::new(scripts::BANS),
             index_ban: redis::Script::new(scripts::INDEX_BAN),
             probe: redis::Script::new(scripts::PROBE),
         })
@@ -164,6 +162,21 @@ impl RedisStore {
         invocation.arg(key_id).arg(until);
         if let Err(e) = self.run::<i64>(&invocation).await {
             tracing::warn!(error = %e, key_id, "could not update the ban index; `bans list` may miss this change");
+        }
+    }
+
+    /// Runs one plain command under the deadline.
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
+        let call = async {
+            let result = match self.conn().await? {
+                Conn::Single(mut c) => cmd.query_async::<T>(&mut c).await,
+                Conn::Cluster(mut c) => cmd.query_async::<T>(&mut c).await,
+            };
+            result.map_err(|e| StoreError::Unavailable(e.to_string()))
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+            Ok(result) => result,
         }
     }
 
@@ -255,7 +268,14 @@ impl QuotaStore for RedisStore {
     }
 
     async fn bans(&self) -> Result<Vec<Ban>, StoreError> {
-        let listed: Vec<(String, u64)> = self.run(&self.bans.key(self.ban_index())).await?;
+        // A plain read (works on a full Redis and on a replica); ended bans still in the index
+        // are left out by their score.
+        let mut cmd = redis::cmd("ZRANGEBYSCORE");
+        cmd.arg(self.ban_index())
+            .arg(format!("({}", crate::clock::unix_now()))
+            .arg("+inf")
+            .arg("WITHSCORES");
+        let listed: Vec<(String, u64)> = self.query(&cmd).await?;
         Ok(listed
             .into_iter()
             .map(|(key_id, until)| Ban { key_id, until })
@@ -268,17 +288,6 @@ impl QuotaStore for RedisStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        let cmd = redis::cmd("PING");
-        let ping = async {
-            let result = match self.conn().await? {
-                Conn::Single(mut c) => cmd.query_async::<String>(&mut c).await,
-                Conn::Cluster(mut c) => cmd.query_async::<String>(&mut c).await,
-            };
-            result.map_err(|e| StoreError::Unavailable(e.to_string()))
-        };
-        match tokio::time::timeout(self.timeout, ping).await {
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
-            Ok(result) => result.map(drop),
-        }
+        self.query::<String>(&redis::cmd("PING")).await.map(drop)
     }
 }

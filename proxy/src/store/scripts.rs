@@ -41,10 +41,10 @@ local now = tonumber(t[1])
 local mw = math.floor(now / 60)
 local dw = math.floor(now / 86400)
 local f = redis.call('HMGET', key, 'mw', 'mc', 'dw', 'dc', 'sw', 'sc', 'bu', 'lv', 'lu')
--- Only a newer window starts from zero: behind the stored one (a failover to a lagging clock)
--- the stored window keeps counting.
-mw = math.max(mw, tonumber(f[1]) or 0)
-dw = math.max(dw, tonumber(f[3]) or 0)
+-- Only a newer window starts from zero: one window behind the stored one (a failover to a
+-- lagging clock) the stored window keeps counting (quota::ahead_by_one).
+if tonumber(f[1]) == mw + 1 then mw = mw + 1 end
+if tonumber(f[3]) == dw + 1 then dw = dw + 1 end
 local mc = 0
 if tonumber(f[1]) == mw then mc = tonumber(f[2]) or 0 end
 local dc = 0
@@ -62,9 +62,8 @@ if mc < tonumber(ARGV[1]) and dc < tonumber(ARGV[2]) then
   redis.call('EXPIREAT', key, math.max(day_end, lu))
   return {0, now, mc, dc, 0}
 end
-local sw = math.max(mw, tonumber(f[5]) or 0)
 local sc = 0
-if (tonumber(f[5]) or 0) >= mw then sc = tonumber(f[6]) or 0 end
+if tonumber(f[5]) == mw then sc = tonumber(f[6]) or 0 end
 sc = sc + 1
 local outcome = 1
 local lv = tonumber(f[8]) or 0
@@ -80,7 +79,7 @@ if sc > tonumber(ARGV[3]) then
 else
   bu = 0
 end
-redis.call('HSET', key, 'mw', mw, 'mc', mc, 'dw', dw, 'dc', dc, 'sw', sw, 'sc', sc,
+redis.call('HSET', key, 'mw', mw, 'mc', mc, 'dw', dw, 'dc', dc, 'sw', mw, 'sc', sc,
   'bu', bu, 'lv', lv, 'lu', lu)
 redis.call('EXPIREAT', key, math.max(day_end, lu))
 return {outcome, now, mc, dc, bu}
@@ -111,23 +110,15 @@ if bu <= now then return 0 end
 return bu
 "#;
 
-/// Lists the active bans, dropping ended ones from the index first.
-///
-/// - `KEYS[1]`: the ban index, `<prefix>:bans`.
-///
-/// Returns `{key id, ban end, key id, ban end, ...}`.
-pub const BANS: &str = r#"
-local now = tonumber(redis.call('TIME')[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-return redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-"#;
-
-/// Records a ban in the index (`ban_end` 0: removes it), and expires the index after the last
-/// ban in it ends.
+/// Records a ban in the index (`ban_end` 0: removes it), drops ended ones, and expires the
+/// index after the last ban in it ends. Listing is a plain read (`ZRANGEBYSCORE`), so it works
+/// on a full Redis or a replica too.
 ///
 /// - `KEYS[1]`: the ban index, `<prefix>:bans`.
 /// - `ARGV[1]`: the key id; `ARGV[2]`: the ban's end, Unix seconds, or 0.
 pub const INDEX_BAN: &str = r#"
+local now = tonumber(redis.call('TIME')[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if tonumber(ARGV[2]) == 0 then
   return redis.call('ZREM', KEYS[1], ARGV[1])
 end
