@@ -225,7 +225,11 @@ async fn a_revocation_the_gateway_does_not_apply_fails_the_command() {
     let key = f.issue("free");
     let id = e2e::first_key_id(&f.keys);
     let upstream = e2e::EchoUpstream::start();
-    let gw = f.gateway(&f.spec(upstream.addr));
+    // Reloads only when asked (revoke and POST /reload ask): a background reload must not
+    // catch the keys file half-written below.
+    let mut spec = f.spec(upstream.addr);
+    spec.extra = "reload_interval_ms = 60000\n".into();
+    let gw = f.gateway(&spec);
 
     // A key on a plan only another plans directory has: skipped, the revocation applies.
     let other_plans = f.dir.path().join("other-plans");
@@ -234,6 +238,7 @@ async fn a_revocation_the_gateway_does_not_apply_fails_the_command() {
     let out = revoke(&f, &gw, &id);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(status_of(&gw, &key).await, 401);
+    assert_eq!(gw.metric("pet_gateway_catalog_keys_skipped").await, 1.0);
 
     // Another keys file than the gateway's: the command says so.
     let elsewhere = f.dir.path().join("elsewhere-keys.toml");

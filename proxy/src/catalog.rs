@@ -114,6 +114,8 @@ struct Seen {
     plans: Fingerprint,
     /// Why each part's newest version is refused, by [`Part`].
     refused: [Option<String>; 2],
+    /// Active keys left out of the index for naming a plan not in force.
+    skipped: usize,
 }
 
 pub struct Catalog {
@@ -130,6 +132,7 @@ impl Catalog {
             keys: fingerprint(std::slice::from_ref(&keys_file.to_owned())),
             plans: plans_fingerprint(plans_dir),
             refused: [None, None],
+            skipped: 0,
         };
         let snapshot = Snapshot::load(keys_file, plans_dir)?;
         if let Some(warning) = snapshot.plans.ignored_warning(plans_dir) {
@@ -171,14 +174,14 @@ impl Catalog {
         let try_plans = force
             || plans_changed
             || (keys_changed && seen.refused[Part::Plans as usize].is_some());
-        let try_keys = force || keys_changed || try_plans;
+        let try_keys_file = force || keys_changed;
 
         let current = Snapshot::clone(&self.current.load());
         let mut next = current.clone();
         // The keys file as it is now, for the plans' orphan check and the keys' reload.
-        let keys_file = try_keys.then(|| KeysFile::load(&self.keys_file));
+        let mut keys_file = (try_keys_file || try_plans).then(|| KeysFile::load(&self.keys_file));
         let plans = if try_plans {
-            match self.load_plans(keys_file.as_ref(), &current.keys) {
+            match self.load_plans(keys_file.as_ref(), &current) {
                 Ok(plans) => {
                     next.plans = Arc::new(plans);
                     Reload::Applied
@@ -188,18 +191,27 @@ impl Catalog {
         } else {
             Reload::Unchanged
         };
+        // Keys are indexed again when their file changed, or when new plans change which keys
+        // can load; a plan edit that was refused leaves them alone.
+        if !try_keys_file && plans != Reload::Applied {
+            keys_file = None;
+        }
         let keys = match keys_file {
             None => Reload::Unchanged,
             Some(Err(e)) => Reload::Refused(e.to_string()),
             Some(Ok(file)) => {
                 let (index, skipped) = file.index_for(&next.plans);
+                METRICS.catalog_keys_skipped.set(skipped.len() as i64);
+                seen.skipped = skipped.len();
                 if !skipped.is_empty() {
                     tracing::error!(
                         keys_file = %self.keys_file.display(),
                         plans = ?next.plans.names(),
-                        skipped = ?skipped,
-                        "keys naming a plan that is not in force were skipped (they get 401); \
-                         the other keys, revocations included, apply"
+                        count = skipped.len(),
+                        first = ?&skipped[..skipped.len().min(20)],
+                        "keys naming a plan that is not in force were skipped (they get 401, \
+                         and `check` and a restart refuse the file until it is fixed); the \
+                         other keys, revocations included, apply"
                     );
                 }
                 next.keys = Arc::new(index);
@@ -249,7 +261,8 @@ impl Catalog {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let keys_file = std::fs::canonicalize(&self.keys_file).unwrap_or(self.keys_file.clone());
         serde_json::json!({
-            "keys_file": keys_file,
+            "keys_file": keys_file.to_string_lossy(),
+            "keys_skipped": seen.skipped,
             "keys_refused": seen.refused[Part::Keys as usize],
             "plans_refused": seen.refused[Part::Plans as usize],
         })
@@ -261,20 +274,24 @@ impl Catalog {
     fn load_plans(
         &self,
         keys_file: Option<&Result<KeysFile, KeysError>>,
-        in_force: &KeyIndex,
+        current: &Snapshot,
     ) -> Result<Plans, String> {
         let plans = Plans::load_dir(&self.plans_dir).map_err(|e| e.to_string())?;
         if let Some(warning) = plans.ignored_warning(&self.plans_dir) {
             tracing::warn!("{warning}");
         }
+        // Only a plan in force now can be taken away; a key naming a plan that never was is
+        // skipped already and must not block unrelated plan edits.
+        let taken = |plan: &str| current.plans.contains(plan) && !plans.contains(plan);
         let orphan = match keys_file {
             Some(Ok(file)) => file
                 .active()
-                .find(|k| !plans.contains(&k.plan))
+                .find(|k| taken(&k.plan))
                 .map(|k| (k.id.clone(), k.plan.clone())),
-            _ => in_force
+            _ => current
+                .keys
                 .keys()
-                .find(|k| !plans.contains(&k.plan))
+                .find(|k| taken(&k.plan))
                 .map(|k| (k.id.to_string(), k.plan.to_string())),
         };
         if let Some((id, plan)) = orphan {

@@ -208,7 +208,11 @@ fn confirm_revoked(
     let answer: serde_json::Value = serde_json::from_str(&body)
         .map_err(|e| format!("unexpected answer from the gateway: {e}"))?;
     let mine = std::fs::canonicalize(keys_file).unwrap_or(keys_file.to_owned());
-    let served = answer["keys_file"].as_str().unwrap_or("?");
+    let Some(served) = answer["keys_file"].as_str() else {
+        return Err(format!(
+            "the gateway at {addr} does not say which keys file it serves (an older version?)"
+        ));
+    };
     if std::path::Path::new(served) != mine {
         return Err(format!(
             "the gateway at {addr} serves the keys file {served}, not {}; give the right \

@@ -87,6 +87,8 @@ pub struct HeadGuard {
     saw_content: bool,
     /// A response was written since the last head: the next bytes read start a new head.
     responded: bool,
+    /// The next write starts a response (its status line).
+    status_next: bool,
     timer: Option<Pin<Box<Sleep>>>,
 }
 
@@ -101,6 +103,7 @@ impl HeadGuard {
             tail: [0; 2],
             saw_content: false,
             responded: false,
+            status_next: false,
             timer: None,
         }
     }
@@ -119,6 +122,7 @@ impl HeadGuard {
                 self.timer = None;
                 self.tail = [0; 2];
                 self.saw_content = false;
+                self.status_next = true;
                 return;
             }
             if b != b'\r' && b != b'\n' {
@@ -131,10 +135,15 @@ impl HeadGuard {
     /// A final response's status line (not `100 Continue` or another 1xx, after which the
     /// request body still follows) means the next bytes read start a new head. After
     /// `101 Switching Protocols` the connection is no longer HTTP/1: no deadline ever again.
+    ///
+    /// Only the first write after a head (or after an interim response) can start a response,
+    /// so only it is read as a status line: a response body that happens to begin with
+    /// `HTTP/1.1 101` changes nothing.
     fn saw_write(&mut self, bytes: &[u8]) {
-        if self.phase == Phase::Upgraded {
+        if self.phase == Phase::Upgraded || !self.status_next {
             return;
         }
+        self.status_next = false;
         let status = bytes
             .strip_prefix(b"HTTP/1.")
             .and_then(|rest| rest.get(2..5));
@@ -143,8 +152,12 @@ impl HeadGuard {
                 self.phase = Phase::Upgraded;
                 self.timer = None;
             }
-            Some([b'1', ..]) | None => {}
+            // An interim response: the final one follows in a later write.
+            Some([b'1', ..]) => self.status_next = true,
             Some(_) => self.responded = true,
+            // Not a status line where one was due (a response cut into pieces): the next
+            // head then goes without a deadline rather than risking a false close.
+            None => {}
         }
     }
 
@@ -326,5 +339,119 @@ impl GetSocketDigest for HeadGuard {
 impl Peek for HeadGuard {
     async fn try_peek(&mut self, buf: &mut [u8]) -> std::io::Result<bool> {
         self.inner.try_peek(buf).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    const LIMIT: Duration = Duration::from_millis(200);
+
+    fn guarded() -> (HeadGuard, DuplexStream) {
+        let (server, client) = tokio::io::duplex(4096);
+        (HeadGuard::new(Box::new(server), LIMIT), client)
+    }
+
+    /// What a read on the guard gives within `wait`: `Some(Ok(n))`, `Some(Err(kind))`, or
+    /// `None` when it is still waiting.
+    async fn read(
+        guard: &mut HeadGuard,
+        wait: Duration,
+    ) -> Option<Result<usize, std::io::ErrorKind>> {
+        let mut buf = [0u8; 256];
+        tokio::time::timeout(wait, guard.read(&mut buf))
+            .await
+            .ok()
+            .map(|r| r.map_err(|e| e.kind()))
+    }
+
+    #[tokio::test]
+    async fn an_unfinished_head_times_out_and_a_finished_one_disarms() {
+        let (mut guard, mut client) = guarded();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        assert!(matches!(read(&mut guard, LIMIT).await, Some(Ok(_))));
+        assert_eq!(
+            read(&mut guard, LIMIT * 3).await,
+            Some(Err(std::io::ErrorKind::TimedOut))
+        );
+
+        let (mut guard, mut client) = guarded();
+        client
+            .write_all(b"\r\n\r\nGET / HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        assert!(matches!(read(&mut guard, LIMIT).await, Some(Ok(_))));
+        assert_eq!(
+            read(&mut guard, LIMIT * 3).await,
+            Some(Err(std::io::ErrorKind::TimedOut)),
+            "leading empty lines do not end a head"
+        );
+
+        let (mut guard, mut client) = guarded();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(matches!(read(&mut guard, LIMIT).await, Some(Ok(_))));
+        assert_eq!(
+            read(&mut guard, LIMIT * 3).await,
+            None,
+            "a body may take its time"
+        );
+    }
+
+    #[tokio::test]
+    async fn only_a_final_status_line_rearms_and_101_disarms_for_good() {
+        let (mut guard, mut client) = guarded();
+        client
+            .write_all(b"POST / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n")
+            .await
+            .unwrap();
+        read(&mut guard, LIMIT).await;
+        guard
+            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+            .await
+            .unwrap();
+        client.write_all(b"{\"a\":1}").await.unwrap();
+        assert!(matches!(read(&mut guard, LIMIT).await, Some(Ok(_))));
+        assert_eq!(
+            read(&mut guard, LIMIT * 3).await,
+            None,
+            "the body is not a head"
+        );
+        guard.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
+        // A later body write that looks like a status line changes nothing.
+        guard.write_all(b"HTTP/1.1 101 not really").await.unwrap();
+        // Idle keep-alive time does not count; the next head's first byte starts the clock.
+        assert_eq!(read(&mut guard, LIMIT * 2).await, None);
+        client.write_all(b"G").await.unwrap();
+        assert!(matches!(read(&mut guard, LIMIT).await, Some(Ok(1))));
+        assert_eq!(
+            read(&mut guard, LIMIT * 3).await,
+            Some(Err(std::io::ErrorKind::TimedOut))
+        );
+
+        let (mut guard, mut client) = guarded();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nUpgrade: x\r\n\r\n")
+            .await
+            .unwrap();
+        read(&mut guard, LIMIT).await;
+        guard
+            .write_all(b"HTTP/1.1 101 Switching Protocols\r\n\r\n")
+            .await
+            .unwrap();
+        client.write_all(b"raw").await.unwrap();
+        assert!(matches!(read(&mut guard, LIMIT).await, Some(Ok(3))));
+        assert_eq!(
+            read(&mut guard, LIMIT * 3).await,
+            None,
+            "no deadline after 101"
+        );
     }
 }

@@ -25,6 +25,7 @@ pub struct Metrics {
     pub responses_aborted: IntCounter,
     pub slow_request_heads: IntCounter,
     pub catalog_reload_failing: IntGaugeVec,
+    pub catalog_keys_skipped: IntGauge,
     pub catalog_last_reload: IntGaugeVec,
 }
 
@@ -188,6 +189,15 @@ impl Metrics {
                 "1 while the newest version of the keys file or the plans directory (part) is \
                  refused and the previous one stays in force, else 0.",
                 &["part"],
+            ),
+            catalog_keys_skipped: register(
+                r,
+                IntGauge::new(
+                    "pet_gateway_catalog_keys_skipped",
+                    "Active keys in the keys file left out because their plan is not in force \
+                     (they get 401; check and a restart refuse such a file).",
+                )
+                .expect("valid metric definition"),
             ),
             catalog_last_reload: gauge(
                 r,

@@ -242,6 +242,11 @@ mod tests {
                 "free.bak.toml"
             ]
         );
+        #[cfg(not(unix))]
+        assert_eq!(
+            ignored,
+            ["Free.toml", "README.md", "dir.toml", "free.bak.toml"]
+        );
         let warning = plans.ignored_warning(dir.path()).unwrap();
         assert!(
             warning.contains("free.bak.toml") && warning.contains("Free.toml"),

@@ -95,14 +95,31 @@ impl KeyState {
         // jumped forward; it is not kept, or the key would stay pinned to it.
         let minute = ahead_by_one(self.minute_window, now / MINUTE_SECS);
         let day = ahead_by_one(self.day_window, now / DAY_SECS);
-        if self.minute_window != minute {
-            self.minute_window = minute;
-            self.minute_count = 0;
+        let minute_count = if self.minute_window == minute {
+            self.minute_count
+        } else {
+            0
+        };
+        let day_count = if self.day_window == day {
+            self.day_count
+        } else {
+            0
+        };
+        // A banned request changes nothing, as in the Lua script (which writes nothing then).
+        if self.ban_until > now {
+            return Verdict {
+                outcome: Outcome::Banned,
+                now,
+                minute_count,
+                day_count,
+                ban_until: self.ban_until,
+                ban_started: false,
+            };
         }
-        if self.day_window != day {
-            self.day_window = day;
-            self.day_count = 0;
-        }
+        self.minute_window = minute;
+        self.minute_count = minute_count;
+        self.day_window = day;
+        self.day_count = day_count;
         let verdict = |outcome, s: &KeyState| Verdict {
             outcome,
             now,
@@ -111,9 +128,6 @@ impl KeyState {
             ban_until: if s.ban_until > now { s.ban_until } else { 0 },
             ban_started: false,
         };
-        if self.ban_until > now {
-            return verdict(Outcome::Banned, self);
-        }
         if self.minute_count < limits.per_minute && self.day_count < limits.per_day {
             self.minute_count += 1;
             self.day_count += 1;
