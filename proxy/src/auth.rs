@@ -8,7 +8,11 @@ pub const MAX_TOKEN_LEN: usize = 256;
 pub enum AuthFailure {
     Missing,
     Malformed,
+    /// Shaped like one of our keys, but its checksum does not match (counted as malformed).
+    Checksum,
     Unknown,
+    /// A key past its `expires_at`.
+    Expired,
 }
 
 impl AuthFailure {
@@ -16,8 +20,9 @@ impl AuthFailure {
     pub fn as_str(self) -> &'static str {
         match self {
             AuthFailure::Missing => "missing",
-            AuthFailure::Malformed => "malformed",
+            AuthFailure::Malformed | AuthFailure::Checksum => "malformed",
             AuthFailure::Unknown => "unknown",
+            AuthFailure::Expired => "expired",
         }
     }
 
@@ -25,7 +30,11 @@ impl AuthFailure {
         match self {
             AuthFailure::Missing => "an API key is required: send Authorization: Bearer <API_KEY>",
             AuthFailure::Malformed => "the Authorization header must be: Bearer <API_KEY>",
+            AuthFailure::Checksum => {
+                "the API key is malformed: its checksum does not match (mistyped or cut short?)"
+            }
             AuthFailure::Unknown => "the API key is not valid",
+            AuthFailure::Expired => "the API key has expired",
         }
     }
 }

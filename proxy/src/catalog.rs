@@ -378,7 +378,15 @@ mod tests {
     fn a_broken_plan_file_does_not_hold_back_a_key_change() {
         let (_dir, keys, plans_dir, catalog) = setup();
         let plans = Plans::load_dir(&plans_dir).unwrap();
-        let (record, key) = crate::keys::issue(&keys, &plans, "free", None).unwrap();
+        let (record, key) = crate::keys::issue(
+            &keys,
+            &plans,
+            "free",
+            None,
+            "pet_test_",
+            &Default::default(),
+        )
+        .unwrap();
         assert_eq!(catalog.reload(false).keys, Reload::Applied);
         assert!(catalog.snapshot().keys.lookup(&key).is_some());
 
@@ -397,7 +405,9 @@ mod tests {
         std::fs::write(plans_dir.join("pro.toml"), FREE).unwrap();
         catalog.reload(false);
         let plans = Plans::load_dir(&plans_dir).unwrap();
-        let (_, key) = crate::keys::issue(&keys, &plans, "pro", None).unwrap();
+        let (_, key) =
+            crate::keys::issue(&keys, &plans, "pro", None, "pet_test_", &Default::default())
+                .unwrap();
         catalog.reload(false);
         std::fs::remove_file(plans_dir.join("pro.toml")).unwrap();
         let report = catalog.reload(false);
@@ -413,8 +423,18 @@ mod tests {
         std::fs::write(plans_dir.join("pro.toml"), FREE).unwrap();
         catalog.reload(false);
         let plans = Plans::load_dir(&plans_dir).unwrap();
-        let (free, free_key) = crate::keys::issue(&keys, &plans, "free", None).unwrap();
-        let (pro, _) = crate::keys::issue(&keys, &plans, "pro", None).unwrap();
+        let (free, free_key) = crate::keys::issue(
+            &keys,
+            &plans,
+            "free",
+            None,
+            "pet_test_",
+            &Default::default(),
+        )
+        .unwrap();
+        let (pro, _) =
+            crate::keys::issue(&keys, &plans, "pro", None, "pet_test_", &Default::default())
+                .unwrap();
         catalog.reload(false);
 
         // The rename is refused: a key still uses `pro`.
@@ -422,7 +442,15 @@ mod tests {
         assert!(matches!(catalog.reload(false).plans, Reload::Refused(_)));
         // A key on the new name: skipped for now, the rest of the file applies.
         let plans = Plans::load_dir(&plans_dir).unwrap();
-        let (_, pro2_key) = crate::keys::issue(&keys, &plans, "pro2", None).unwrap();
+        let (_, pro2_key) = crate::keys::issue(
+            &keys,
+            &plans,
+            "pro2",
+            None,
+            "pet_test_",
+            &Default::default(),
+        )
+        .unwrap();
         assert_eq!(catalog.reload(false).keys, Reload::Applied);
         assert!(catalog.snapshot().keys.lookup(&pro2_key).is_none());
         // A revocation applies regardless.
@@ -444,7 +472,15 @@ mod tests {
     fn an_edit_keeping_size_and_mtime_is_still_noticed() {
         let (_dir, keys, plans_dir, catalog) = setup();
         let plans = Plans::load_dir(&plans_dir).unwrap();
-        let (record, key) = crate::keys::issue(&keys, &plans, "free", None).unwrap();
+        let (record, key) = crate::keys::issue(
+            &keys,
+            &plans,
+            "free",
+            None,
+            "pet_test_",
+            &Default::default(),
+        )
+        .unwrap();
         catalog.reload(false);
         let before = std::fs::read_to_string(&keys).unwrap();
         let mtime = std::fs::metadata(&keys).unwrap().modified().unwrap();

@@ -62,6 +62,10 @@ pub struct KeyFiles {
     /// The plans directory (overrides the config file's) [env: PET_GATEWAY_PLANS_DIR].
     #[arg(long, value_name = "DIR")]
     pub plans_dir: Option<PathBuf>,
+    /// Where the change is logged, one JSON line (overrides the config file's; default standard
+    /// error) [env: PET_GATEWAY_AUDIT_LOG].
+    #[arg(long, value_name = "PATH")]
+    pub audit_log: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -76,6 +80,18 @@ pub enum KeysCommand {
         /// A label for people (customer, purpose).
         #[arg(long)]
         name: Option<String>,
+        /// The key stops working this long from now: a number with `s`, `m`, `h` or `d` (`90d`).
+        #[arg(long, value_name = "DURATION", conflicts_with = "expires_at")]
+        expires_in: Option<String>,
+        /// The key stops working at this RFC 3339 time (`2027-01-31T00:00:00Z`).
+        #[arg(long, value_name = "RFC3339")]
+        expires_at: Option<String>,
+        /// This key's requests per minute, in place of its plan's.
+        #[arg(long, value_name = "N")]
+        per_minute: Option<u64>,
+        /// This key's requests per day, in place of its plan's.
+        #[arg(long, value_name = "N")]
+        per_day: Option<u64>,
     },
     /// List keys (never the keys themselves).
     List {

@@ -87,9 +87,93 @@ pub fn rfc3339(secs: u64) -> String {
     )
 }
 
+/// Unix seconds of an RFC 3339 date-time (`2027-01-31T12:00:00Z`, `…T12:00:00.5+02:00`);
+/// `None` for anything else, or a time before 1970.
+pub fn parse_rfc3339(text: &str) -> Option<u64> {
+    let b = text.as_bytes();
+    let num = |from: usize, len: usize| -> Option<i64> {
+        let part = b.get(from..from + len)?;
+        part.iter()
+            .all(u8::is_ascii_digit)
+            .then(|| std::str::from_utf8(part).ok()?.parse().ok())?
+    };
+    let sep = |at: usize, c: &[u8]| b.get(at).is_some_and(|x| c.contains(x));
+    if !(sep(4, b"-") && sep(7, b"-") && sep(10, b"Tt ") && sep(13, b":") && sep(16, b":")) {
+        return None;
+    }
+    let (year, month, day) = (num(0, 4)?, num(5, 2)?, num(8, 2)?);
+    let (hour, minute, second) = (num(11, 2)?, num(14, 2)?, num(17, 2)?);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 {
+        return None;
+    }
+    if second > 60 {
+        return None;
+    }
+    let mut rest = &text[19..];
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        rest = &frac[digits..];
+    }
+    let offset = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let o = rest.as_bytes();
+            if o.len() != 6 || !matches!(o[0], b'+' | b'-') || o[3] != b':' {
+                return None;
+            }
+            let (h, m) = (
+                rest[1..3].parse::<i64>().ok()?,
+                rest[4..6].parse::<i64>().ok()?,
+            );
+            let sign = if o[0] == b'-' { -1 } else { 1 };
+            sign * (h * 3_600 + m * 60)
+        }
+    };
+    // Days from civil (H. Hinnant), the inverse of `rfc3339`.
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hour * 3_600 + minute * 60 + second.min(59) - offset;
+    u64::try_from(secs).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rfc3339_dates_parse_back() {
+        for secs in [0, 951_782_400, 1_795_312_091, 4_102_444_800] {
+            assert_eq!(parse_rfc3339(&rfc3339(secs)), Some(secs));
+        }
+        assert_eq!(
+            parse_rfc3339("2026-11-22T03:48:11.250+02:00"),
+            Some(1_795_312_091)
+        );
+        assert_eq!(
+            parse_rfc3339("2026-11-21T20:48:11-05:00"),
+            Some(1_795_312_091)
+        );
+        for bad in [
+            "",
+            "2026-11-22",
+            "2026-13-01T00:00:00Z",
+            "2026-11-22T00:00:00",
+            "x026-11-22T00:00:00Z",
+            "2026-11-22T24:00:00Z",
+            "2026-11-22T00:00:00.Z",
+            "1969-12-31T23:59:59Z",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn dates_are_rfc3339_utc() {

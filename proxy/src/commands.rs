@@ -97,6 +97,7 @@ fn load_for_admin(file: Option<&std::path::Path>, flags: &Overrides) -> Result<C
         "PET_GATEWAY_KEYS_FILE",
         "PET_GATEWAY_PLANS_DIR",
         "PET_GATEWAY_ADMIN_LISTEN",
+        "PET_GATEWAY_AUDIT_LOG",
     ]);
     Config::load(file, &env, flags).map_err(|e| e.to_string())
 }
@@ -105,6 +106,7 @@ fn key_config(files: &KeyFiles, admin_listen: Option<&str>) -> Result<Config, St
     let over = Overrides {
         keys_file: files.keys_file.clone(),
         plans_dir: files.plans_dir.clone(),
+        audit_log: files.audit_log.clone(),
         admin_listen: admin_listen.map(str::to_owned),
         ..Overrides::default()
     };
@@ -113,11 +115,33 @@ fn key_config(files: &KeyFiles, admin_listen: Option<&str>) -> Result<Config, St
 
 fn keys_command(cmd: KeysCommand) -> Result<(), String> {
     match cmd {
-        KeysCommand::Issue { files, plan, name } => {
+        KeysCommand::Issue {
+            files,
+            plan,
+            name,
+            expires_in,
+            expires_at,
+            per_minute,
+            per_day,
+        } => {
             let config = key_config(&files, None)?;
             let plans = Plans::load_dir(&config.plans_dir).map_err(|e| e.to_string())?;
-            let (record, key) = keys::issue(&config.keys_file, &plans, &plan, name.as_deref())
-                .map_err(|e| e.to_string())?;
+            let own = key_options(
+                expires_in.as_deref(),
+                expires_at.as_deref(),
+                per_minute,
+                per_day,
+            )?;
+            let (record, key) = keys::issue(
+                &config.keys_file,
+                &plans,
+                &plan,
+                name.as_deref(),
+                &config.api_key_prefix,
+                &own,
+            )
+            .map_err(|e| e.to_string())?;
+            audit(&config, "issue", &record)?;
             println!(
                 "issued {} (plan {}) in {}; the key is shown only now:",
                 record.id,
@@ -143,14 +167,23 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
                 "{:<18} {:<12} {:<32} {:<22} NAME\n",
                 "ID", "PLAN", "STATUS", "CREATED"
             );
+            let now = crate::clock::unix_now();
             for k in &file.keys {
                 let ban = bans
                     .as_ref()
                     .and_then(|b| b.bans.iter().find(|b| b.key_id == k.id));
-                let status = match (&k.revoked_at, ban) {
-                    (Some(_), _) => "revoked".to_owned(),
-                    (None, Some(ban)) => format!("banned until {}", ban.until_utc),
-                    (None, None) => "active".to_owned(),
+                let expires = k.expires_at.as_deref();
+                let expired = expires
+                    .and_then(crate::clock::parse_rfc3339)
+                    .is_some_and(|t| t <= now);
+                let status = match (&k.revoked_at, expired, ban) {
+                    (Some(_), _, _) => "revoked".to_owned(),
+                    (None, true, _) => "expired".to_owned(),
+                    (None, false, Some(ban)) => format!("banned until {}", ban.until_utc),
+                    (None, false, None) => match expires {
+                        Some(at) => format!("active until {at}"),
+                        None => "active".to_owned(),
+                    },
                 };
                 table.push_str(&format!(
                     "{:<18} {:<12} {:<32} {:<22} {}\n",
@@ -176,6 +209,7 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
         } => {
             let config = key_config(&files, admin_listen.as_deref())?;
             let record = keys::revoke(&config.keys_file, &id).map_err(|e| e.to_string())?;
+            audit(&config, "revoke", &record)?;
             println!(
                 "revoked {} (plan {}) in {} at {}",
                 record.id,
@@ -192,6 +226,72 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+/// Logs a key change; the change is made already, so a failure says so.
+fn audit(config: &Config, action: &str, record: &keys::KeyRecord) -> Result<(), String> {
+    let line = crate::audit::line(action, record, &crate::audit::os_user());
+    crate::audit::write(config.audit_log.as_deref(), &line).map_err(|e| {
+        format!(
+            "{action} of {} is done, but it could not be written to the audit log: {e}",
+            record.id
+        )
+    })
+}
+
+/// The per-key settings of `keys issue`, checked: an expiry in the future, limits that fit.
+fn key_options(
+    expires_in: Option<&str>,
+    expires_at: Option<&str>,
+    per_minute: Option<u64>,
+    per_day: Option<u64>,
+) -> Result<keys::KeyRecordOptions, String> {
+    let now = crate::clock::unix_now();
+    let expires_at = match (expires_in, expires_at) {
+        (Some(d), _) => Some(now + parse_duration(d).map_err(|e| format!("--expires-in: {e}"))?),
+        (None, Some(t)) => Some(crate::clock::parse_rfc3339(t).ok_or_else(|| {
+            format!("--expires-at: `{t}` is not an RFC 3339 date-time (`2027-01-31T00:00:00Z`)")
+        })?),
+        (None, None) => None,
+    };
+    if let Some(at) = expires_at {
+        if at <= now {
+            return Err("the expiry is not in the future".into());
+        }
+        if at > u64::from(u32::MAX) {
+            return Err("the expiry is after 2106".into());
+        }
+    }
+    for (flag, value) in [("--per-minute", per_minute), ("--per-day", per_day)] {
+        if value.is_some_and(|n| n == 0 || n > u64::from(u32::MAX)) {
+            return Err(format!("{flag}: a whole number from 1 to {}", u32::MAX));
+        }
+    }
+    Ok(keys::KeyRecordOptions {
+        expires_at,
+        per_minute,
+        per_day,
+    })
+}
+
+/// `90d`, `12h`, `30m`, `45s`: seconds.
+pub fn parse_duration(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.len().saturating_sub(1);
+    let (number, unit) = text.split_at(split);
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        _ => return Err(format!("`{text}` needs a unit: s, m, h or d (`90d`)")),
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .filter(|n| *n > 0)
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| format!("`{text}` is not a positive whole number with a unit (`90d`)"))
 }
 
 /// Asks the running gateway to reload its keys now, checks that it serves this keys file, and

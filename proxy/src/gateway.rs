@@ -18,6 +18,7 @@ use crate::auth::{bearer_token, AuthFailure};
 use crate::catalog::Catalog;
 use crate::clock::unix_now;
 use crate::config::Config;
+use crate::key_format;
 use crate::keys::KeyInfo;
 use crate::metrics::METRICS;
 use crate::quota::RateView;
@@ -54,6 +55,7 @@ pub struct Gateway {
     connect_timeout: Duration,
     read_timeout: Duration,
     client_read_timeout: Duration,
+    api_key_prefix: String,
 }
 
 impl Gateway {
@@ -73,6 +75,7 @@ impl Gateway {
             connect_timeout: config.upstream_connect_timeout,
             read_timeout: config.upstream_read_timeout,
             client_read_timeout: config.client_read_timeout,
+            api_key_prefix: config.api_key_prefix.clone(),
         }
     }
 
@@ -142,12 +145,21 @@ impl ProxyHttp for Gateway {
             .await;
             return Ok(true);
         }
+        // A token shaped like one of our keys must carry a valid checksum: a typo or a made-up
+        // key is refused as malformed before it is hashed or looked up.
         let token = bearer_token(
             req.headers
                 .get_all("authorization")
                 .iter()
                 .map(|v| v.as_bytes()),
-        );
+        )
+        .and_then(|t| {
+            if key_format::plausible(t, &self.api_key_prefix) {
+                Ok(t)
+            } else {
+                Err(AuthFailure::Checksum)
+            }
+        });
 
         // Read what this request needs from the current keys and plans, then let go of the
         // snapshot before awaiting anything.
@@ -155,7 +167,11 @@ impl ProxyHttp for Gateway {
             let snapshot = self.catalog.snapshot();
             token.and_then(|t| {
                 let key = snapshot.keys.lookup(t).ok_or(AuthFailure::Unknown)?;
-                Ok((key.clone(), snapshot.plans.get(&key.plan).map(|p| p.limits)))
+                if key.expired(unix_now()) {
+                    return Err(AuthFailure::Expired);
+                }
+                let limits = snapshot.plans.get(&key.plan).map(|p| key.limits(p.limits));
+                Ok((key.clone(), limits))
             })
         };
         let (key, limits) = match found {

@@ -15,12 +15,14 @@ use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::clock::rfc3339_now;
+use crate::clock::{parse_rfc3339, rfc3339_now};
 use crate::plans::Plans;
+use crate::quota::Limits;
+use std::num::NonZeroU32;
 
-/// Random bytes in a key: 256 bits, far beyond guessing.
-const KEY_BYTES: usize = 32;
-pub const KEY_PREFIX: &str = "pet_";
+/// What keys issued before the checksummed format (`key_format`) start with: `pet_` and 64
+/// hex digits. They keep working.
+pub const LEGACY_KEY_PREFIX: &str = "pet_";
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeysError {
@@ -55,6 +57,14 @@ pub struct KeyRecord {
     pub created_at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_at: Option<String>,
+    /// RFC 3339; from then on the key gets 401 saying it expired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// This key's own limits, in place of its plan's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_minute: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_day: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,6 +79,55 @@ pub struct KeysFile {
 pub struct KeyInfo {
     pub id: Arc<str>,
     pub plan: Arc<str>,
+    /// Per-key settings, 4 bytes each (a million keys carry them).
+    pub overrides: Overrides,
+}
+
+/// A key's own limits and expiry; `None` where the plan's apply or it never expires.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Overrides {
+    pub per_minute: Option<NonZeroU32>,
+    pub per_day: Option<NonZeroU32>,
+    /// Unix seconds (fits until 2106).
+    pub expires_at: Option<NonZeroU32>,
+}
+
+impl KeyInfo {
+    /// Whether the key has expired at `now` (Unix seconds).
+    pub fn expired(&self, now: u64) -> bool {
+        self.overrides
+            .expires_at
+            .is_some_and(|at| now >= u64::from(at.get()))
+    }
+
+    /// The limits this key is held to: its plan's, with its own in their place.
+    pub fn limits(&self, plan: Limits) -> Limits {
+        Limits {
+            per_minute: self
+                .overrides
+                .per_minute
+                .map_or(plan.per_minute, |n| u64::from(n.get())),
+            per_day: self
+                .overrides
+                .per_day
+                .map_or(plan.per_day, |n| u64::from(n.get())),
+        }
+    }
+}
+
+impl KeyRecord {
+    /// The per-key settings, as checked on load (invalid ones never get this far).
+    pub fn overrides(&self) -> Overrides {
+        let small = |n: Option<u64>| {
+            n.and_then(|n| u32::try_from(n).ok())
+                .and_then(NonZeroU32::new)
+        };
+        Overrides {
+            per_minute: small(self.per_minute),
+            per_day: small(self.per_day),
+            expires_at: small(self.expires_at.as_deref().and_then(parse_rfc3339)),
+        }
+    }
 }
 
 /// Active (not revoked) keys by the SHA-256 of the key. Entries are stored inline (two shared
@@ -178,6 +237,22 @@ impl KeysFile {
             if k.plan.is_empty() {
                 return Err(invalid(format!("{at}: field `plan` is empty")));
             }
+            if let Some(e) = &k.expires_at {
+                if parse_rfc3339(e).is_none_or(|t| t == 0 || t > u64::from(u32::MAX)) {
+                    return Err(invalid(format!(
+                        "{at}: field `expires_at` must be an RFC 3339 date-time \
+                         (`2027-01-31T00:00:00Z`) before 2106"
+                    )));
+                }
+            }
+            for (field, value) in [("per_minute", k.per_minute), ("per_day", k.per_day)] {
+                if value.is_some_and(|n| n == 0 || n > u64::from(u32::MAX)) {
+                    return Err(invalid(format!(
+                        "{at}: field `{field}` must be a whole number from 1 to {}",
+                        u32::MAX
+                    )));
+                }
+            }
         }
         Ok(())
     }
@@ -239,6 +314,7 @@ impl KeysFile {
                 KeyInfo {
                     id: k.id.as_str().into(),
                     plan,
+                    overrides: k.overrides(),
                 },
             );
         }
@@ -374,12 +450,23 @@ fn modify<T>(
     Ok(out)
 }
 
+/// What `keys issue` may set beyond the plan.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyRecordOptions {
+    /// Unix seconds.
+    pub expires_at: Option<u64>,
+    pub per_minute: Option<u64>,
+    pub per_day: Option<u64>,
+}
+
 /// Creates a key for `plan`; returns its record and the key itself (to be shown once).
 pub fn issue(
     path: &Path,
     plans: &Plans,
     plan: &str,
     name: Option<&str>,
+    key_prefix: &str,
+    own: &KeyRecordOptions,
 ) -> Result<(KeyRecord, String), KeysError> {
     if !plans.contains(plan) {
         return Err(KeysError::UnknownPlan {
@@ -389,9 +476,7 @@ pub fn issue(
     }
     modify(path, |file| {
         let mut rng = rand::rng();
-        let mut secret = [0u8; KEY_BYTES];
-        rng.fill_bytes(&mut secret);
-        let key = format!("{KEY_PREFIX}{}", hex::encode(secret));
+        let key = crate::key_format::generate(key_prefix);
         let id = loop {
             let mut raw = [0u8; 6];
             rng.fill_bytes(&mut raw);
@@ -407,6 +492,9 @@ pub fn issue(
             sha256: hex::encode(sha256(&key)),
             created_at: rfc3339_now(),
             revoked_at: None,
+            expires_at: own.expires_at.map(crate::clock::rfc3339),
+            per_minute: own.per_minute,
+            per_day: own.per_day,
         };
         file.keys.push(record.clone());
         Ok((record, key))
@@ -447,11 +535,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let plans = plans(dir.path());
         let path = dir.path().join("keys.toml");
-        let (record, key) = issue(&path, &plans, "free", Some("demo")).unwrap();
-        assert!(key.starts_with(KEY_PREFIX) && key.len() == KEY_PREFIX.len() + 64);
+        let (record, key) = issue(
+            &path,
+            &plans,
+            "free",
+            Some("demo"),
+            "pet_test_",
+            &KeyRecordOptions::default(),
+        )
+        .unwrap();
+        assert!(key.starts_with("pet_test_") && crate::key_format::plausible(&key, ""));
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(
-            !text.contains(&key[KEY_PREFIX.len()..]),
+            !text.contains(&key["pet_test_".len()..]),
             "the key itself is not stored"
         );
         assert!(text.contains(&record.sha256));
@@ -466,8 +562,24 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let plans = plans(dir.path());
         let path = dir.path().join("keys.toml");
-        let (a, key_a) = issue(&path, &plans, "free", None).unwrap();
-        let (_, key_b) = issue(&path, &plans, "free", None).unwrap();
+        let (a, key_a) = issue(
+            &path,
+            &plans,
+            "free",
+            None,
+            "pet_test_",
+            &KeyRecordOptions::default(),
+        )
+        .unwrap();
+        let (_, key_b) = issue(
+            &path,
+            &plans,
+            "free",
+            None,
+            "pet_test_",
+            &KeyRecordOptions::default(),
+        )
+        .unwrap();
         revoke(&path, &a.id).unwrap();
         let file = KeysFile::load(&path).unwrap();
         assert_eq!(file.keys.len(), 2);
@@ -510,7 +622,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let plans = plans(dir.path());
         let path = dir.path().join("keys.toml");
-        issue(&path, &plans, "free", None).unwrap();
+        issue(
+            &path,
+            &plans,
+            "free",
+            None,
+            "pet_test_",
+            &KeyRecordOptions::default(),
+        )
+        .unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
         // As root (CI), hand the file to another user as a service account would own it.
         let root = std::fs::metadata(&path).unwrap().uid() == 0;
@@ -518,7 +638,15 @@ mod tests {
             std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
         }
         let before = std::fs::metadata(&path).unwrap();
-        issue(&path, &plans, "free", None).unwrap();
+        issue(
+            &path,
+            &plans,
+            "free",
+            None,
+            "pet_test_",
+            &KeyRecordOptions::default(),
+        )
+        .unwrap();
         let after = std::fs::metadata(&path).unwrap();
         assert_ne!(before.ino(), after.ino(), "replaced by rename");
         assert_eq!(after.mode() & 0o7777, 0o640);
@@ -530,7 +658,15 @@ mod tests {
     fn unknown_plans_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let plans = plans(dir.path());
-        let err = issue(&dir.path().join("keys.toml"), &plans, "gold", None).unwrap_err();
+        let err = issue(
+            &dir.path().join("keys.toml"),
+            &plans,
+            "gold",
+            None,
+            "pet_test_",
+            &KeyRecordOptions::default(),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("gold"), "{err}");
         assert!(!dir.path().join("keys.toml").exists());
     }

@@ -17,6 +17,8 @@
 //! | [`unauth`] | the per-client limit on requests without a valid key (IPv6 /64, trusted proxies) |
 //! | [`upstreams`] | backend rotation and passive health |
 //! | [`keys`], [`plans`] | the hand-edited keys file and plan files |
+//! | [`audit`] | the audit log of key changes |
+//! | [`key_format`] | the API key format: environment prefix, random part, checksum |
 //! | [`catalog`] | the keys and plans in force, reloaded on edits |
 //! | [`clock`] | the wall clock, a hand-moved clock for tests, RFC 3339 dates |
 //! | [`config`] | file, environment and flags into one `Config` |
@@ -28,6 +30,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod audit;
 pub mod auth;
 pub mod catalog;
 pub mod cli;
@@ -36,6 +39,7 @@ pub mod commands;
 pub mod config;
 pub mod gateway;
 pub mod head_deadline;
+pub mod key_format;
 pub mod keys;
 pub mod metrics;
 pub mod plans;

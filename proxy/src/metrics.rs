@@ -90,7 +90,7 @@ impl Metrics {
             m.catalog_reload_failing.with_label_values(&[part]);
             m.catalog_last_reload.with_label_values(&[part]);
         }
-        for reason in ["missing", "malformed", "unknown"] {
+        for reason in ["missing", "malformed", "unknown", "expired"] {
             m.auth_failures.with_label_values(&[reason]);
         }
         m
@@ -131,7 +131,7 @@ impl Metrics {
             auth_failures: counter(
                 r,
                 "pet_gateway_auth_failures_total",
-                "Requests refused with 401, by reason (missing, malformed, unknown).",
+                "Requests refused with 401, by reason (missing, malformed, unknown, expired).",
                 &["reason"],
             ),
             store_duration: register(

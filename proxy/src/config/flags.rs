@@ -11,8 +11,8 @@ use clap::ValueEnum;
 
 use super::{ConfigError, Layer, LogFormat, OnStoreError, Setting};
 use super::{
-    ADMIN_LISTEN, KEYS_FILE, KEY_PREFIX, LISTEN, LOG_FORMAT, ON_STORE_ERROR, PLANS_DIR, REDIS_URL,
-    TLS_CERT, TLS_KEY, UPSTREAMS,
+    ADMIN_LISTEN, AUDIT_LOG, KEYS_FILE, KEY_PREFIX, LISTEN, LOG_FORMAT, ON_STORE_ERROR, PLANS_DIR,
+    REDIS_URL, TLS_CERT, TLS_KEY, UPSTREAMS,
 };
 
 /// The flags that override the file (each also has an environment variable, read by [`Env`]).
@@ -51,6 +51,9 @@ pub struct Overrides {
     /// Log format: text or json [env: PET_GATEWAY_LOG_FORMAT].
     #[arg(long, value_name = "FORMAT")]
     pub log_format: Option<LogFormat>,
+    /// The audit log of key changes; a flag of the `keys` commands only.
+    #[arg(skip)]
+    pub audit_log: Option<PathBuf>,
 }
 
 impl Overrides {
@@ -67,6 +70,7 @@ impl Overrides {
             tls_cert: self.tls_cert.clone(),
             tls_key: self.tls_key.clone(),
             log_format: self.log_format,
+            audit_log: self.audit_log.clone(),
             ..Layer::default()
         }
     }
@@ -150,6 +154,7 @@ impl Env {
             tls_cert: self.get(&TLS_CERT).map(PathBuf::from),
             tls_key: self.get(&TLS_KEY).map(PathBuf::from),
             log_format: self.choice(&LOG_FORMAT, flags.log_format.is_some())?,
+            audit_log: self.get(&AUDIT_LOG).map(PathBuf::from),
             ..Layer::default()
         })
     }

@@ -64,6 +64,10 @@ pub struct Config {
     /// `None`: the embedded in-process store.
     pub redis_url: Option<String>,
     pub key_prefix: String,
+    /// What new API keys start with (`pet_live_` in production, else `pet_test_`).
+    pub api_key_prefix: String,
+    /// Where key changes are logged, one JSON line each; `None`: standard error.
+    pub audit_log: Option<PathBuf>,
     pub keys_file: PathBuf,
     pub plans_dir: PathBuf,
     pub store_timeout: Duration,
@@ -121,6 +125,8 @@ pub struct Layer {
     pub upstreams: Option<Vec<String>>,
     pub redis_url: Option<String>,
     pub key_prefix: Option<String>,
+    pub api_key_prefix: Option<String>,
+    pub audit_log: Option<PathBuf>,
     pub keys_file: Option<PathBuf>,
     pub plans_dir: Option<PathBuf>,
     pub store_timeout_ms: Option<u64>,
@@ -186,6 +192,9 @@ const REDIS_URL: Setting =
     Setting::overridable("redis_url", "--redis-url", "PET_GATEWAY_REDIS_URL");
 const KEY_PREFIX: Setting =
     Setting::overridable("key_prefix", "--key-prefix", "PET_GATEWAY_KEY_PREFIX");
+const API_KEY_PREFIX: Setting = Setting::file_only("api_key_prefix");
+const AUDIT_LOG: Setting =
+    Setting::overridable("audit_log", "--audit-log", "PET_GATEWAY_AUDIT_LOG");
 const KEYS_FILE: Setting =
     Setting::overridable("keys_file", "--keys-file", "PET_GATEWAY_KEYS_FILE");
 const PLANS_DIR: Setting =
@@ -451,6 +460,19 @@ fn validate(l: &Layers) -> Result<Config, ConfigError> {
                 Ok(p)
             }
         })?;
+    let api_key_prefix = l
+        .or(
+            &API_KEY_PREFIX,
+            |l| &l.api_key_prefix,
+            crate::key_format::default_prefix(&environment).to_owned(),
+        )
+        .parse(|p| {
+            if crate::key_format::valid_prefix(&p) {
+                Ok(p)
+            } else {
+                Err("must be 2 to 16 of a-z, 0-9 and '_', ending in '_' (`acme_`)".to_owned())
+            }
+        })?;
     let keys_file = l.or(&KEYS_FILE, |l| &l.keys_file, default_path(l, "keys.toml"));
     let plans_dir = l.or(&PLANS_DIR, |l| &l.plans_dir, default_path(l, "plans"));
     let threads = l
@@ -520,6 +542,11 @@ fn validate(l: &Layers) -> Result<Config, ConfigError> {
         upstreams,
         redis_url,
         key_prefix,
+        api_key_prefix,
+        audit_log: l
+            .get(&AUDIT_LOG, |l| &l.audit_log)
+            .map(|s| s.value)
+            .filter(|p| !p.as_os_str().is_empty()),
         keys_file: keys_file.value,
         plans_dir: plans_dir.value,
         store_timeout: l

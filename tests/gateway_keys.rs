@@ -1,0 +1,227 @@
+//! API keys at the gateway: their format (environment prefix, checksum), expiry, per-key
+//! limits and the audit log of changes, with the real CLI and gateway.
+
+use std::time::{Duration, Instant};
+
+use e2e::{fresh_minute, gateway_cli, header, EchoUpstream, Fixture, GatewayProcess};
+use serde_json::Value;
+
+async fn get(gw: &GatewayProcess, key: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .get(gw.url("/v1/pets"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// New keys start with the environment's prefix and end with a checksum; a mistyped one is
+/// refused as malformed (no lookup), and keys of the old format keep working.
+#[tokio::test]
+async fn keys_carry_the_environment_prefix_and_a_checksum_and_a_typo_is_malformed() {
+    let f = Fixture::new(600, 100_000);
+    let key = f.issue("free");
+    assert!(key.starts_with("pet_test_") && key.len() == 39, "{key}");
+    assert!(key["pet_test_".len()..]
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric()));
+    // A key of the old format, written as an earlier version did.
+    let legacy = format!("pet_{}", "ab".repeat(32));
+    let hash = {
+        use sha2::Digest as _;
+        hex::encode(sha2::Sha256::digest(legacy.as_bytes()))
+    };
+    let mut text = std::fs::read_to_string(&f.keys).unwrap();
+    text.push_str(&format!(
+        "\n[[key]]\nid = \"key_legacy\"\nplan = \"free\"\nsha256 = \"{hash}\"\n\
+         created_at = \"2025-01-01T00:00:00Z\"\n"
+    ));
+    std::fs::write(&f.keys, text).unwrap();
+    let upstream = EchoUpstream::start();
+    let gw = f.gateway(&f.spec(upstream.addr));
+
+    assert_eq!(get(&gw, &key).await.status(), 200);
+    assert_eq!(
+        get(&gw, &legacy).await.status(),
+        200,
+        "old keys keep working"
+    );
+    let mut typo = key.clone().into_bytes();
+    let i = "pet_test_".len() + 5;
+    typo[i] = if typo[i] == b'x' { b'y' } else { b'x' };
+    let resp = get(&gw, &String::from_utf8(typo).unwrap()).await;
+    assert_eq!(resp.status(), 401);
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("checksum"),
+        "{body}"
+    );
+    assert_eq!(
+        gw.metric("pet_gateway_auth_failures_total{reason=\"malformed\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        gw.metric("pet_gateway_auth_failures_total{reason=\"unknown\"}")
+            .await,
+        0.0
+    );
+
+    // Production keys say so.
+    let config = f.dir.path().join("production.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "environment = \"production\"\nkeys_file = \"{}\"\nplans_dir = \"{}\"\n",
+            f.dir.path().join("live-keys.toml").display(),
+            f.plans.display()
+        ),
+    )
+    .unwrap();
+    let out = gateway_cli(&[
+        "keys",
+        "issue",
+        "--config",
+        &config.to_string_lossy(),
+        "--plan",
+        "free",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let live = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap()
+        .to_owned();
+    assert!(live.starts_with("pet_live_") && live.len() == 39, "{live}");
+}
+
+/// A key's own limits replace its plan's in the headers and the decision; at its expiry it
+/// gets 401 saying it expired (within a second), and `keys list` shows it expired.
+#[tokio::test]
+async fn per_key_limits_apply_and_an_expired_key_is_refused_on_time() {
+    let f = Fixture::new(600, 100_000);
+    // Before issuing: waiting for a fresh minute must not eat into the key's 3 s.
+    fresh_minute(Duration::from_secs(15));
+    let out = gateway_cli(&[
+        "keys",
+        "issue",
+        "--keys-file",
+        &f.keys.to_string_lossy(),
+        "--plans-dir",
+        &f.plans.to_string_lossy(),
+        "--plan",
+        "free",
+        "--per-minute",
+        "2",
+        "--expires-in",
+        "3s",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let issued = Instant::now();
+    let key = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap()
+        .to_owned();
+    let upstream = EchoUpstream::start();
+    let gw = f.gateway(&f.spec(upstream.addr));
+
+    let first = get(&gw, &key).await;
+    assert_eq!(first.status(), 200);
+    assert_eq!(header(&first, "x-ratelimit-limit").as_deref(), Some("2"));
+    let policy = header(&first, "ratelimit-policy").unwrap();
+    assert!(policy.contains("\"minute\";q=2;"), "{policy}");
+    assert_eq!(get(&gw, &key).await.status(), 200);
+    assert_eq!(
+        get(&gw, &key).await.status(),
+        429,
+        "the key's own limit binds"
+    );
+
+    // Expiry: 401 from the expiry time on (checked on every request, so within a second).
+    let mut status = 0;
+    while issued.elapsed() < Duration::from_secs(6) {
+        let resp = get(&gw, &key).await;
+        status = resp.status().as_u16();
+        if status == 401 {
+            let body: Value = resp.json().await.unwrap();
+            assert!(
+                body["message"].as_str().unwrap().contains("expired"),
+                "{body}"
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, 401, "never expired");
+    assert!(issued.elapsed() >= Duration::from_secs(2), "expired early");
+    let listing = gateway_cli(&["keys", "list", "--keys-file", &f.keys.to_string_lossy()]);
+    assert!(String::from_utf8_lossy(&listing.stdout).contains("expired"));
+    assert!(
+        gw.metric("pet_gateway_auth_failures_total{reason=\"expired\"}")
+            .await
+            >= 1.0
+    );
+}
+
+/// Every key change is one JSON line in the audit log (standard error by default): time,
+/// action, key id, plan, who; never the key.
+#[test]
+fn every_key_change_is_audited_without_the_key() {
+    let f = Fixture::new(60, 1000);
+    let audit = f.dir.path().join("audit.log");
+    let files = [
+        "--keys-file",
+        &*f.keys.to_string_lossy(),
+        "--audit-log",
+        &*audit.to_string_lossy(),
+    ]
+    .map(str::to_owned);
+    let run = |args: &[&str]| {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(files.iter().map(String::as_str));
+        gateway_cli(&all)
+    };
+    let plans = f.plans.to_string_lossy().to_string();
+    let out = run(&["keys", "issue", "--plan", "free", "--plans-dir", &plans]);
+    assert!(out.status.success(), "{out:?}");
+    let key = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap()
+        .to_owned();
+    let id = e2e::first_key_id(&f.keys);
+    // No gateway runs: the revocation is in the file (and audited), unconfirmed.
+    let nobody = e2e::free_addr().to_string();
+    let out = run(&["keys", "revoke", &id, "--admin-listen", &nobody]);
+    assert!(!out.status.success());
+
+    let log = std::fs::read_to_string(&audit).unwrap();
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{log}");
+    for (line, action) in lines.iter().zip(["issue", "revoke"]) {
+        assert_eq!(line["action"], action);
+        assert_eq!(line["key_id"], id.as_str());
+        assert_eq!(line["plan"], "free");
+        assert!(!line["who"].as_str().unwrap().is_empty());
+        assert!(line["time"].as_str().unwrap().ends_with('Z'));
+    }
+    assert!(!log.contains(&key["pet_test_".len()..]), "never the key");
+
+    // Without --audit-log: standard error.
+    let out = gateway_cli(&[
+        "keys",
+        "issue",
+        "--plan",
+        "free",
+        "--keys-file",
+        &f.keys.to_string_lossy(),
+        "--plans-dir",
+        &plans,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("\"action\":\"issue\""), "{stderr}");
+}
