@@ -225,3 +225,70 @@ fn every_key_change_is_audited_without_the_key() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("\"action\":\"issue\""), "{stderr}");
 }
+
+/// With `admin_token`, every admin request must carry it (the CLI sends it from the config);
+/// `check` refuses an admin listener reachable from other hosts without one.
+#[tokio::test]
+async fn the_admin_listener_requires_its_token_when_one_is_set() {
+    let f = Fixture::new(60, 1000);
+    f.issue("free");
+    let upstream = EchoUpstream::start();
+    let mut spec = f.spec(upstream.addr);
+    let token = "s3cret-admin-token-0123";
+    spec.extra = format!("admin_token = \"{token}\"\n");
+    let gw = f.gateway(&spec);
+    let client = reqwest::Client::new();
+    let metrics = |auth: Option<&str>| {
+        let mut req = client.get(gw.admin_url("/metrics"));
+        if let Some(auth) = auth {
+            req = req.bearer_auth(auth);
+        }
+        req.send()
+    };
+    let refused = metrics(None).await.unwrap();
+    assert_eq!(refused.status(), 401);
+    assert_eq!(
+        header(&refused, "www-authenticate").as_deref(),
+        Some("Bearer")
+    );
+    assert_eq!(
+        metrics(Some("s3cret-admin-token-0124"))
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    assert_eq!(metrics(Some(token)).await.unwrap().status(), 200);
+
+    let config = gw.config.to_string_lossy().to_string();
+    let out = gateway_cli(&["bans", "list", "--config", &config]);
+    assert!(
+        out.status.success(),
+        "the CLI sends the config's token: {out:?}"
+    );
+    let admin = gw.admin.to_string();
+    let out = gateway_cli(&["bans", "list", "--admin-listen", &admin]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("401"),
+        "{out:?}"
+    );
+
+    let open = f.dir.path().join("open-admin.toml");
+    let base = format!(
+        "admin_listen = \"0.0.0.0:{}\"\nkeys_file = \"{}\"\nplans_dir = \"{}\"\n",
+        e2e::free_addr().port(),
+        f.keys.display(),
+        f.plans.display()
+    );
+    std::fs::write(&open, &base).unwrap();
+    let out = gateway_cli(&["check", "--config", &open.to_string_lossy()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("admin_token"),
+        "{stderr}"
+    );
+    std::fs::write(&open, format!("{base}admin_token = \"{token}\"\n")).unwrap();
+    let out = gateway_cli(&["check", "--config", &open.to_string_lossy()]);
+    assert!(out.status.success(), "{out:?}");
+}

@@ -1,4 +1,5 @@
-//! The admin listener (loopback by default; never expose it): health for supervisors and load
+//! The admin listener (loopback by default; elsewhere only with `admin_token`, which every
+//! request must then carry as a bearer token): health for supervisors and load
 //! balancers, metrics for Prometheus, and ban management for operators. The `bans` commands and
 //! `keys list` talk to it, so they act on the running gateway's own store, embedded or Redis.
 //!
@@ -38,6 +39,8 @@ pub struct Admin {
     /// When the store fails, requests are still served (`on_store_error` local or open, or the
     /// embedded store): then an unreachable store does not make the gateway unready.
     pub store_optional: bool,
+    /// When set, every request must carry it (`Authorization: Bearer`).
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -131,6 +134,28 @@ impl Admin {
 #[async_trait]
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        if let Some(token) = &self.token {
+            let given = crate::auth::bearer_token(
+                session
+                    .req_header()
+                    .headers
+                    .get_all("authorization")
+                    .iter()
+                    .map(|v| v.as_bytes()),
+            );
+            if !given.is_ok_and(|g| token_matches(g.as_bytes(), token.as_bytes())) {
+                let mut refused = error(
+                    401,
+                    ErrorCode::Unauthorized,
+                    "the admin listener needs its token: Authorization: Bearer <admin_token>",
+                );
+                refused.headers_mut().insert(
+                    http::header::WWW_AUTHENTICATE,
+                    http::HeaderValue::from_static("Bearer"),
+                );
+                return refused;
+            }
+        }
         let method = session.req_header().method.clone();
         let path = session.req_header().uri.path().to_owned();
         let get = method == http::Method::GET;
@@ -225,8 +250,47 @@ fn key_target(path: &str) -> Option<&str> {
         .filter(|id| crate::keys::valid_key_id(id))
 }
 
+/// A running gateway's admin listener, as the command line reaches it.
+#[derive(Debug, Clone)]
+pub struct AdminClient {
+    pub addr: SocketAddr,
+    /// Sent as a bearer token when the gateway requires one (`admin_token`).
+    pub token: Option<String>,
+}
+
+impl AdminClient {
+    pub fn of(config: &crate::config::Config) -> AdminClient {
+        AdminClient {
+            addr: config.admin_listen,
+            token: config.admin_token.clone(),
+        }
+    }
+
+    /// One request: `(status, body)`.
+    pub fn call(&self, method: &str, path: &str) -> Result<(u16, String), String> {
+        call(self.addr, self.token.as_deref(), method, path)
+    }
+}
+
+/// Whether `given` is `token`, in time that does not depend on where they differ.
+fn token_matches(given: &[u8], token: &[u8]) -> bool {
+    if given.len() != token.len() {
+        return false;
+    }
+    let diff = given
+        .iter()
+        .zip(token)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    std::hint::black_box(diff) == 0
+}
+
 /// One request to a gateway's admin listener, for the command line: `(status, body)`.
-pub fn call(addr: SocketAddr, method: &str, path: &str) -> Result<(u16, String), String> {
+fn call(
+    addr: SocketAddr,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+) -> Result<(u16, String), String> {
     let unreachable = |e: std::io::Error| {
         format!(
             "the gateway's admin listener at {addr} does not answer ({e}); is the gateway running?"
@@ -237,9 +301,12 @@ pub fn call(addr: SocketAddr, method: &str, path: &str) -> Result<(u16, String),
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(unreachable)?;
+    let authorization = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{authorization}Content-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .map_err(unreachable)?;
     let mut raw = Vec::new();

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use crate::admin::{self, Bans};
+use crate::admin::{AdminClient, Bans};
 use crate::catalog::Snapshot;
 use crate::cli::{
     AdminArgs, BansCommand, Cli, Command, ConfigArgs, KeyFiles, KeysCommand, ServeArgs,
@@ -98,6 +98,7 @@ fn load_for_admin(file: Option<&std::path::Path>, flags: &Overrides) -> Result<C
         "PET_GATEWAY_PLANS_DIR",
         "PET_GATEWAY_ADMIN_LISTEN",
         "PET_GATEWAY_AUDIT_LOG",
+        "PET_GATEWAY_ADMIN_TOKEN",
     ]);
     Config::load(file, &env, flags).map_err(|e| e.to_string())
 }
@@ -159,7 +160,7 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             let file = KeysFile::load(&config.keys_file).map_err(|e| e.to_string())?;
             // The table first, whole; a note about it after, on its own line, so that a
             // terminal showing both streams never runs the note into the last row.
-            let (bans, note) = match fetch_bans(config.admin_listen) {
+            let (bans, note) = match fetch_bans(&AdminClient::of(&config)) {
                 Ok(bans) => (Some(bans), None),
                 Err(e) => (None, Some(format!("note: ban status unknown: {e}"))),
             };
@@ -217,7 +218,7 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
                 config.keys_file.display(),
                 record.revoked_at.as_deref().unwrap_or("?")
             );
-            confirm_revoked(config.admin_listen, &config.keys_file, &record.id)
+            confirm_revoked(&AdminClient::of(&config), &config.keys_file, &record.id)
                 .map_err(|why| format!("the revocation is NOT confirmed in force: {why}"))?;
             println!(
                 "in force: the gateway at {} refuses {} now",
@@ -297,11 +298,12 @@ pub fn parse_duration(text: &str) -> Result<u64, String> {
 /// Asks the running gateway to reload its keys now, checks that it serves this keys file, and
 /// whether it still accepts `id`.
 fn confirm_revoked(
-    addr: std::net::SocketAddr,
+    admin: &AdminClient,
     keys_file: &std::path::Path,
     id: &str,
 ) -> Result<(), String> {
-    let (status, body) = admin::call(addr, "POST", "/reload")?;
+    let addr = admin.addr;
+    let (status, body) = admin.call("POST", "/reload")?;
     if status != 200 {
         return Err(format!("the gateway answered {status} to a reload: {body}"));
     }
@@ -325,7 +327,7 @@ fn confirm_revoked(
             "the gateway at {addr} refuses the keys file and keeps its previous keys: {reason}"
         ));
     }
-    let (status, body) = admin::call(addr, "GET", &format!("/keys/{id}"))?;
+    let (status, body) = admin.call("GET", &format!("/keys/{id}"))?;
     match status {
         404 => Ok(()),
         200 => Err(format!(
@@ -335,16 +337,19 @@ fn confirm_revoked(
     }
 }
 
-fn admin_of(args: &AdminArgs) -> Result<std::net::SocketAddr, String> {
+fn admin_of(args: &AdminArgs) -> Result<AdminClient, String> {
     let over = Overrides {
         admin_listen: args.admin_listen.clone(),
         ..Overrides::default()
     };
-    Ok(load_for_admin(args.config.as_deref(), &over)?.admin_listen)
+    Ok(AdminClient::of(&load_for_admin(
+        args.config.as_deref(),
+        &over,
+    )?))
 }
 
-fn fetch_bans(addr: std::net::SocketAddr) -> Result<Bans, String> {
-    let (status, body) = admin::call(addr, "GET", "/bans")?;
+fn fetch_bans(admin: &AdminClient) -> Result<Bans, String> {
+    let (status, body) = admin.call("GET", "/bans")?;
     if status != 200 {
         return Err(format!("the gateway answered {status}: {body}"));
     }
@@ -354,7 +359,7 @@ fn fetch_bans(addr: std::net::SocketAddr) -> Result<Bans, String> {
 fn bans_command(cmd: BansCommand) -> Result<(), String> {
     match cmd {
         BansCommand::List { admin } => {
-            let bans = fetch_bans(admin_of(&admin)?)?;
+            let bans = fetch_bans(&admin_of(&admin)?)?;
             println!("{:<18} {:<12} UNTIL", "ID", "PLAN");
             for b in &bans.bans {
                 println!("{:<18} {:<12} {}", b.key_id, b.plan, b.until_utc);
@@ -362,8 +367,8 @@ fn bans_command(cmd: BansCommand) -> Result<(), String> {
             Ok(())
         }
         BansCommand::Lift { admin, id } => {
-            let addr = admin_of(&admin)?;
-            let (status, body) = admin::call(addr, "POST", &format!("/bans/{id}/lift"))?;
+            let client = admin_of(&admin)?;
+            let (status, body) = client.call("POST", &format!("/bans/{id}/lift"))?;
             if status != 200 {
                 return Err(format!("the gateway answered {status}: {body}"));
             }

@@ -154,6 +154,7 @@ pub fn run(
         ban_cache: Arc::clone(&resilience.ban_cache),
         upstreams: config.upstreams.clone(),
         store_optional: config.redis_url.is_none() || config.on_store_error != OnStoreError::Closed,
+        token: config.admin_token.clone(),
     };
     let mut admin_service = Service::new("admin".to_owned(), admin);
     admin_service.add_tcp(&config.admin_listen.to_string());

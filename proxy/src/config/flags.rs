@@ -11,8 +11,8 @@ use clap::ValueEnum;
 
 use super::{ConfigError, Layer, LogFormat, OnStoreError, Setting};
 use super::{
-    ADMIN_LISTEN, AUDIT_LOG, KEYS_FILE, KEY_PREFIX, LISTEN, LOG_FORMAT, ON_STORE_ERROR, PLANS_DIR,
-    REDIS_URL, TLS_CERT, TLS_KEY, UPSTREAMS,
+    ADMIN_LISTEN, ADMIN_TOKEN, AUDIT_LOG, KEYS_FILE, KEY_PREFIX, LISTEN, LOG_FORMAT,
+    ON_STORE_ERROR, PLANS_DIR, REDIS_URL, TLS_CERT, TLS_KEY, UPSTREAMS,
 };
 
 /// The flags that override the file (each also has an environment variable, read by [`Env`]).
@@ -155,6 +155,7 @@ impl Env {
             tls_key: self.get(&TLS_KEY).map(PathBuf::from),
             log_format: self.choice(&LOG_FORMAT, flags.log_format.is_some())?,
             audit_log: self.get(&AUDIT_LOG).map(PathBuf::from),
+            admin_token: self.get(&ADMIN_TOKEN),
             ..Layer::default()
         })
     }

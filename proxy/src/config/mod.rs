@@ -60,6 +60,8 @@ pub struct Config {
     pub environment: String,
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
+    /// When set, every admin request must carry it as a bearer token.
+    pub admin_token: Option<String>,
     pub upstreams: Vec<SocketAddr>,
     /// `None`: the embedded in-process store.
     pub redis_url: Option<String>,
@@ -122,6 +124,7 @@ pub struct Layer {
     pub environment: Option<String>,
     pub listen: Option<String>,
     pub admin_listen: Option<String>,
+    pub admin_token: Option<String>,
     pub upstreams: Option<Vec<String>>,
     pub redis_url: Option<String>,
     pub key_prefix: Option<String>,
@@ -170,6 +173,15 @@ impl Setting {
         }
     }
 
+    /// In the file or the environment, never a flag (a flag shows in `ps`).
+    const fn secret(file: &'static str, env: &'static str) -> Setting {
+        Setting {
+            file,
+            flag: None,
+            env: Some(env),
+        }
+    }
+
     const fn overridable(file: &'static str, flag: &'static str, env: &'static str) -> Setting {
         Setting {
             file,
@@ -187,6 +199,7 @@ const ENVIRONMENT: Setting = Setting::file_only("environment");
 const LISTEN: Setting = Setting::overridable("listen", "--listen", "PET_GATEWAY_LISTEN");
 const ADMIN_LISTEN: Setting =
     Setting::overridable("admin_listen", "--admin-listen", "PET_GATEWAY_ADMIN_LISTEN");
+const ADMIN_TOKEN: Setting = Setting::secret("admin_token", "PET_GATEWAY_ADMIN_TOKEN");
 const UPSTREAMS: Setting = Setting::overridable("upstreams", "--upstream", "PET_GATEWAY_UPSTREAM");
 const REDIS_URL: Setting =
     Setting::overridable("redis_url", "--redis-url", "PET_GATEWAY_REDIS_URL");
@@ -432,6 +445,27 @@ fn validate(l: &Layers) -> Result<Config, ConfigError> {
     let admin_listen = l
         .or(&ADMIN_LISTEN, |l| &l.admin_listen, "127.0.0.1:9090".into())
         .parse(|v| socket_addr(&v))?;
+    let admin_token = l
+        .get(&ADMIN_TOKEN, |l| &l.admin_token)
+        .map(|t| {
+            t.parse(|t| {
+                if t.len() >= 16 && t.bytes().all(|b| b.is_ascii_graphic()) {
+                    Ok(t)
+                } else {
+                    Err("must be at least 16 visible ASCII characters".to_owned())
+                }
+            })
+        })
+        .transpose()?;
+    if admin_token.is_none() && !admin_listen.ip().is_loopback() {
+        return Err(l
+            .or(&ADMIN_LISTEN, |l| &l.admin_listen, String::new())
+            .error(format!(
+                "{admin_listen} is reachable from other hosts: set admin_token (in the file or \
+             PET_GATEWAY_ADMIN_TOKEN), which every admin request must then carry, or listen \
+             on loopback"
+            )));
+    }
     let upstreams = l
         .or(&UPSTREAMS, |l| &l.upstreams, vec!["127.0.0.1:8081".into()])
         .parse(|list| {
@@ -539,6 +573,7 @@ fn validate(l: &Layers) -> Result<Config, ConfigError> {
     Ok(Config {
         listen,
         admin_listen,
+        admin_token,
         upstreams,
         redis_url,
         key_prefix,
