@@ -292,3 +292,96 @@ async fn the_admin_listener_requires_its_token_when_one_is_set() {
     let out = gateway_cli(&["check", "--config", &open.to_string_lossy()]);
     assert!(out.status.success(), "{out:?}");
 }
+
+/// `keys rotate`: the successor shares the old key's plan, limits and quota (rotating cannot
+/// double a quota), both work during the overlap, and the old one stops when it ends.
+#[tokio::test]
+async fn a_rotated_key_shares_its_quota_with_its_successor_and_stops_after_the_overlap() {
+    let f = Fixture::new(600, 100_000);
+    fresh_minute(Duration::from_secs(15));
+    let keys = f.keys.to_string_lossy().to_string();
+    let plans = f.plans.to_string_lossy().to_string();
+    let out = gateway_cli(&[
+        "keys",
+        "issue",
+        "--keys-file",
+        &keys,
+        "--plans-dir",
+        &plans,
+        "--plan",
+        "free",
+        "--per-minute",
+        "5",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let old = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap()
+        .to_owned();
+    let old_id = e2e::first_key_id(&f.keys);
+    let upstream = EchoUpstream::start();
+    let gw = f.gateway(&f.spec(upstream.addr));
+    for _ in 0..3 {
+        assert_eq!(get(&gw, &old).await.status(), 200);
+    }
+
+    let out = gateway_cli(&[
+        "keys",
+        "rotate",
+        "--keys-file",
+        &keys,
+        "--overlap",
+        "2s",
+        &old_id,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let rotated = Instant::now();
+    let new = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap()
+        .to_owned();
+    assert!(new.starts_with("pet_test_") && new != old);
+    // Shared quota: 5 per minute for both together, 3 used already.
+    let mut first = None;
+    let started = Instant::now();
+    while first.is_none() {
+        let resp = get(&gw, &new).await;
+        if resp.status() == 200 {
+            first = Some(resp);
+        } else {
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "the successor never loaded"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let first = first.unwrap();
+    assert_eq!(
+        header(&first, "x-ratelimit-limit").as_deref(),
+        Some("5"),
+        "same limits"
+    );
+    assert_eq!(
+        header(&first, "x-ratelimit-remaining").as_deref(),
+        Some("1"),
+        "same quota"
+    );
+    assert_eq!(
+        get(&gw, &old).await.status(),
+        200,
+        "the old key works during the overlap"
+    );
+    assert_eq!(get(&gw, &new).await.status(), 429, "5 in all, not 10");
+    let listing = gateway_cli(&["keys", "list", "--keys-file", &keys]);
+    assert!(String::from_utf8_lossy(&listing.stdout).contains("rotated until"));
+
+    // After the overlap the old key is refused; the new one is not.
+    while rotated.elapsed() < Duration::from_secs(4) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(get(&gw, &old).await.status(), 401);
+    assert_ne!(get(&gw, &new).await.status(), 401);
+}

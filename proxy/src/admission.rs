@@ -92,15 +92,17 @@ impl Admission {
     /// Decides one request of `key` under `limits`.
     pub async fn decide(&self, key: &KeyInfo, limits: Limits) -> Decision {
         let now = unix_now();
+        // Counts and bans belong to the quota: a rotated key and its successor share one.
+        let quota = key.quota_id();
         let r = &self.resilience;
         let store_up = r.breaker.allows();
-        if let Some(until) = r.ban_cache.banned_until(&key.id, now, store_up) {
+        if let Some(until) = r.ban_cache.banned_until(quota, now, store_up) {
             return Decision::of(Outcome::Banned, RateView::banned(limits, now, until));
         }
         let mut store_time = None;
         if store_up {
             let started = Instant::now();
-            let result = self.store.acquire(&key.id, limits, &self.ban_policy).await;
+            let result = self.store.acquire(quota, limits, &self.ban_policy).await;
             let elapsed = started.elapsed();
             store_time = Some(elapsed);
             METRICS.store_duration.observe(elapsed.as_secs_f64());
@@ -109,11 +111,11 @@ impl Admission {
                     r.breaker.success();
                     METRICS.store_fallback.set(0);
                     if v.outcome == quota::Outcome::Banned {
-                        r.ban_cache.remember(&key.id, v.ban_until);
+                        r.ban_cache.remember(quota, v.ban_until);
                     } else if !r.ban_cache.is_empty() {
                         // The store says no ban (lifted, perhaps on another node): a stale
                         // entry must not come back during an outage.
-                        r.ban_cache.forget(&key.id);
+                        r.ban_cache.forget(quota);
                     }
                     return Decision {
                         ban_started: v.ban_started,
@@ -146,7 +148,7 @@ impl Admission {
             },
             OnStoreError::Open => Decision::of(Outcome::Admitted, RateView::unmetered(limits, now)),
             OnStoreError::Local => {
-                let (outcome, view) = r.local.check(&key.id, limits, now);
+                let (outcome, view) = r.local.check(quota, limits, now);
                 Decision::of(outcome.into(), view)
             }
         };

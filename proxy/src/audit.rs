@@ -1,4 +1,4 @@
-//! The audit log of key changes: one JSON line per change (issue, revoke), with the time, the
+//! The audit log of key changes: one JSON line per change (issue, rotate, revoke), with the time, the
 //! action, the key's id and plan, and who made it, never the key. It goes to the `audit_log`
 //! file (appended, created 0600) or, when that is not set, to standard error.
 
@@ -47,6 +47,14 @@ pub fn line(action: &str, key: &KeyRecord, who: &str) -> String {
         ),
         ("per_minute", key.per_minute.map(serde_json::Value::from)),
         ("per_day", key.per_day.map(serde_json::Value::from)),
+        (
+            "quota_of",
+            key.quota_of.clone().map(serde_json::Value::from),
+        ),
+        (
+            "rotated_to",
+            key.rotated_to.clone().map(serde_json::Value::from),
+        ),
     ] {
         if let (Some(value), Some(map)) = (value, entry.as_object_mut()) {
             map.insert(field.into(), value);
@@ -94,6 +102,8 @@ mod tests {
             expires_at: Some("2027-01-01T00:00:00Z".into()),
             per_minute: Some(5),
             per_day: None,
+            quota_of: None,
+            rotated_to: None,
         };
         let v: serde_json::Value = serde_json::from_str(&line("issue", &key, "alice")).unwrap();
         assert_eq!(v["action"], "issue");

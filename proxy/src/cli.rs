@@ -102,6 +102,17 @@ pub enum KeysCommand {
         #[arg(long, value_name = "ADDR")]
         admin_listen: Option<String>,
     },
+    /// Replace a key with a successor sharing its plan, name, limits, expiry and quota; prints
+    /// the new key alone on the last line. The old key works until the overlap ends.
+    Rotate {
+        #[command(flatten)]
+        files: KeyFiles,
+        /// How long the old key keeps working: a number with `s`, `m`, `h` or `d`.
+        #[arg(long, value_name = "DURATION", default_value = "24h")]
+        overlap: String,
+        /// The key's id, as `keys list` shows it.
+        id: String,
+    },
     /// Revoke a key by id, then ask the running gateway to reload and confirm that it refuses
     /// the key; exits non-zero, saying what did not happen, when it cannot confirm.
     Revoke {

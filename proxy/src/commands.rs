@@ -181,9 +181,10 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
                     (Some(_), _, _) => "revoked".to_owned(),
                     (None, true, _) => "expired".to_owned(),
                     (None, false, Some(ban)) => format!("banned until {}", ban.until_utc),
-                    (None, false, None) => match expires {
-                        Some(at) => format!("active until {at}"),
-                        None => "active".to_owned(),
+                    (None, false, None) => match (expires, &k.rotated_to) {
+                        (Some(at), Some(_)) => format!("rotated until {at}"),
+                        (Some(at), None) => format!("active until {at}"),
+                        (None, _) => "active".to_owned(),
                     },
                 };
                 table.push_str(&format!(
@@ -201,6 +202,25 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             if let Some(note) = note {
                 eprintln!("\n{note}");
             }
+            Ok(())
+        }
+        KeysCommand::Rotate { files, overlap, id } => {
+            let config = key_config(&files, None)?;
+            let overlap = parse_duration(&overlap).map_err(|e| format!("--overlap: {e}"))?;
+            let (old, new, key) =
+                keys::rotate(&config.keys_file, &id, overlap, &config.api_key_prefix)
+                    .map_err(|e| e.to_string())?;
+            audit(&config, "rotate", &old)?;
+            println!(
+                "rotated {} to {} (plan {}, one quota); {} works until {}; the new key is \
+                 shown only now:",
+                old.id,
+                new.id,
+                new.plan,
+                old.id,
+                old.expires_at.as_deref().unwrap_or("?")
+            );
+            println!("{key}");
             Ok(())
         }
         KeysCommand::Revoke {
@@ -290,9 +310,8 @@ pub fn parse_duration(text: &str) -> Result<u64, String> {
     number
         .parse::<u64>()
         .ok()
-        .filter(|n| *n > 0)
         .and_then(|n| n.checked_mul(scale))
-        .ok_or_else(|| format!("`{text}` is not a positive whole number with a unit (`90d`)"))
+        .ok_or_else(|| format!("`{text}` is not a whole number with a unit (`90d`)"))
 }
 
 /// Asks the running gateway to reload its keys now, checks that it serves this keys file, and

@@ -42,6 +42,8 @@ pub enum KeysError {
     UnknownPlan { plan: String, known: String },
     #[error("no key with id `{0}`")]
     NoSuchKey(String),
+    #[error("key `{0}` is revoked or expired: issue a new one instead")]
+    NotActive(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,6 +67,12 @@ pub struct KeyRecord {
     pub per_minute: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_day: Option<u64>,
+    /// The key whose quota (counts and bans) this one shares: set on a rotation's successor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_of: Option<String>,
+    /// The successor this key was rotated to; it stops at its `expires_at`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotated_to: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,6 +89,8 @@ pub struct KeyInfo {
     pub plan: Arc<str>,
     /// Per-key settings, 4 bytes each (a million keys carry them).
     pub overrides: Overrides,
+    /// The id counts and bans are kept under when it is not `id` (a rotation's successor).
+    pub quota: Option<Arc<str>>,
 }
 
 /// A key's own limits and expiry; `None` where the plan's apply or it never expires.
@@ -93,6 +103,11 @@ pub struct Overrides {
 }
 
 impl KeyInfo {
+    /// The id of the quota this key counts against.
+    pub fn quota_id(&self) -> &Arc<str> {
+        self.quota.as_ref().unwrap_or(&self.id)
+    }
+
     /// Whether the key has expired at `now` (Unix seconds).
     pub fn expired(&self, now: u64) -> bool {
         self.overrides
@@ -237,6 +252,11 @@ impl KeysFile {
             if k.plan.is_empty() {
                 return Err(invalid(format!("{at}: field `plan` is empty")));
             }
+            for (field, value) in [("quota_of", &k.quota_of), ("rotated_to", &k.rotated_to)] {
+                if value.as_deref().is_some_and(|v| !valid_key_id(v)) {
+                    return Err(invalid(format!("{at}: field `{field}` is not a key id")));
+                }
+            }
             if let Some(e) = &k.expires_at {
                 if parse_rfc3339(e).is_none_or(|t| t == 0 || t > u64::from(u32::MAX)) {
                     return Err(invalid(format!(
@@ -315,6 +335,7 @@ impl KeysFile {
                     id: k.id.as_str().into(),
                     plan,
                     overrides: k.overrides(),
+                    quota: k.quota_of.as_deref().map(Arc::from),
                 },
             );
         }
@@ -477,14 +498,7 @@ pub fn issue(
     modify(path, |file| {
         let mut rng = rand::rng();
         let key = crate::key_format::generate(key_prefix);
-        let id = loop {
-            let mut raw = [0u8; 6];
-            rng.fill_bytes(&mut raw);
-            let id = format!("key_{}", hex::encode(raw));
-            if file.keys.iter().all(|k| k.id != id) {
-                break id;
-            }
-        };
+        let id = new_id(file, &mut rng);
         let record = KeyRecord {
             id,
             name: name.map(str::to_owned),
@@ -495,9 +509,75 @@ pub fn issue(
             expires_at: own.expires_at.map(crate::clock::rfc3339),
             per_minute: own.per_minute,
             per_day: own.per_day,
+            quota_of: None,
+            rotated_to: None,
         };
         file.keys.push(record.clone());
         Ok((record, key))
+    })
+}
+
+fn new_id(file: &KeysFile, rng: &mut impl RngCore) -> String {
+    loop {
+        let mut raw = [0u8; 6];
+        rng.fill_bytes(&mut raw);
+        let id = format!("key_{}", hex::encode(raw));
+        if file.keys.iter().all(|k| k.id != id) {
+            return id;
+        }
+    }
+}
+
+/// Replaces the key `id` with a successor: same plan, name, limits and expiry, and the same
+/// quota (counts and bans; rotating never doubles a quota). The old key keeps working for
+/// `overlap_secs` more (or until its own expiry, if sooner), then gets 401. Returns the old
+/// record, the new one and the new key (to be shown once).
+pub fn rotate(
+    path: &Path,
+    id: &str,
+    overlap_secs: u64,
+    key_prefix: &str,
+) -> Result<(KeyRecord, KeyRecord, String), KeysError> {
+    modify(path, |file| {
+        let now = crate::clock::unix_now();
+        let old = file
+            .keys
+            .iter()
+            .find(|k| k.id == id)
+            .ok_or_else(|| KeysError::NoSuchKey(id.to_owned()))?;
+        let expired = old
+            .expires_at
+            .as_deref()
+            .and_then(parse_rfc3339)
+            .is_some_and(|t| t <= now);
+        if old.revoked_at.is_some() || expired {
+            return Err(KeysError::NotActive(id.to_owned()));
+        }
+        let mut rng = rand::rng();
+        let key = crate::key_format::generate(key_prefix);
+        let successor = KeyRecord {
+            id: new_id(file, &mut rng),
+            sha256: hex::encode(sha256(&key)),
+            created_at: rfc3339_now(),
+            revoked_at: None,
+            quota_of: Some(old.quota_of.clone().unwrap_or_else(|| old.id.clone())),
+            rotated_to: None,
+            ..old.clone()
+        };
+        let old = file
+            .keys
+            .iter_mut()
+            .find(|k| k.id == id)
+            .ok_or_else(|| KeysError::NoSuchKey(id.to_owned()))?;
+        let end = now.saturating_add(overlap_secs);
+        let current_end = old.expires_at.as_deref().and_then(parse_rfc3339);
+        old.expires_at = Some(crate::clock::rfc3339(
+            current_end.map_or(end, |c| c.min(end)),
+        ));
+        old.rotated_to = Some(successor.id.clone());
+        let old = old.clone();
+        file.keys.push(successor.clone());
+        Ok((old, successor, key))
     })
 }
 
