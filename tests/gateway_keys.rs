@@ -385,3 +385,87 @@ async fn a_rotated_key_shares_its_quota_with_its_successor_and_stops_after_the_o
     assert_eq!(get(&gw, &old).await.status(), 401);
     assert_ne!(get(&gw, &new).await.status(), 401);
 }
+
+/// `keys show` reports a key's usage this minute and today, equal to the requests sent;
+/// `keys reset-usage` zeroes it; `keys list --json` is one JSON array and nothing else.
+#[tokio::test]
+async fn show_reports_usage_reset_usage_zeroes_it_and_list_json_is_pure_json() {
+    let f = Fixture::new(600, 100_000);
+    fresh_minute(Duration::from_secs(15));
+    let key = f.issue("free");
+    let id = e2e::first_key_id(&f.keys);
+    let upstream = EchoUpstream::start();
+    let gw = f.gateway(&f.spec(upstream.addr));
+    for _ in 0..4 {
+        assert_eq!(get(&gw, &key).await.status(), 200);
+    }
+    let keys = f.keys.to_string_lossy().to_string();
+    let admin = gw.admin.to_string();
+    let show = |json: bool| {
+        let mut args = vec![
+            "keys",
+            "show",
+            "--keys-file",
+            &keys,
+            "--admin-listen",
+            &admin,
+        ];
+        if json {
+            args.push("--json");
+        }
+        args.push(&id);
+        gateway_cli(&args)
+    };
+    let out = show(true);
+    assert!(out.status.success(), "{out:?}");
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["status"], "active");
+    assert_eq!(shown["plan"], "free");
+    assert_eq!(shown["limits"]["per_minute"], 600);
+    assert_eq!(
+        (
+            shown["usage"]["minute"].as_u64(),
+            shown["usage"]["day"].as_u64()
+        ),
+        (Some(4), Some(4))
+    );
+    let text = String::from_utf8_lossy(&show(false).stdout).to_string();
+    assert!(
+        text.contains("4 of 600 this minute, 4 of 100000 today"),
+        "{text}"
+    );
+
+    let out = gateway_cli(&[
+        "keys",
+        "reset-usage",
+        "--keys-file",
+        &keys,
+        "--admin-listen",
+        &admin,
+        &id,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let shown: Value = serde_json::from_slice(&show(true).stdout).unwrap();
+    assert_eq!(shown["usage"]["minute"], 0);
+    assert_eq!(shown["usage"]["day"], 0);
+    let next = get(&gw, &key).await;
+    assert_eq!(
+        header(&next, "x-ratelimit-remaining").as_deref(),
+        Some("599")
+    );
+
+    f.issue("free");
+    let out = gateway_cli(&[
+        "keys",
+        "list",
+        "--json",
+        "--keys-file",
+        &keys,
+        "--admin-listen",
+        &admin,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let list: Value = serde_json::from_slice(&out.stdout).expect("only JSON on stdout");
+    assert_eq!(list.as_array().unwrap().len(), 2);
+    assert!(list[0].get("sha256").is_none(), "never the hash");
+}

@@ -11,7 +11,8 @@
 //! | `GET /bans` | the active bans of the keys in the keys file |
 //! | `POST /bans/{key id}/lift` | ends that key's ban now |
 //! | `POST /reload` | reloads the keys and plans now; says what each part did, which keys file is served and why a part is refused |
-//! | `GET /keys/{key id}` | 200 with the key's plan while this gateway accepts the key, else 404 |
+//! | `GET /keys/{key id}` | 200 with the key's plan, limits and usage (this minute, this UTC day) while this gateway accepts the key, else 404 |
+//! | `POST /keys/{key id}/reset-usage` | zeroes the key's counts of this minute and day |
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -26,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::Catalog;
 use crate::clock::rfc3339;
+use crate::keys::KeyInfo;
 use crate::resilience::BanCache;
 use crate::responses::{error_body, ErrorCode};
 use crate::store::QuotaStore;
@@ -102,6 +104,19 @@ impl Admin {
         false
     }
 
+    /// The key with this id while this gateway accepts it (not expired), and the limits it is
+    /// held to (none when its plan is missing).
+    fn active_key(&self, id: &str) -> Option<(KeyInfo, Option<crate::quota::Limits>)> {
+        let snapshot = self.catalog.snapshot();
+        let key = snapshot
+            .keys
+            .keys()
+            .find(|k| &*k.id == id && !k.expired(crate::clock::unix_now()))
+            .cloned()?;
+        let limits = snapshot.plans.get(&key.plan).map(|p| key.limits(p.limits));
+        Some((key, limits))
+    }
+
     /// One store call, whatever the number of keys; the plans come from the keys in force (a
     /// ban of a key no longer in the keys file is not listed).
     async fn bans(&self) -> Result<Bans, String> {
@@ -118,7 +133,8 @@ impl Admin {
             .keys
             .keys()
             .filter_map(|k| {
-                wanted.get(&*k.id).map(|&until| BanEntry {
+                // Bans are kept under the quota's id (a rotated key's successor shares it).
+                wanted.get(&**k.quota_id()).map(|&until| BanEntry {
                     key_id: k.id.to_string(),
                     plan: k.plan.to_string(),
                     until,
@@ -195,20 +211,49 @@ impl ServeHttp for Admin {
             }
             p if key_target(p).is_some() && get => {
                 let id = key_target(p).unwrap_or_default();
-                let snapshot = self.catalog.snapshot();
-                let found = snapshot.keys.keys().find(|k| &*k.id == id).cloned();
-                match found {
-                    Some(k) => json_response(
-                        200,
-                        serde_json::json!({ "id": id, "plan": &*k.plan, "status": "active" })
-                            .to_string()
-                            .into_bytes(),
-                    ),
+                match self.active_key(id) {
+                    Some((key, limits)) => {
+                        let (usage, usage_error) = match self.store.usage(key.quota_id()).await {
+                            Ok(u) => (serde_json::to_value(u).ok(), None),
+                            Err(e) => (None, Some(e.to_string())),
+                        };
+                        let body = serde_json::json!({
+                            "id": id,
+                            "plan": &*key.plan,
+                            "status": "active",
+                            "quota_id": &**key.quota_id(),
+                            "limits": limits.map(|l| serde_json::json!({
+                                "per_minute": l.per_minute,
+                                "per_day": l.per_day,
+                            })),
+                            "usage": usage,
+                            "usage_error": usage_error,
+                        });
+                        json_response(200, body.to_string().into_bytes())
+                    }
                     None => error(
                         404,
                         ErrorCode::NotFound,
-                        "no active key with this id (unknown or revoked)",
+                        "no active key with this id (unknown, revoked or expired)",
                     ),
+                }
+            }
+            p if reset_target(p).is_some() => {
+                if method != http::Method::POST {
+                    return error(405, ErrorCode::MethodNotAllowed, "use POST");
+                }
+                let id = reset_target(p).unwrap_or_default();
+                let Some((key, _)) = self.active_key(id) else {
+                    return error(404, ErrorCode::NotFound, "no active key with this id");
+                };
+                match self.store.reset_usage(key.quota_id()).await {
+                    Ok(()) => json_response(
+                        200,
+                        serde_json::json!({ "id": id, "reset": true })
+                            .to_string()
+                            .into_bytes(),
+                    ),
+                    Err(e) => error(503, ErrorCode::Internal, &format!("quota store: {e}")),
                 }
             }
             p if lift_target(p).is_some() => {
@@ -216,8 +261,16 @@ impl ServeHttp for Admin {
                     return error(405, ErrorCode::MethodNotAllowed, "use POST");
                 }
                 let id = lift_target(p).unwrap_or_default();
-                self.ban_cache.forget(id);
-                match self.store.lift_ban(id).await {
+                // The ban is the quota's: a rotated key's successor names its first key's.
+                let quota: String = self
+                    .catalog
+                    .snapshot()
+                    .keys
+                    .keys()
+                    .find(|k| &*k.id == id)
+                    .map_or(id.to_owned(), |k| k.quota_id().to_string());
+                self.ban_cache.forget(&quota);
+                match self.store.lift_ban(&quota).await {
                     Ok(lifted) => json_response(
                         200,
                         serde_json::json!({ "key_id": id, "lifted": lifted })
@@ -241,6 +294,13 @@ impl ServeHttp for Admin {
 fn lift_target(path: &str) -> Option<&str> {
     path.strip_prefix("/bans/")?
         .strip_suffix("/lift")
+        .filter(|id| crate::keys::valid_key_id(id))
+}
+
+/// The key id of `/keys/{key id}/reset-usage`.
+fn reset_target(path: &str) -> Option<&str> {
+    path.strip_prefix("/keys/")?
+        .strip_suffix("/reset-usage")
         .filter(|id| crate::keys::valid_key_id(id))
 }
 

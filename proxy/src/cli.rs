@@ -101,6 +101,35 @@ pub enum KeysCommand {
         /// config file's) [env: PET_GATEWAY_ADMIN_LISTEN].
         #[arg(long, value_name = "ADDR")]
         admin_listen: Option<String>,
+        /// One JSON array on standard output, nothing else.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One key: plan, limits, status, dates, and its usage this minute and this UTC day (asked
+    /// of the running gateway).
+    Show {
+        #[command(flatten)]
+        files: KeyFiles,
+        /// The running gateway's admin address (overrides the config file's)
+        /// [env: PET_GATEWAY_ADMIN_LISTEN].
+        #[arg(long, value_name = "ADDR")]
+        admin_listen: Option<String>,
+        /// One JSON object on standard output, nothing else.
+        #[arg(long)]
+        json: bool,
+        /// The key's id, as `keys list` shows it.
+        id: String,
+    },
+    /// Zero a key's counts of this minute and this UTC day, through the running gateway.
+    ResetUsage {
+        #[command(flatten)]
+        files: KeyFiles,
+        /// The running gateway's admin address (overrides the config file's)
+        /// [env: PET_GATEWAY_ADMIN_LISTEN].
+        #[arg(long, value_name = "ADDR")]
+        admin_listen: Option<String>,
+        /// The key's id, as `keys list` shows it.
+        id: String,
     },
     /// Replace a key with a successor sharing its plan, name, limits, expiry and quota; prints
     /// the new key alone on the last line. The old key works until the overlap ends.

@@ -155,6 +155,7 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
         KeysCommand::List {
             files,
             admin_listen,
+            json,
         } => {
             let config = key_config(&files, admin_listen.as_deref())?;
             let file = KeysFile::load(&config.keys_file).map_err(|e| e.to_string())?;
@@ -164,34 +165,26 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
                 Ok(bans) => (Some(bans), None),
                 Err(e) => (None, Some(format!("note: ban status unknown: {e}"))),
             };
+            let now = crate::clock::unix_now();
+            if json {
+                let list: Vec<serde_json::Value> = file
+                    .keys
+                    .iter()
+                    .map(|k| record_json(k, &key_status(k, bans.as_ref(), now), bans.is_some()))
+                    .collect();
+                println!("{}", serde_json::Value::Array(list));
+                return Ok(());
+            }
             let mut table = format!(
                 "{:<18} {:<12} {:<32} {:<22} NAME\n",
                 "ID", "PLAN", "STATUS", "CREATED"
             );
-            let now = crate::clock::unix_now();
             for k in &file.keys {
-                let ban = bans
-                    .as_ref()
-                    .and_then(|b| b.bans.iter().find(|b| b.key_id == k.id));
-                let expires = k.expires_at.as_deref();
-                let expired = expires
-                    .and_then(crate::clock::parse_rfc3339)
-                    .is_some_and(|t| t <= now);
-                let status = match (&k.revoked_at, expired, ban) {
-                    (Some(_), _, _) => "revoked".to_owned(),
-                    (None, true, _) => "expired".to_owned(),
-                    (None, false, Some(ban)) => format!("banned until {}", ban.until_utc),
-                    (None, false, None) => match (expires, &k.rotated_to) {
-                        (Some(at), Some(_)) => format!("rotated until {at}"),
-                        (Some(at), None) => format!("active until {at}"),
-                        (None, _) => "active".to_owned(),
-                    },
-                };
                 table.push_str(&format!(
                     "{:<18} {:<12} {:<32} {:<22} {}\n",
                     k.id,
                     k.plan,
-                    status,
+                    key_status(k, bans.as_ref(), now),
                     k.created_at,
                     k.name.as_deref().unwrap_or("-")
                 ));
@@ -202,6 +195,100 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             if let Some(note) = note {
                 eprintln!("\n{note}");
             }
+            Ok(())
+        }
+        KeysCommand::Show {
+            files,
+            admin_listen,
+            json,
+            id,
+        } => {
+            let config = key_config(&files, admin_listen.as_deref())?;
+            let file = KeysFile::load(&config.keys_file).map_err(|e| e.to_string())?;
+            let record = file
+                .keys
+                .iter()
+                .find(|k| k.id == id)
+                .ok_or_else(|| keys::KeysError::NoSuchKey(id.clone()).to_string())?;
+            let admin = AdminClient::of(&config);
+            let bans = fetch_bans(&admin).ok();
+            let status = key_status(record, bans.as_ref(), crate::clock::unix_now());
+            let mut shown = record_json(record, &status, bans.is_some());
+            // What the running gateway knows: the limits in force and the usage.
+            let live =
+                admin
+                    .call("GET", &format!("/keys/{id}"))
+                    .and_then(|(code, body)| match code {
+                        200 => serde_json::from_str::<serde_json::Value>(&body)
+                            .map_err(|e| format!("unexpected answer from the gateway: {e}")),
+                        404 => Err("the gateway does not accept this key".to_owned()),
+                        other => Err(format!("the gateway answered {other}: {body}")),
+                    });
+            let usage_note = match live {
+                Ok(live) => {
+                    shown["limits"] = live["limits"].clone();
+                    shown["usage"] = live["usage"].clone();
+                    live["usage_error"].as_str().map(str::to_owned)
+                }
+                Err(e) => Some(e),
+            };
+            if json {
+                shown["usage_error"] = serde_json::json!(usage_note);
+                println!("{shown}");
+                return Ok(());
+            }
+            let field = |name: &str| match &shown[name] {
+                serde_json::Value::Null => "-".to_owned(),
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            for name in [
+                "id",
+                "name",
+                "plan",
+                "status",
+                "created_at",
+                "expires_at",
+                "revoked_at",
+            ] {
+                println!("{:<12} {}", format!("{name}:"), field(name));
+            }
+            let limits = &shown["limits"];
+            let usage = &shown["usage"];
+            if usage.is_object() {
+                println!(
+                    "{:<12} {} of {} this minute, {} of {} today (UTC)",
+                    "usage:",
+                    usage["minute"],
+                    limits["per_minute"],
+                    usage["day"],
+                    limits["per_day"]
+                );
+            }
+            if let Some(note) = usage_note {
+                eprintln!("\nnote: usage unknown: {note}");
+            }
+            Ok(())
+        }
+        KeysCommand::ResetUsage {
+            files,
+            admin_listen,
+            id,
+        } => {
+            let config = key_config(&files, admin_listen.as_deref())?;
+            let file = KeysFile::load(&config.keys_file).map_err(|e| e.to_string())?;
+            let record = file
+                .keys
+                .iter()
+                .find(|k| k.id == id)
+                .ok_or_else(|| keys::KeysError::NoSuchKey(id.clone()).to_string())?;
+            let (code, body) =
+                AdminClient::of(&config).call("POST", &format!("/keys/{id}/reset-usage"))?;
+            if code != 200 {
+                return Err(format!("the gateway answered {code}: {body}"));
+            }
+            audit(&config, "reset-usage", record)?;
+            println!("reset the usage of {id} for this minute and this UTC day");
             Ok(())
         }
         KeysCommand::Rotate { files, overlap, id } => {
@@ -247,6 +334,44 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+/// A key's status as `keys list` and `keys show` say it; `bans`: the running gateway's, if
+/// it answered.
+fn key_status(k: &keys::KeyRecord, bans: Option<&Bans>, now: u64) -> String {
+    let ban = bans.and_then(|b| b.bans.iter().find(|b| b.key_id == k.id));
+    let expires = k.expires_at.as_deref();
+    let expired = expires
+        .and_then(crate::clock::parse_rfc3339)
+        .is_some_and(|t| t <= now);
+    match (&k.revoked_at, expired, ban) {
+        (Some(_), _, _) => "revoked".to_owned(),
+        (None, true, _) => "expired".to_owned(),
+        (None, false, Some(ban)) => format!("banned until {}", ban.until_utc),
+        (None, false, None) => match (expires, &k.rotated_to) {
+            (Some(at), Some(_)) => format!("rotated until {at}"),
+            (Some(at), None) => format!("active until {at}"),
+            (None, _) => "active".to_owned(),
+        },
+    }
+}
+
+/// A key record for `--json`: every field (never the key or its hash), and its status.
+fn record_json(k: &keys::KeyRecord, status: &str, bans_known: bool) -> serde_json::Value {
+    serde_json::json!({
+        "id": k.id,
+        "name": k.name,
+        "plan": k.plan,
+        "status": status,
+        "ban_status_known": bans_known,
+        "created_at": k.created_at,
+        "expires_at": k.expires_at,
+        "revoked_at": k.revoked_at,
+        "per_minute": k.per_minute,
+        "per_day": k.per_day,
+        "quota_of": k.quota_of,
+        "rotated_to": k.rotated_to,
+    })
 }
 
 /// Logs a key change; the change is made already, so a failure says so.

@@ -154,6 +154,24 @@ impl KeyState {
         }
     }
 
+    /// The counts of the windows current at `now` (as [`KeyState::acquire`] would see them).
+    pub fn usage(&self, now: u64) -> (u64, u64) {
+        let minute = ahead_by_one(self.minute_window, now / MINUTE_SECS);
+        let day = ahead_by_one(self.day_window, now / DAY_SECS);
+        (
+            if self.minute_window == minute {
+                self.minute_count
+            } else {
+                0
+            },
+            if self.day_window == day {
+                self.day_count
+            } else {
+                0
+            },
+        )
+    }
+
     /// True when nothing in this state can matter any more: its day is over and no ban or ban
     /// level is pending. Such entries are evicted to keep memory bounded.
     pub fn is_idle(&self, now: u64) -> bool {

@@ -382,6 +382,38 @@ async fn a_clock_stepping_back_keeps_the_counts(subject: &Subject) {
     );
 }
 
+async fn usage_is_read_and_reset_without_touching_bans(subject: &Subject) {
+    let store = &*subject.store;
+    subject.fresh_minute(Duration::from_secs(10));
+    let limits = Limits {
+        per_minute: 3,
+        per_day: 100,
+    };
+    let ban = BanPolicy {
+        strikes: 0,
+        durations: vec![600],
+        decay_secs: 3_600,
+    };
+    assert_eq!(store.usage("u").await.unwrap().minute, 0, "never seen");
+    for _ in 0..3 {
+        assert_eq!(outcome(store, "u", limits, &ban).await, Outcome::Admitted);
+    }
+    let used = store.usage("u").await.unwrap();
+    assert_eq!((used.minute, used.day), (3, 3));
+    assert_eq!(outcome(store, "u", limits, &ban).await, Outcome::Banned);
+    store.reset_usage("u").await.unwrap();
+    let used = store.usage("u").await.unwrap();
+    assert_eq!((used.minute, used.day), (0, 0));
+    assert!(store.ban_of("u").await.unwrap().is_some(), "the ban stays");
+    store.lift_ban("u").await.unwrap();
+    let v = store.acquire(&Arc::from("u"), limits, &ban).await.unwrap();
+    assert_eq!(
+        (v.outcome, v.minute_count, v.day_count),
+        (Outcome::Admitted, 1, 1)
+    );
+    store.reset_usage("never-seen").await.unwrap();
+}
+
 #[tokio::test]
 async fn memory_a_clock_stepping_back_keeps_the_counts() {
     a_clock_stepping_back_keeps_the_counts(&memory()).await
@@ -424,6 +456,10 @@ macro_rules! store_suite {
             #[tokio::test]
             async fn the_second_ban_is_longer() {
                 super::the_second_ban_is_longer(&$store()).await
+            }
+            #[tokio::test]
+            async fn usage_is_read_and_reset_without_touching_bans() {
+                super::usage_is_read_and_reset_without_touching_bans(&$store()).await
             }
             #[tokio::test]
             async fn lifting_a_ban_ends_it_now() {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use super::{Ban, QuotaStore, StoreError};
+use super::{Ban, QuotaStore, StoreError, Usage};
 use crate::clock::Clock;
 use crate::quota::{BanPolicy, KeyState, Limits, Verdict, MINUTE_SECS};
 
@@ -138,6 +138,22 @@ impl QuotaStore for MemoryStore {
             );
         }
         Ok(bans)
+    }
+
+    async fn usage(&self, quota_id: &str) -> Result<Usage, StoreError> {
+        let now = self.clock.now();
+        let shard = lock(self.shard(quota_id));
+        let (minute, day) = shard.keys.get(quota_id).map_or((0, 0), |s| s.usage(now));
+        Ok(Usage { now, minute, day })
+    }
+
+    async fn reset_usage(&self, quota_id: &str) -> Result<(), StoreError> {
+        let mut shard = lock(self.shard(quota_id));
+        if let Some(state) = shard.keys.get_mut(quota_id) {
+            state.minute_count = 0;
+            state.day_count = 0;
+        }
+        Ok(())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

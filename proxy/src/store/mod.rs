@@ -44,6 +44,14 @@ impl StoreError {
     }
 }
 
+/// Requests admitted in the current windows, by the store's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Usage {
+    pub now: u64,
+    pub minute: u64,
+    pub day: u64,
+}
+
 /// A ban as the admin commands show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ban {
@@ -79,6 +87,13 @@ pub trait QuotaStore: Send + Sync {
     /// key of its own, so that a store that answers `PING` but cannot run scripts or take
     /// writes (paused, out of memory, a read-only replica) counts as failing.
     async fn probe(&self) -> Result<(), StoreError>;
+
+    /// What `quota_id` has used in the current minute and UTC day (for `keys show`).
+    async fn usage(&self, quota_id: &str) -> Result<Usage, StoreError>;
+
+    /// Zeroes the counts of the current minute and day (an operator's goodwill gesture); bans
+    /// and strikes stay (`lift_ban` ends a ban).
+    async fn reset_usage(&self, quota_id: &str) -> Result<(), StoreError>;
 
     /// Whether the store answers (for `/readyz`).
     async fn ping(&self) -> Result<(), StoreError>;

@@ -11,7 +11,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::OnceCell;
 
-use super::{scripts, Ban, QuotaStore, StoreConfigError, StoreError};
+use super::{scripts, Ban, QuotaStore, StoreConfigError, StoreError, Usage};
 use crate::quota::{BanPolicy, Limits, Outcome, Verdict};
 
 /// Where the store's Redis is: one server, or the seed nodes of a cluster.
@@ -69,6 +69,8 @@ pub struct RedisStore {
     ban_of: redis::Script,
     index_ban: redis::Script,
     probe: redis::Script,
+    usage: redis::Script,
+    reset_usage: redis::Script,
 }
 
 impl RedisStore {
@@ -97,6 +99,8 @@ impl RedisStore {
             ban_of: redis::Script::new(scripts::BAN_OF),
             index_ban: redis::Script::new(scripts::INDEX_BAN),
             probe: redis::Script::new(scripts::PROBE),
+            usage: redis::Script::new(scripts::USAGE),
+            reset_usage: redis::Script::new(scripts::RESET_USAGE),
         })
     }
 
@@ -280,6 +284,25 @@ impl QuotaStore for RedisStore {
             .into_iter()
             .map(|(key_id, until)| Ban { key_id, until })
             .collect())
+    }
+
+    async fn usage(&self, quota_id: &str) -> Result<Usage, StoreError> {
+        let r: Vec<i64> = self.invoke(&self.usage, quota_id, &[]).await?;
+        let [now, minute, day] = r[..] else {
+            return Err(StoreError::Protocol(format!("usage returned {r:?}")));
+        };
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        Ok(Usage {
+            now: n(now),
+            minute: n(minute),
+            day: n(day),
+        })
+    }
+
+    async fn reset_usage(&self, quota_id: &str) -> Result<(), StoreError> {
+        self.invoke::<i64>(&self.reset_usage, quota_id, &[])
+            .await
+            .map(drop)
     }
 
     async fn probe(&self) -> Result<(), StoreError> {

@@ -138,3 +138,32 @@ redis.call('HINCRBY', KEYS[1], 'n', 1)
 redis.call('EXPIREAT', KEYS[1], now + 60)
 return 1
 "#;
+
+/// Reads a key's counts in the current windows (the window rule of [`ACQUIRE`]).
+///
+/// - `KEYS[1]`: the key's hash.
+///
+/// Returns `{now, minute_count, day_count}`.
+pub const USAGE: &str = r#"
+local now = tonumber(redis.call('TIME')[1])
+local mw = math.floor(now / 60)
+local dw = math.floor(now / 86400)
+local f = redis.call('HMGET', KEYS[1], 'mw', 'mc', 'dw', 'dc')
+if tonumber(f[1]) == mw + 1 then mw = mw + 1 end
+if tonumber(f[3]) == dw + 1 then dw = dw + 1 end
+local mc = 0
+if tonumber(f[1]) == mw then mc = tonumber(f[2]) or 0 end
+local dc = 0
+if tonumber(f[3]) == dw then dc = tonumber(f[4]) or 0 end
+return {now, mc, dc}
+"#;
+
+/// Zeroes a key's minute and day counts; windows, strikes and bans stay.
+///
+/// - `KEYS[1]`: the key's hash.
+pub const RESET_USAGE: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'mc', 0, 'dc', 0)
+end
+return 1
+"#;
