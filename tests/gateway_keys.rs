@@ -469,3 +469,127 @@ async fn show_reports_usage_reset_usage_zeroes_it_and_list_json_is_pure_json() {
     assert_eq!(list.as_array().unwrap().len(), 2);
     assert!(list[0].get("sha256").is_none(), "never the hash");
 }
+
+/// The admin API does what the `keys` commands do, in force when it answers, audited as
+/// `admin`, behind the admin token.
+#[tokio::test]
+async fn the_admin_key_api_issues_rotates_and_revokes_in_force_at_once() {
+    let f = Fixture::new(600, 100_000);
+    let upstream = EchoUpstream::start();
+    let mut spec = f.spec(upstream.addr);
+    let token = "another-admin-token-42";
+    let audit = f.dir.path().join("audit.log");
+    spec.extra = format!(
+        "admin_token = \"{token}\"\naudit_log = \"{}\"\nreload_interval_ms = 60000\n",
+        audit.display()
+    );
+    let gw = f.gateway(&spec);
+    let client = reqwest::Client::new();
+    let call = |method: reqwest::Method, path: &str, body: Option<Value>| {
+        let mut req = client
+            .request(method, gw.admin_url(path))
+            .bearer_auth(token);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        req.send()
+    };
+
+    let resp = call(
+        reqwest::Method::POST,
+        "/keys",
+        Some(serde_json::json!({"plan": "free", "name": "acme", "per_minute": 3})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), 201);
+    let issued: Value = resp.json().await.unwrap();
+    let (id, key) = (
+        issued["id"].as_str().unwrap().to_owned(),
+        issued["key"].as_str().unwrap().to_owned(),
+    );
+    assert_eq!(issued["per_minute"], 3);
+    // In force at once (the background reload is a minute away).
+    let first = get(&gw, &key).await;
+    assert_eq!(first.status(), 200);
+    assert_eq!(header(&first, "x-ratelimit-limit").as_deref(), Some("3"));
+
+    let listed: Value = call(reqwest::Method::GET, "/keys", None)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+    assert!(!listed.to_string().contains(&key[9..]), "never the key");
+
+    for (body, status) in [
+        (serde_json::json!({"name": "no plan"}), 400),
+        (serde_json::json!({"plan": "gold"}), 400),
+        (
+            serde_json::json!({"plan": "free", "per_minute": "many"}),
+            400,
+        ),
+        (
+            serde_json::json!({"plan": "free", "expires_in": "yesterday"}),
+            400,
+        ),
+    ] {
+        let resp = call(reqwest::Method::POST, "/keys", Some(body.clone()))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), status, "{body}");
+    }
+    let resp = call(reqwest::Method::POST, "/keys/key_nope/revoke", None)
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+
+    let rotated: Value = call(
+        reqwest::Method::POST,
+        &format!("/keys/{id}/rotate"),
+        Some(serde_json::json!({"overlap": "0s"})),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let new_key = rotated["new"]["key"].as_str().unwrap().to_owned();
+    let new_id = rotated["new"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        get(&gw, &key).await.status(),
+        401,
+        "no overlap: the old key stops now"
+    );
+    let next = get(&gw, &new_key).await;
+    assert_eq!(
+        header(&next, "x-ratelimit-remaining").as_deref(),
+        Some("1"),
+        "one quota"
+    );
+
+    let resp = call(
+        reqwest::Method::POST,
+        &format!("/keys/{new_id}/revoke"),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), 200);
+    let revoked: Value = resp.json().await.unwrap();
+    assert_eq!(revoked["in_force"], true);
+    assert_eq!(get(&gw, &new_key).await.status(), 401);
+
+    let log = std::fs::read_to_string(&audit).unwrap();
+    let actions: Vec<String> = log
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .inspect(|v| assert_eq!(v["who"], "admin"))
+        .map(|v| v["action"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(actions, ["issue", "rotate", "revoke"]);
+    assert!(!log.contains(&key[9..]) && !log.contains(&new_key[9..]));
+    let refused = client.get(gw.admin_url("/keys")).send().await.unwrap();
+    assert_eq!(refused.status(), 401, "the token guards the key API");
+}

@@ -13,6 +13,9 @@
 //! | `POST /reload` | reloads the keys and plans now; says what each part did, which keys file is served and why a part is refused |
 //! | `GET /keys/{key id}` | 200 with the key's plan, limits and usage (this minute, this UTC day) while this gateway accepts the key, else 404 |
 //! | `POST /keys/{key id}/reset-usage` | zeroes the key's counts of this minute and day |
+//! | `GET /keys` | every key of the keys file with its status (never a key) |
+//! | `POST /keys` | issues a key (`plan`, `name`, `expires_in`/`expires_at`, `per_minute`, `per_day`); 201 with the key, shown once |
+//! | `POST /keys/{key id}/revoke`, `POST /keys/{key id}/rotate` | as the `keys` commands; changes are audited as `admin` |
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -43,6 +46,44 @@ pub struct Admin {
     pub store_optional: bool,
     /// When set, every request must carry it (`Authorization: Bearer`).
     pub token: Option<String>,
+    /// Where the key API writes: the keys file, the prefix of new keys, the audit log.
+    pub key_files: KeyFiles,
+}
+
+/// What the key endpoints need beyond the catalog.
+#[derive(Debug, Clone)]
+pub struct KeyFiles {
+    pub keys_file: std::path::PathBuf,
+    pub api_key_prefix: String,
+    pub audit_log: Option<std::path::PathBuf>,
+}
+
+/// Largest admin request body: a key's settings are a few fields.
+const MAX_ADMIN_BODY: usize = 16 * 1024;
+
+/// Reads the request body as a JSON object; an empty body is `{}`.
+async fn json_body(session: &mut ServerSession) -> Result<serde_json::Value, Response<Vec<u8>>> {
+    let bad = |m: &str| error(400, ErrorCode::InvalidRequest, m);
+    let mut body = Vec::new();
+    loop {
+        match session.read_request_body().await {
+            Ok(Some(chunk)) => {
+                body.extend_from_slice(&chunk);
+                if body.len() > MAX_ADMIN_BODY {
+                    return Err(error(413, ErrorCode::PayloadTooLarge, "body over 16 KiB"));
+                }
+            }
+            Ok(None) => break,
+            Err(_) => return Err(bad("the request body could not be read")),
+        }
+    }
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(serde_json::json!({}));
+    }
+    match serde_json::from_slice::<serde_json::Value>(&body) {
+        Ok(v) if v.is_object() => Ok(v),
+        _ => Err(bad("the body must be a JSON object")),
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,6 +143,178 @@ impl Admin {
             }
         }
         false
+    }
+
+    /// `GET /keys`: every key of the keys file in force, with its status (never the key).
+    async fn list_keys(&self) -> Response<Vec<u8>> {
+        let path = self.key_files.keys_file.clone();
+        let file =
+            match tokio::task::spawn_blocking(move || crate::keys::KeysFile::load(&path)).await {
+                Ok(Ok(file)) => file,
+                Ok(Err(e)) => return error(500, ErrorCode::Internal, &e.to_string()),
+                Err(e) => return error(500, ErrorCode::Internal, &e.to_string()),
+            };
+        let bans = self.bans().await.ok();
+        let now = crate::clock::unix_now();
+        let list: Vec<serde_json::Value> = file
+            .keys
+            .iter()
+            .map(|k| {
+                let ban = bans
+                    .as_ref()
+                    .and_then(|b| b.bans.iter().find(|b| b.key_id == k.id))
+                    .map(|b| b.until_utc.as_str());
+                k.to_json(&k.status(ban, now), bans.is_some())
+            })
+            .collect();
+        json_response(200, serde_json::Value::Array(list).to_string().into_bytes())
+    }
+
+    /// Runs a change of the keys file off the runtime, logs it in the audit log (as `admin`),
+    /// and reloads, so the change is in force when the answer goes out.
+    async fn change_keys<T: Send + 'static>(
+        &self,
+        action: &'static str,
+        change: impl FnOnce(&KeyFiles) -> Result<(T, crate::keys::KeyRecord), crate::keys::KeysError>
+            + Send
+            + 'static,
+    ) -> Result<T, Response<Vec<u8>>> {
+        let files = self.key_files.clone();
+        let catalog = Arc::clone(&self.catalog);
+        let done = tokio::task::spawn_blocking(move || {
+            let (out, record) = change(&files)?;
+            let line = crate::audit::line(action, &record, "admin");
+            if let Err(e) = crate::audit::write(files.audit_log.as_deref(), &line) {
+                tracing::error!(error = %e, action, key_id = %record.id, "audit log not written");
+            }
+            catalog.reload(false);
+            Ok::<T, crate::keys::KeysError>(out)
+        })
+        .await;
+        match done {
+            Ok(Ok(out)) => Ok(out),
+            Ok(Err(e @ crate::keys::KeysError::NoSuchKey(_))) => {
+                Err(error(404, ErrorCode::NotFound, &e.to_string()))
+            }
+            Ok(Err(
+                e @ (crate::keys::KeysError::UnknownPlan { .. }
+                | crate::keys::KeysError::NotActive(_)),
+            )) => Err(error(400, ErrorCode::InvalidRequest, &e.to_string())),
+            Ok(Err(e)) => Err(error(500, ErrorCode::Internal, &e.to_string())),
+            Err(e) => Err(error(500, ErrorCode::Internal, &e.to_string())),
+        }
+    }
+
+    /// `POST /keys` `{"plan", "name"?, "expires_in"? | "expires_at"?, "per_minute"?,
+    /// "per_day"?}`: 201 with the record and the key, shown only in this answer.
+    async fn issue_key(&self, body: serde_json::Value) -> Response<Vec<u8>> {
+        let text = |f: &str| body[f].as_str().map(str::to_owned);
+        let Some(plan) = text("plan") else {
+            return error(
+                400,
+                ErrorCode::InvalidRequest,
+                "field `plan` (a string) is required",
+            );
+        };
+        let number = |f: &str| match &body[f] {
+            serde_json::Value::Null => Ok(None),
+            v => v
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| format!("field `{f}` must be a whole number")),
+        };
+        let own = number("per_minute").and_then(|per_minute| {
+            crate::keys::KeyRecordOptions::checked(
+                text("expires_in").as_deref(),
+                text("expires_at").as_deref(),
+                per_minute,
+                number("per_day")?,
+            )
+        });
+        let own = match own {
+            Ok(own) => own,
+            Err(e) => return error(400, ErrorCode::InvalidRequest, &e),
+        };
+        let name = text("name");
+        let plans = Arc::clone(&self.catalog.snapshot().plans);
+        let issued = self
+            .change_keys("issue", move |files| {
+                let (record, key) = crate::keys::issue(
+                    &files.keys_file,
+                    &plans,
+                    &plan,
+                    name.as_deref(),
+                    &files.api_key_prefix,
+                    &own,
+                )?;
+                Ok(((record.clone(), key), record))
+            })
+            .await;
+        match issued {
+            Ok((record, key)) => {
+                let mut answer =
+                    record.to_json(&record.status(None, crate::clock::unix_now()), false);
+                answer["key"] = serde_json::json!(key);
+                json_response(201, answer.to_string().into_bytes())
+            }
+            Err(refused) => refused,
+        }
+    }
+
+    /// `POST /keys/{id}/revoke`: 200 once this gateway refuses the key.
+    async fn revoke_key(&self, id: String) -> Response<Vec<u8>> {
+        let target = id.clone();
+        let revoked = self
+            .change_keys("revoke", move |files| {
+                let record = crate::keys::revoke(&files.keys_file, &target)?;
+                Ok((record.clone(), record))
+            })
+            .await;
+        match revoked {
+            Ok(record) => {
+                let in_force = self.active_key(&id).is_none();
+                let mut answer = record.to_json("revoked", false);
+                answer["in_force"] = serde_json::json!(in_force);
+                if !in_force {
+                    answer["reason"] = self.catalog.state()["keys_refused"].clone();
+                }
+                json_response(
+                    if in_force { 200 } else { 500 },
+                    answer.to_string().into_bytes(),
+                )
+            }
+            Err(refused) => refused,
+        }
+    }
+
+    /// `POST /keys/{id}/rotate` `{"overlap"?: "24h"}`: the successor, with its key shown only
+    /// in this answer.
+    async fn rotate_key(&self, id: String, body: serde_json::Value) -> Response<Vec<u8>> {
+        let overlap = body["overlap"].as_str().unwrap_or("24h");
+        let overlap = match crate::clock::parse_duration(overlap) {
+            Ok(o) => o,
+            Err(e) => return error(400, ErrorCode::InvalidRequest, &format!("overlap: {e}")),
+        };
+        let rotated = self
+            .change_keys("rotate", move |files| {
+                let (old, new, key) =
+                    crate::keys::rotate(&files.keys_file, &id, overlap, &files.api_key_prefix)?;
+                Ok(((old.clone(), new, key), old))
+            })
+            .await;
+        match rotated {
+            Ok((old, new, key)) => {
+                let now = crate::clock::unix_now();
+                let mut successor = new.to_json(&new.status(None, now), false);
+                successor["key"] = serde_json::json!(key);
+                let answer = serde_json::json!({
+                    "old": old.to_json(&old.status(None, now), false),
+                    "new": successor,
+                });
+                json_response(200, answer.to_string().into_bytes())
+            }
+            Err(refused) => refused,
+        }
     }
 
     /// The key with this id while this gateway accepts it (not expired), and the limits it is
@@ -209,6 +422,29 @@ impl ServeHttp for Admin {
                     Err(e) => error(500, ErrorCode::Internal, &format!("reload failed: {e}")),
                 }
             }
+            "/keys" if get => self.list_keys().await,
+            "/keys" if method == http::Method::POST => match json_body(session).await {
+                Ok(body) => self.issue_key(body).await,
+                Err(refused) => refused,
+            },
+            "/keys" => error(405, ErrorCode::MethodNotAllowed, "use GET or POST"),
+            p if action_target(p, "revoke").is_some() => {
+                if method != http::Method::POST {
+                    return error(405, ErrorCode::MethodNotAllowed, "use POST");
+                }
+                let id = action_target(p, "revoke").unwrap_or_default().to_owned();
+                self.revoke_key(id).await
+            }
+            p if action_target(p, "rotate").is_some() => {
+                if method != http::Method::POST {
+                    return error(405, ErrorCode::MethodNotAllowed, "use POST");
+                }
+                let id = action_target(p, "rotate").unwrap_or_default().to_owned();
+                match json_body(session).await {
+                    Ok(body) => self.rotate_key(id, body).await,
+                    Err(refused) => refused,
+                }
+            }
             p if key_target(p).is_some() && get => {
                 let id = key_target(p).unwrap_or_default();
                 match self.active_key(id) {
@@ -299,8 +535,14 @@ fn lift_target(path: &str) -> Option<&str> {
 
 /// The key id of `/keys/{key id}/reset-usage`.
 fn reset_target(path: &str) -> Option<&str> {
+    action_target(path, "reset-usage")
+}
+
+/// The key id of `/keys/{key id}/{action}`.
+fn action_target<'a>(path: &'a str, action: &str) -> Option<&'a str> {
     path.strip_prefix("/keys/")?
-        .strip_suffix("/reset-usage")
+        .strip_suffix(action)?
+        .strip_suffix('/')
         .filter(|id| crate::keys::valid_key_id(id))
 }
 

@@ -144,6 +144,25 @@ pub fn parse_rfc3339(text: &str) -> Option<u64> {
     u64::try_from(secs).ok()
 }
 
+/// `90d`, `12h`, `30m`, `45s`: seconds.
+pub fn parse_duration(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.len().saturating_sub(1);
+    let (number, unit) = text.split_at(split);
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        _ => return Err(format!("`{text}` needs a unit: s, m, h or d (`90d`)")),
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| format!("`{text}` is not a whole number with a unit (`90d`)"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -127,7 +127,7 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
         } => {
             let config = key_config(&files, None)?;
             let plans = Plans::load_dir(&config.plans_dir).map_err(|e| e.to_string())?;
-            let own = key_options(
+            let own = keys::KeyRecordOptions::checked(
                 expires_in.as_deref(),
                 expires_at.as_deref(),
                 per_minute,
@@ -170,7 +170,9 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
                 let list: Vec<serde_json::Value> = file
                     .keys
                     .iter()
-                    .map(|k| record_json(k, &key_status(k, bans.as_ref(), now), bans.is_some()))
+                    .map(|k| {
+                        k.to_json(&k.status(ban_of(bans.as_ref(), &k.id), now), bans.is_some())
+                    })
                     .collect();
                 println!("{}", serde_json::Value::Array(list));
                 return Ok(());
@@ -184,7 +186,7 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
                     "{:<18} {:<12} {:<32} {:<22} {}\n",
                     k.id,
                     k.plan,
-                    key_status(k, bans.as_ref(), now),
+                    k.status(ban_of(bans.as_ref(), &k.id), now),
                     k.created_at,
                     k.name.as_deref().unwrap_or("-")
                 ));
@@ -212,8 +214,8 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
                 .ok_or_else(|| keys::KeysError::NoSuchKey(id.clone()).to_string())?;
             let admin = AdminClient::of(&config);
             let bans = fetch_bans(&admin).ok();
-            let status = key_status(record, bans.as_ref(), crate::clock::unix_now());
-            let mut shown = record_json(record, &status, bans.is_some());
+            let status = record.status(ban_of(bans.as_ref(), &record.id), crate::clock::unix_now());
+            let mut shown = record.to_json(&status, bans.is_some());
             // What the running gateway knows: the limits in force and the usage.
             let live =
                 admin
@@ -293,7 +295,8 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
         }
         KeysCommand::Rotate { files, overlap, id } => {
             let config = key_config(&files, None)?;
-            let overlap = parse_duration(&overlap).map_err(|e| format!("--overlap: {e}"))?;
+            let overlap =
+                crate::clock::parse_duration(&overlap).map_err(|e| format!("--overlap: {e}"))?;
             let (old, new, key) =
                 keys::rotate(&config.keys_file, &id, overlap, &config.api_key_prefix)
                     .map_err(|e| e.to_string())?;
@@ -336,42 +339,13 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
     }
 }
 
-/// A key's status as `keys list` and `keys show` say it; `bans`: the running gateway's, if
-/// it answered.
-fn key_status(k: &keys::KeyRecord, bans: Option<&Bans>, now: u64) -> String {
-    let ban = bans.and_then(|b| b.bans.iter().find(|b| b.key_id == k.id));
-    let expires = k.expires_at.as_deref();
-    let expired = expires
-        .and_then(crate::clock::parse_rfc3339)
-        .is_some_and(|t| t <= now);
-    match (&k.revoked_at, expired, ban) {
-        (Some(_), _, _) => "revoked".to_owned(),
-        (None, true, _) => "expired".to_owned(),
-        (None, false, Some(ban)) => format!("banned until {}", ban.until_utc),
-        (None, false, None) => match (expires, &k.rotated_to) {
-            (Some(at), Some(_)) => format!("rotated until {at}"),
-            (Some(at), None) => format!("active until {at}"),
-            (None, _) => "active".to_owned(),
-        },
-    }
-}
-
-/// A key record for `--json`: every field (never the key or its hash), and its status.
-fn record_json(k: &keys::KeyRecord, status: &str, bans_known: bool) -> serde_json::Value {
-    serde_json::json!({
-        "id": k.id,
-        "name": k.name,
-        "plan": k.plan,
-        "status": status,
-        "ban_status_known": bans_known,
-        "created_at": k.created_at,
-        "expires_at": k.expires_at,
-        "revoked_at": k.revoked_at,
-        "per_minute": k.per_minute,
-        "per_day": k.per_day,
-        "quota_of": k.quota_of,
-        "rotated_to": k.rotated_to,
-    })
+/// When the gateway's list says `id` is banned: until when (RFC 3339).
+fn ban_of<'a>(bans: Option<&'a Bans>, id: &str) -> Option<&'a str> {
+    bans?
+        .bans
+        .iter()
+        .find(|b| b.key_id == id)
+        .map(|b| b.until_utc.as_str())
 }
 
 /// Logs a key change; the change is made already, so a failure says so.
@@ -383,60 +357,6 @@ fn audit(config: &Config, action: &str, record: &keys::KeyRecord) -> Result<(), 
             record.id
         )
     })
-}
-
-/// The per-key settings of `keys issue`, checked: an expiry in the future, limits that fit.
-fn key_options(
-    expires_in: Option<&str>,
-    expires_at: Option<&str>,
-    per_minute: Option<u64>,
-    per_day: Option<u64>,
-) -> Result<keys::KeyRecordOptions, String> {
-    let now = crate::clock::unix_now();
-    let expires_at = match (expires_in, expires_at) {
-        (Some(d), _) => Some(now + parse_duration(d).map_err(|e| format!("--expires-in: {e}"))?),
-        (None, Some(t)) => Some(crate::clock::parse_rfc3339(t).ok_or_else(|| {
-            format!("--expires-at: `{t}` is not an RFC 3339 date-time (`2027-01-31T00:00:00Z`)")
-        })?),
-        (None, None) => None,
-    };
-    if let Some(at) = expires_at {
-        if at <= now {
-            return Err("the expiry is not in the future".into());
-        }
-        if at > u64::from(u32::MAX) {
-            return Err("the expiry is after 2106".into());
-        }
-    }
-    for (flag, value) in [("--per-minute", per_minute), ("--per-day", per_day)] {
-        if value.is_some_and(|n| n == 0 || n > u64::from(u32::MAX)) {
-            return Err(format!("{flag}: a whole number from 1 to {}", u32::MAX));
-        }
-    }
-    Ok(keys::KeyRecordOptions {
-        expires_at,
-        per_minute,
-        per_day,
-    })
-}
-
-/// `90d`, `12h`, `30m`, `45s`: seconds.
-pub fn parse_duration(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text.len().saturating_sub(1);
-    let (number, unit) = text.split_at(split);
-    let scale = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
-        _ => return Err(format!("`{text}` needs a unit: s, m, h or d (`90d`)")),
-    };
-    number
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(scale))
-        .ok_or_else(|| format!("`{text}` is not a whole number with a unit (`90d`)"))
 }
 
 /// Asks the running gateway to reload its keys now, checks that it serves this keys file, and

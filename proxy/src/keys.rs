@@ -480,6 +480,83 @@ pub struct KeyRecordOptions {
     pub per_day: Option<u64>,
 }
 
+impl KeyRecordOptions {
+    /// The per-key settings of `keys issue` (and the admin API), checked: an expiry in the
+    /// future, limits that fit.
+    pub fn checked(
+        expires_in: Option<&str>,
+        expires_at: Option<&str>,
+        per_minute: Option<u64>,
+        per_day: Option<u64>,
+    ) -> Result<KeyRecordOptions, String> {
+        let now = crate::clock::unix_now();
+        let expires_at = match (expires_in, expires_at) {
+            (Some(d), _) => Some(
+                now + crate::clock::parse_duration(d).map_err(|e| format!("--expires-in: {e}"))?,
+            ),
+            (None, Some(t)) => Some(crate::clock::parse_rfc3339(t).ok_or_else(|| {
+                format!("--expires-at: `{t}` is not an RFC 3339 date-time (`2027-01-31T00:00:00Z`)")
+            })?),
+            (None, None) => None,
+        };
+        if let Some(at) = expires_at {
+            if at <= now {
+                return Err("the expiry is not in the future".into());
+            }
+            if at > u64::from(u32::MAX) {
+                return Err("the expiry is after 2106".into());
+            }
+        }
+        for (flag, value) in [("--per-minute", per_minute), ("--per-day", per_day)] {
+            if value.is_some_and(|n| n == 0 || n > u64::from(u32::MAX)) {
+                return Err(format!("{flag}: a whole number from 1 to {}", u32::MAX));
+            }
+        }
+        Ok(KeyRecordOptions {
+            expires_at,
+            per_minute,
+            per_day,
+        })
+    }
+}
+
+impl KeyRecord {
+    /// The key's status at `now`, as `keys list`, `keys show` and the admin API say it;
+    /// `banned_until`: when the running gateway says it is banned, until when.
+    pub fn status(&self, banned_until: Option<&str>, now: u64) -> String {
+        let expires = self.expires_at.as_deref();
+        let expired = expires.and_then(parse_rfc3339).is_some_and(|t| t <= now);
+        match (&self.revoked_at, expired, banned_until) {
+            (Some(_), _, _) => "revoked".to_owned(),
+            (None, true, _) => "expired".to_owned(),
+            (None, false, Some(until)) => format!("banned until {until}"),
+            (None, false, None) => match (expires, &self.rotated_to) {
+                (Some(at), Some(_)) => format!("rotated until {at}"),
+                (Some(at), None) => format!("active until {at}"),
+                (None, _) => "active".to_owned(),
+            },
+        }
+    }
+
+    /// The record as JSON, with its status: every field but the hash (and never the key).
+    pub fn to_json(&self, status: &str, bans_known: bool) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.id,
+            "name": self.name,
+            "plan": self.plan,
+            "status": status,
+            "ban_status_known": bans_known,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "revoked_at": self.revoked_at,
+            "per_minute": self.per_minute,
+            "per_day": self.per_day,
+            "quota_of": self.quota_of,
+            "rotated_to": self.rotated_to,
+        })
+    }
+}
+
 /// Creates a key for `plan`; returns its record and the key itself (to be shown once).
 pub fn issue(
     path: &Path,

@@ -155,6 +155,11 @@ pub fn run(
         upstreams: config.upstreams.clone(),
         store_optional: config.redis_url.is_none() || config.on_store_error != OnStoreError::Closed,
         token: config.admin_token.clone(),
+        key_files: crate::admin::KeyFiles {
+            keys_file: config.keys_file.clone(),
+            api_key_prefix: config.api_key_prefix.clone(),
+            audit_log: config.audit_log.clone(),
+        },
     };
     let mut admin_service = Service::new("admin".to_owned(), admin);
     admin_service.add_tcp(&config.admin_listen.to_string());
