@@ -48,14 +48,36 @@ pub struct Admin {
     pub token: Option<String>,
     /// Where the key API writes: the keys file, the prefix of new keys, the audit log.
     pub key_files: KeyFiles,
+    /// With `keys_source = "store"`: where this node's keys come from right now.
+    pub registry: Option<Arc<crate::registry::SyncState>>,
 }
 
 /// What the key endpoints need beyond the catalog.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct KeyFiles {
-    pub keys_file: std::path::PathBuf,
+    /// Where changes go: the keys file, or the registry.
+    pub store: crate::keys::KeyStore,
     pub api_key_prefix: String,
     pub audit_log: Option<std::path::PathBuf>,
+}
+
+/// `POST /keys`: the key's settings; anything else, or a wrong type, is a 400.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IssueBody {
+    plan: String,
+    name: Option<String>,
+    expires_in: Option<String>,
+    expires_at: Option<String>,
+    per_minute: Option<u64>,
+    per_day: Option<u64>,
+}
+
+/// `POST /keys/{id}/rotate`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RotateBody {
+    overlap: Option<String>,
 }
 
 /// Largest admin request body: a key's settings are a few fields.
@@ -123,13 +145,18 @@ impl Admin {
             Err(e) => format!("failing: {e}"),
         };
         let store_ok = store == "ok" || store.starts_with("fallback");
-        let ready = upstream && store_ok;
+        let keys = match &self.registry {
+            None => Ok("file"),
+            Some(state) => state.readiness(),
+        };
+        let ready = upstream && store_ok && keys.is_ok();
         let body = serde_json::json!({
             "status": if ready { "ready" } else { "not ready" },
             "checks": {
                 "config": "loaded",
                 "upstream": if upstream { "reachable" } else { "unreachable" },
                 "store": store,
+                "keys": keys.unwrap_or_else(|e| e),
             }
         });
         json_response(if ready { 200 } else { 503 }, body.to_string().into_bytes())
@@ -147,13 +174,12 @@ impl Admin {
 
     /// `GET /keys`: every key of the keys file in force, with its status (never the key).
     async fn list_keys(&self) -> Response<Vec<u8>> {
-        let path = self.key_files.keys_file.clone();
-        let file =
-            match tokio::task::spawn_blocking(move || crate::keys::KeysFile::load(&path)).await {
-                Ok(Ok(file)) => file,
-                Ok(Err(e)) => return error(500, ErrorCode::Internal, &e.to_string()),
-                Err(e) => return error(500, ErrorCode::Internal, &e.to_string()),
-            };
+        let store = self.key_files.store.clone();
+        let file = match tokio::task::spawn_blocking(move || store.load()).await {
+            Ok(Ok(file)) => file,
+            Ok(Err(e)) => return error(500, ErrorCode::Internal, &e.to_string()),
+            Err(e) => return error(500, ErrorCode::Internal, &e.to_string()),
+        };
         let bans = self.bans().await.ok();
         let now = crate::clock::unix_now();
         let list: Vec<serde_json::Value> = file
@@ -208,39 +234,33 @@ impl Admin {
     /// `POST /keys` `{"plan", "name"?, "expires_in"? | "expires_at"?, "per_minute"?,
     /// "per_day"?}`: 201 with the record and the key, shown only in this answer.
     async fn issue_key(&self, body: serde_json::Value) -> Response<Vec<u8>> {
-        let text = |f: &str| body[f].as_str().map(str::to_owned);
-        let Some(plan) = text("plan") else {
+        let body: IssueBody = match serde_json::from_value(body) {
+            Ok(b) => b,
+            Err(e) => return error(400, ErrorCode::InvalidRequest, &format!("body: {e}")),
+        };
+        if body.expires_in.is_some() && body.expires_at.is_some() {
             return error(
                 400,
                 ErrorCode::InvalidRequest,
-                "field `plan` (a string) is required",
+                "give expires_in or expires_at, not both",
             );
-        };
-        let number = |f: &str| match &body[f] {
-            serde_json::Value::Null => Ok(None),
-            v => v
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| format!("field `{f}` must be a whole number")),
-        };
-        let own = number("per_minute").and_then(|per_minute| {
-            crate::keys::KeyRecordOptions::checked(
-                text("expires_in").as_deref(),
-                text("expires_at").as_deref(),
-                per_minute,
-                number("per_day")?,
-            )
-        });
+        }
+        let own = crate::keys::KeyRecordOptions::checked(
+            body.expires_in.as_deref(),
+            body.expires_at.as_deref(),
+            body.per_minute,
+            body.per_day,
+        );
         let own = match own {
             Ok(own) => own,
             Err(e) => return error(400, ErrorCode::InvalidRequest, &e),
         };
-        let name = text("name");
+        let (plan, name) = (body.plan, body.name);
         let plans = Arc::clone(&self.catalog.snapshot().plans);
         let issued = self
             .change_keys("issue", move |files| {
                 let (record, key) = crate::keys::issue(
-                    &files.keys_file,
+                    &files.store,
                     &plans,
                     &plan,
                     name.as_deref(),
@@ -252,8 +272,10 @@ impl Admin {
             .await;
         match issued {
             Ok((record, key)) => {
+                let in_force = self.settle(&record.id, true).await;
                 let mut answer =
                     record.to_json(&record.status(None, crate::clock::unix_now()), false);
+                answer["in_force"] = serde_json::json!(in_force);
                 answer["key"] = serde_json::json!(key);
                 json_response(201, answer.to_string().into_bytes())
             }
@@ -266,13 +288,13 @@ impl Admin {
         let target = id.clone();
         let revoked = self
             .change_keys("revoke", move |files| {
-                let record = crate::keys::revoke(&files.keys_file, &target)?;
+                let record = crate::keys::revoke(&files.store, &target)?;
                 Ok((record.clone(), record))
             })
             .await;
         match revoked {
             Ok(record) => {
-                let in_force = self.active_key(&id).is_none();
+                let in_force = self.settle(&id, false).await;
                 let mut answer = record.to_json("revoked", false);
                 answer["in_force"] = serde_json::json!(in_force);
                 if !in_force {
@@ -290,7 +312,11 @@ impl Admin {
     /// `POST /keys/{id}/rotate` `{"overlap"?: "24h"}`: the successor, with its key shown only
     /// in this answer.
     async fn rotate_key(&self, id: String, body: serde_json::Value) -> Response<Vec<u8>> {
-        let overlap = body["overlap"].as_str().unwrap_or("24h");
+        let body: RotateBody = match serde_json::from_value(body) {
+            Ok(b) => b,
+            Err(e) => return error(400, ErrorCode::InvalidRequest, &format!("body: {e}")),
+        };
+        let overlap = body.overlap.as_deref().unwrap_or("24h");
         let overlap = match crate::clock::parse_duration(overlap) {
             Ok(o) => o,
             Err(e) => return error(400, ErrorCode::InvalidRequest, &format!("overlap: {e}")),
@@ -298,12 +324,13 @@ impl Admin {
         let rotated = self
             .change_keys("rotate", move |files| {
                 let (old, new, key) =
-                    crate::keys::rotate(&files.keys_file, &id, overlap, &files.api_key_prefix)?;
+                    crate::keys::rotate(&files.store, &id, overlap, &files.api_key_prefix)?;
                 Ok(((old.clone(), new, key), old))
             })
             .await;
         match rotated {
             Ok((old, new, key)) => {
+                self.settle(&new.id, true).await;
                 let now = crate::clock::unix_now();
                 let mut successor = new.to_json(&new.status(None, now), false);
                 successor["key"] = serde_json::json!(key);
@@ -314,6 +341,39 @@ impl Admin {
                 json_response(200, answer.to_string().into_bytes())
             }
             Err(refused) => refused,
+        }
+    }
+
+    /// Logs a change made without rewriting a record (reset-usage) as `admin`.
+    async fn audit_admin(&self, action: &'static str, id: &str) {
+        let store = self.key_files.store.clone();
+        let audit_log = self.key_files.audit_log.clone();
+        let id = id.to_owned();
+        let _ = tokio::task::spawn_blocking(move || {
+            let record = store.load().ok()?.keys.into_iter().find(|k| k.id == id)?;
+            let line = crate::audit::line(action, &record, "admin");
+            if let Err(e) = crate::audit::write(audit_log.as_deref(), &line) {
+                tracing::error!(error = %e, action, key_id = %record.id, "audit log not written");
+            }
+            Some(())
+        })
+        .await;
+    }
+
+    /// Waits (at most 1.5 s) until this node's keys hold (`present`) or lack key `id`: with the
+    /// registry a change reaches the node through the change feed, and the answer should say
+    /// what is in force here.
+    async fn settle(&self, id: &str, present: bool) -> bool {
+        let started = std::time::Instant::now();
+        loop {
+            let found = self.catalog.snapshot().keys.keys().any(|k| &*k.id == id);
+            if found == present {
+                return true;
+            }
+            if started.elapsed() > Duration::from_millis(1_500) {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -483,12 +543,15 @@ impl ServeHttp for Admin {
                     return error(404, ErrorCode::NotFound, "no active key with this id");
                 };
                 match self.store.reset_usage(key.quota_id()).await {
-                    Ok(()) => json_response(
-                        200,
-                        serde_json::json!({ "id": id, "reset": true })
-                            .to_string()
-                            .into_bytes(),
-                    ),
+                    Ok(()) => {
+                        self.audit_admin("reset-usage", id).await;
+                        json_response(
+                            200,
+                            serde_json::json!({ "id": id, "reset": true })
+                                .to_string()
+                                .into_bytes(),
+                        )
+                    }
                     Err(e) => error(503, ErrorCode::Internal, &format!("quota store: {e}")),
                 }
             }
@@ -574,15 +637,15 @@ impl AdminClient {
     }
 }
 
-/// Whether `given` is `token`, in time that does not depend on where they differ.
+/// Whether `given` is `token`, in time that depends on neither where they differ nor their
+/// lengths: the SHA-256 digests are compared, in full.
 fn token_matches(given: &[u8], token: &[u8]) -> bool {
-    if given.len() != token.len() {
-        return false;
-    }
-    let diff = given
+    use sha2::{Digest, Sha256};
+    let (a, b) = (Sha256::digest(given), Sha256::digest(token));
+    let diff = a
         .iter()
-        .zip(token)
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
     std::hint::black_box(diff) == 0
 }
 

@@ -62,6 +62,13 @@ pub struct KeyFiles {
     /// The plans directory (overrides the config file's) [env: PET_GATEWAY_PLANS_DIR].
     #[arg(long, value_name = "DIR")]
     pub plans_dir: Option<PathBuf>,
+    /// Where the keys live: file, or store (the fleet-wide registry in the quota store's
+    /// Redis; needs redis_url) [env: PET_GATEWAY_KEYS_SOURCE].
+    #[arg(long, value_name = "SOURCE")]
+    pub keys_source: Option<crate::config::KeysSource>,
+    /// The quota store's Redis, for keys_source = store [env: PET_GATEWAY_REDIS_URL].
+    #[arg(long, value_name = "URL")]
+    pub redis_url: Option<String>,
     /// Where the change is logged, one JSON line (overrides the config file's; default standard
     /// error) [env: PET_GATEWAY_AUDIT_LOG].
     #[arg(long, value_name = "PATH")]
@@ -130,6 +137,15 @@ pub enum KeysCommand {
         admin_listen: Option<String>,
         /// The key's id, as `keys list` shows it.
         id: String,
+    },
+    /// Copy a keys file into the key registry (`keys_source = "store"`); idempotent, so a
+    /// deployment moves from `file` to `store` without reissuing keys.
+    Import {
+        #[command(flatten)]
+        files: KeyFiles,
+        /// The keys file to copy (default: the config's keys_file).
+        #[arg(long, value_name = "PATH")]
+        from: Option<PathBuf>,
     },
     /// Replace a key with a successor sharing its plan, name, limits, expiry and quota; prints
     /// the new key alone on the last line. The old key works until the overlap ends.

@@ -147,25 +147,36 @@ pub fn parse_rfc3339(text: &str) -> Option<u64> {
 /// `90d`, `12h`, `30m`, `45s`: seconds.
 pub fn parse_duration(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let split = text.len().saturating_sub(1);
-    let (number, unit) = text.split_at(split);
-    let scale = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
-        _ => return Err(format!("`{text}` needs a unit: s, m, h or d (`90d`)")),
+    let unit = |suffix: char, scale: u64| text.strip_suffix(suffix).map(|n| (n, scale));
+    let Some((number, scale)) = unit('s', 1)
+        .or_else(|| unit('m', 60))
+        .or_else(|| unit('h', 3_600))
+        .or_else(|| unit('d', 86_400))
+    else {
+        return Err(format!("`{text}` needs a unit: s, m, h or d (`90d`)"));
     };
     number
         .parse::<u64>()
         .ok()
         .and_then(|n| n.checked_mul(scale))
-        .ok_or_else(|| format!("`{text}` is not a whole number with a unit (`90d`)"))
+        .filter(|secs| *secs <= u64::from(u32::MAX))
+        .ok_or_else(|| {
+            format!("`{text}` is not a whole number with a unit (`90d`), under 136 years")
+        })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_parse_and_junk_is_an_error_not_a_panic() {
+        assert_eq!(parse_duration("90d"), Ok(90 * 86_400));
+        assert_eq!(parse_duration("0s"), Ok(0));
+        for bad in ["", "1", "1é", "é", "-1h", "99999999999999999999d", "1.5h"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn rfc3339_dates_parse_back() {

@@ -8,7 +8,7 @@ use crate::catalog::Snapshot;
 use crate::cli::{
     AdminArgs, BansCommand, Cli, Command, ConfigArgs, KeyFiles, KeysCommand, ServeArgs,
 };
-use crate::config::{Config, Env, LogFormat, Overrides};
+use crate::config::{Config, Env, KeysSource, LogFormat, Overrides};
 use crate::keys::{self, KeysFile};
 use crate::plans::Plans;
 
@@ -94,6 +94,9 @@ fn load(file: Option<&std::path::Path>, flags: &Overrides) -> Result<Config, Str
 /// variable must never stop, say, revoking a leaked key.
 fn load_for_admin(file: Option<&std::path::Path>, flags: &Overrides) -> Result<Config, String> {
     let env = Env::process().only(&[
+        "PET_GATEWAY_KEYS_SOURCE",
+        "PET_GATEWAY_REDIS_URL",
+        "PET_GATEWAY_KEY_PREFIX",
         "PET_GATEWAY_KEYS_FILE",
         "PET_GATEWAY_PLANS_DIR",
         "PET_GATEWAY_ADMIN_LISTEN",
@@ -108,10 +111,28 @@ fn key_config(files: &KeyFiles, admin_listen: Option<&str>) -> Result<Config, St
         keys_file: files.keys_file.clone(),
         plans_dir: files.plans_dir.clone(),
         audit_log: files.audit_log.clone(),
+        keys_source: files.keys_source,
+        redis_url: files.redis_url.clone(),
         admin_listen: admin_listen.map(str::to_owned),
         ..Overrides::default()
     };
     load_for_admin(files.config.as_deref(), &over)
+}
+
+/// Where the `keys` commands read and write: the keys file, or the registry
+/// (`keys_source = "store"`).
+fn key_store(config: &Config) -> Result<keys::KeyStore, String> {
+    match (config.keys_source, &config.redis_url) {
+        (KeysSource::Store, Some(url)) => Ok(keys::KeyStore::Registry(std::sync::Arc::new(
+            crate::registry::Registry::new(
+                url,
+                &config.key_prefix,
+                std::time::Duration::from_secs(2),
+            )
+            .map_err(|e| e.to_string())?,
+        ))),
+        _ => Ok(keys::KeyStore::File(config.keys_file.clone())),
+    }
 }
 
 fn keys_command(cmd: KeysCommand) -> Result<(), String> {
@@ -134,7 +155,7 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
                 per_day,
             )?;
             let (record, key) = keys::issue(
-                &config.keys_file,
+                &key_store(&config)?,
                 &plans,
                 &plan,
                 name.as_deref(),
@@ -142,15 +163,15 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
                 &own,
             )
             .map_err(|e| e.to_string())?;
-            audit(&config, "issue", &record)?;
             println!(
                 "issued {} (plan {}) in {}; the key is shown only now:",
                 record.id,
                 record.plan,
-                config.keys_file.display()
+                where_keys(&config)
             );
             println!("{key}");
-            Ok(())
+            // After the key is shown: a failed audit line must not lose a key already made.
+            audit(&config, "issue", &record)
         }
         KeysCommand::List {
             files,
@@ -158,7 +179,7 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             json,
         } => {
             let config = key_config(&files, admin_listen.as_deref())?;
-            let file = KeysFile::load(&config.keys_file).map_err(|e| e.to_string())?;
+            let file = key_store(&config)?.load().map_err(|e| e.to_string())?;
             // The table first, whole; a note about it after, on its own line, so that a
             // terminal showing both streams never runs the note into the last row.
             let (bans, note) = match fetch_bans(&AdminClient::of(&config)) {
@@ -206,7 +227,7 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             id,
         } => {
             let config = key_config(&files, admin_listen.as_deref())?;
-            let file = KeysFile::load(&config.keys_file).map_err(|e| e.to_string())?;
+            let file = key_store(&config)?.load().map_err(|e| e.to_string())?;
             let record = file
                 .keys
                 .iter()
@@ -278,9 +299,8 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             id,
         } => {
             let config = key_config(&files, admin_listen.as_deref())?;
-            let file = KeysFile::load(&config.keys_file).map_err(|e| e.to_string())?;
-            let record = file
-                .keys
+            let file = key_store(&config)?.load().map_err(|e| e.to_string())?;
+            file.keys
                 .iter()
                 .find(|k| k.id == id)
                 .ok_or_else(|| keys::KeysError::NoSuchKey(id.clone()).to_string())?;
@@ -289,8 +309,32 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             if code != 200 {
                 return Err(format!("the gateway answered {code}: {body}"));
             }
-            audit(&config, "reset-usage", record)?;
+            // The gateway writes the audit line (who: admin): the change is made there.
             println!("reset the usage of {id} for this minute and this UTC day");
+            Ok(())
+        }
+        KeysCommand::Import { files, from } => {
+            let config = key_config(&files, None)?;
+            let crate::keys::KeyStore::Registry(registry) = key_store(&config)? else {
+                return Err(
+                    "keys import copies a keys file into the key registry: run it with \
+                     keys_source = \"store\" (and redis_url) in the config or \
+                     PET_GATEWAY_KEYS_SOURCE=store"
+                        .into(),
+                );
+            };
+            let from = from.unwrap_or_else(|| config.keys_file.clone());
+            let file = KeysFile::load(&from).map_err(|e| e.to_string())?;
+            registry.put(&file.keys).map_err(|e| e.to_string())?;
+            for record in &file.keys {
+                audit(&config, "import", record)?;
+            }
+            println!(
+                "imported {} key(s) from {} into {}",
+                file.keys.len(),
+                from.display(),
+                where_keys(&config)
+            );
             Ok(())
         }
         KeysCommand::Rotate { files, overlap, id } => {
@@ -298,9 +342,8 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             let overlap =
                 crate::clock::parse_duration(&overlap).map_err(|e| format!("--overlap: {e}"))?;
             let (old, new, key) =
-                keys::rotate(&config.keys_file, &id, overlap, &config.api_key_prefix)
+                keys::rotate(&key_store(&config)?, &id, overlap, &config.api_key_prefix)
                     .map_err(|e| e.to_string())?;
-            audit(&config, "rotate", &old)?;
             println!(
                 "rotated {} to {} (plan {}, one quota); {} works until {}; the new key is \
                  shown only now:",
@@ -311,7 +354,7 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
                 old.expires_at.as_deref().unwrap_or("?")
             );
             println!("{key}");
-            Ok(())
+            audit(&config, "rotate", &old)
         }
         KeysCommand::Revoke {
             files,
@@ -319,15 +362,20 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             id,
         } => {
             let config = key_config(&files, admin_listen.as_deref())?;
-            let record = keys::revoke(&config.keys_file, &id).map_err(|e| e.to_string())?;
+            let record = keys::revoke(&key_store(&config)?, &id).map_err(|e| e.to_string())?;
             audit(&config, "revoke", &record)?;
             println!(
                 "revoked {} (plan {}) in {} at {}",
                 record.id,
                 record.plan,
-                config.keys_file.display(),
+                where_keys(&config),
                 record.revoked_at.as_deref().unwrap_or("?")
             );
+            if config.keys_source == KeysSource::Store {
+                // In the registry: every node applies it from the change feed within a second.
+                println!("in force: the registry holds it; every node applies it within a second");
+                return Ok(());
+            }
             confirm_revoked(&AdminClient::of(&config), &config.keys_file, &record.id)
                 .map_err(|why| format!("the revocation is NOT confirmed in force: {why}"))?;
             println!(
@@ -336,6 +384,14 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             );
             Ok(())
         }
+    }
+}
+
+/// Where the keys are, for messages.
+fn where_keys(config: &Config) -> String {
+    match config.keys_source {
+        KeysSource::Store => format!("the key registry ({})", config.key_prefix),
+        KeysSource::File => config.keys_file.display().to_string(),
     }
 }
 

@@ -60,19 +60,33 @@ pub fn generate(prefix: &str) -> String {
 /// format (a shipped prefix, or `custom`) must be one, checksum included; anything else (a key
 /// of the old format, or any other string) is left to the lookup.
 pub fn plausible(token: &str, custom: &str) -> bool {
-    let rest = [LIVE_PREFIX, TEST_PREFIX, custom]
-        .iter()
-        .filter(|p| !p.is_empty())
-        .find_map(|p| token.strip_prefix(p));
-    let Some(rest) = rest else {
+    if is_legacy(token) {
         return true;
-    };
-    if rest.len() != RANDOM_CHARS + CHECK_CHARS || !rest.bytes().all(|b| b.is_ascii_alphanumeric())
-    {
-        return false;
     }
-    let (body, check) = token.split_at(token.len() - CHECK_CHARS);
-    checksum(body.as_bytes()) == check
+    let mut claimed = false;
+    for prefix in [LIVE_PREFIX, TEST_PREFIX, custom] {
+        let Some(rest) = token.strip_prefix(prefix).filter(|_| !prefix.is_empty()) else {
+            continue;
+        };
+        claimed = true;
+        // One prefix may start another (`pet_live_` and `pet_live_eu_`): any that fits wins.
+        if rest.len() == RANDOM_CHARS + CHECK_CHARS
+            && rest.bytes().all(|b| b.is_ascii_alphanumeric())
+        {
+            let (body, check) = token.split_at(token.len() - CHECK_CHARS);
+            if checksum(body.as_bytes()) == check {
+                return true;
+            }
+        }
+    }
+    !claimed
+}
+
+/// A key of the format before this one: `pet_` and 64 hex digits (no checksum).
+fn is_legacy(token: &str) -> bool {
+    token
+        .strip_prefix("pet_")
+        .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 fn checksum(bytes: &[u8]) -> String {
@@ -143,6 +157,19 @@ mod tests {
         // The old format and foreign strings are left to the lookup.
         assert!(plausible(&format!("pet_{}", "ab".repeat(32)), ""));
         assert!(plausible("something-else", ""));
+    }
+
+    #[test]
+    fn a_custom_prefix_never_shadows_keys_of_another_prefix_or_the_old_format() {
+        let eu = generate("pet_live_eu_");
+        assert!(plausible(&eu, "pet_live_eu_"), "{eu}");
+        assert!(plausible(&generate(LIVE_PREFIX), "pet_live_eu_"));
+        let legacy = format!("pet_{}", "0f".repeat(32));
+        assert!(plausible(&legacy, "pet_"));
+        assert!(!plausible(
+            "pet_live_eu_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "pet_live_eu_"
+        ));
     }
 
     #[test]

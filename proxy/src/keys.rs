@@ -44,6 +44,10 @@ pub enum KeysError {
     NoSuchKey(String),
     #[error("key `{0}` is revoked or expired: issue a new one instead")]
     NotActive(String),
+    #[error("key registry: {0}")]
+    Registry(String),
+    #[error("key `{0}` was rotated to `{1}` already: rotate that one, or revoke")]
+    AlreadyRotated(String, String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -279,7 +283,7 @@ impl KeysFile {
 
     /// Every active key's plan must exist.
     pub fn check_plans(&self, path: &Path, plans: &Plans) -> Result<(), KeysError> {
-        for k in self.keys.iter().filter(|k| k.revoked_at.is_none()) {
+        for k in self.active() {
             if !plans.contains(&k.plan) {
                 return Err(KeysError::Invalid {
                     path: path.to_owned(),
@@ -295,9 +299,16 @@ impl KeysFile {
         Ok(())
     }
 
-    /// The records not revoked.
+    /// The records neither revoked nor expired: those whose plan must exist.
     pub fn active(&self) -> impl Iterator<Item = &KeyRecord> {
-        self.keys.iter().filter(|k| k.revoked_at.is_none())
+        let now = crate::clock::unix_now();
+        self.keys.iter().filter(move |k| {
+            k.revoked_at.is_none()
+                && k.expires_at
+                    .as_deref()
+                    .and_then(parse_rfc3339)
+                    .is_none_or(|t| t > now)
+        })
     }
 
     /// The index of the active keys whose plan is in `plans`, and `id (plan)` of those skipped
@@ -343,6 +354,9 @@ impl KeysFile {
     }
 
     fn save(&self, path: &Path) -> Result<(), KeysError> {
+        // Never write a file that would not load again (the gateway, `check` and every later
+        // command would refuse it).
+        self.validate(path)?;
         let write_err = |source| KeysError::Write {
             path: path.to_owned(),
             source,
@@ -446,9 +460,80 @@ fn lock_file(path: &Path) -> std::io::Result<File> {
 }
 
 /// Runs `change` on the keys file under an exclusive lock and saves the result.
+/// Where the keys live: the keys file, or the fleet-wide registry in Redis
+/// (`keys_source = "store"`). Every change goes through [`KeyStore::modify`].
+#[derive(Clone)]
+pub enum KeyStore {
+    File(PathBuf),
+    Registry(Arc<crate::registry::Registry>),
+}
+
+impl KeyStore {
+    /// Every key record.
+    pub fn load(&self) -> Result<KeysFile, KeysError> {
+        match self {
+            KeyStore::File(path) => KeysFile::load(path),
+            KeyStore::Registry(registry) => registry.load().map(|(file, _)| file),
+        }
+    }
+
+    /// Runs `change` on the key records and saves what it changed: the file under its lock;
+    /// in the registry, the changed records and one change-feed entry each.
+    pub fn modify<T>(
+        &self,
+        change: impl FnOnce(&mut KeysFile) -> Result<T, KeysError>,
+    ) -> Result<T, KeysError> {
+        match self {
+            KeyStore::File(path) => modify(path, change),
+            KeyStore::Registry(registry) => registry.modify(change),
+        }
+    }
+}
+
+impl From<&Path> for KeyStore {
+    fn from(path: &Path) -> KeyStore {
+        KeyStore::File(path.to_owned())
+    }
+}
+
+impl From<&PathBuf> for KeyStore {
+    fn from(path: &PathBuf) -> KeyStore {
+        KeyStore::File(path.clone())
+    }
+}
+
+impl From<&KeyStore> for KeyStore {
+    fn from(store: &KeyStore) -> KeyStore {
+        store.clone()
+    }
+}
+
+/// Writes `file` as the keys file at `path` (a registry node's local snapshot), under the
+/// same lock and atomic rename as every other write.
+pub fn write_snapshot(path: &Path, file: &KeysFile) -> Result<(), KeysError> {
+    modify_raw(
+        path,
+        |current| {
+            *current = file.clone();
+            Ok(())
+        },
+        false,
+    )
+}
+
 fn modify<T>(
     path: &Path,
     change: impl FnOnce(&mut KeysFile) -> Result<T, KeysError>,
+) -> Result<T, KeysError> {
+    modify_raw(path, change, true)
+}
+
+/// `read`: start from the file's records (a snapshot overwrite does not need them, and must
+/// not fail on a damaged old snapshot).
+fn modify_raw<T>(
+    path: &Path,
+    change: impl FnOnce(&mut KeysFile) -> Result<T, KeysError>,
+    read: bool,
 ) -> Result<T, KeysError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| KeysError::Write {
@@ -465,7 +550,11 @@ fn modify<T>(
         path: lock_path,
         source,
     })?;
-    let mut file = KeysFile::load(path)?;
+    let mut file = if read {
+        KeysFile::load(path)?
+    } else {
+        KeysFile::default()
+    };
     let out = change(&mut file)?;
     file.save(path)?;
     Ok(out)
@@ -491,9 +580,9 @@ impl KeyRecordOptions {
     ) -> Result<KeyRecordOptions, String> {
         let now = crate::clock::unix_now();
         let expires_at = match (expires_in, expires_at) {
-            (Some(d), _) => Some(
-                now + crate::clock::parse_duration(d).map_err(|e| format!("--expires-in: {e}"))?,
-            ),
+            (Some(d), _) => Some(now.saturating_add(
+                crate::clock::parse_duration(d).map_err(|e| format!("--expires-in: {e}"))?,
+            )),
             (None, Some(t)) => Some(crate::clock::parse_rfc3339(t).ok_or_else(|| {
                 format!("--expires-at: `{t}` is not an RFC 3339 date-time (`2027-01-31T00:00:00Z`)")
             })?),
@@ -559,7 +648,7 @@ impl KeyRecord {
 
 /// Creates a key for `plan`; returns its record and the key itself (to be shown once).
 pub fn issue(
-    path: &Path,
+    store: impl Into<KeyStore>,
     plans: &Plans,
     plan: &str,
     name: Option<&str>,
@@ -572,7 +661,7 @@ pub fn issue(
             known: plans.names().join(", "),
         });
     }
-    modify(path, |file| {
+    store.into().modify(|file| {
         let mut rng = rand::rng();
         let key = crate::key_format::generate(key_prefix);
         let id = new_id(file, &mut rng);
@@ -610,12 +699,12 @@ fn new_id(file: &KeysFile, rng: &mut impl RngCore) -> String {
 /// `overlap_secs` more (or until its own expiry, if sooner), then gets 401. Returns the old
 /// record, the new one and the new key (to be shown once).
 pub fn rotate(
-    path: &Path,
+    store: impl Into<KeyStore>,
     id: &str,
     overlap_secs: u64,
     key_prefix: &str,
 ) -> Result<(KeyRecord, KeyRecord, String), KeysError> {
-    modify(path, |file| {
+    store.into().modify(|file| {
         let now = crate::clock::unix_now();
         let old = file
             .keys
@@ -629,6 +718,9 @@ pub fn rotate(
             .is_some_and(|t| t <= now);
         if old.revoked_at.is_some() || expired {
             return Err(KeysError::NotActive(id.to_owned()));
+        }
+        if let Some(successor) = &old.rotated_to {
+            return Err(KeysError::AlreadyRotated(id.to_owned(), successor.clone()));
         }
         let mut rng = rand::rng();
         let key = crate::key_format::generate(key_prefix);
@@ -647,6 +739,12 @@ pub fn rotate(
             .find(|k| k.id == id)
             .ok_or_else(|| KeysError::NoSuchKey(id.to_owned()))?;
         let end = now.saturating_add(overlap_secs);
+        if end > u64::from(u32::MAX) {
+            return Err(KeysError::Invalid {
+                path: PathBuf::from(id),
+                message: "the overlap would end after 2106".into(),
+            });
+        }
         let current_end = old.expires_at.as_deref().and_then(parse_rfc3339);
         old.expires_at = Some(crate::clock::rfc3339(
             current_end.map_or(end, |c| c.min(end)),
@@ -660,8 +758,8 @@ pub fn rotate(
 
 /// Marks a key revoked (the record stays, for the audit trail); the gateway refuses it from its
 /// next reload on.
-pub fn revoke(path: &Path, id: &str) -> Result<KeyRecord, KeysError> {
-    modify(path, |file| {
+pub fn revoke(store: impl Into<KeyStore>, id: &str) -> Result<KeyRecord, KeysError> {
+    store.into().modify(|file| {
         let record = file
             .keys
             .iter_mut()
@@ -809,6 +907,39 @@ mod tests {
         assert_eq!(after.mode() & 0o7777, 0o640);
         assert_eq!((after.uid(), after.gid()), (before.uid(), before.gid()));
         assert_eq!(KeysFile::load(&path).unwrap().keys.len(), 2);
+    }
+
+    #[test]
+    fn rotation_refuses_a_second_successor_and_an_overlap_past_2106() {
+        let dir = tempfile::tempdir().unwrap();
+        let plans = plans(dir.path());
+        let path = dir.path().join("keys.toml");
+        let (a, _) = issue(
+            &path,
+            &plans,
+            "free",
+            None,
+            "pet_test_",
+            &KeyRecordOptions::default(),
+        )
+        .unwrap();
+        assert!(matches!(
+            rotate(&path, &a.id, u64::MAX / 2, "pet_test_"),
+            Err(KeysError::Invalid { .. })
+        ));
+        KeysFile::load(&path).expect("nothing unloadable was written");
+        let (_, b, _) = rotate(&path, &a.id, 60, "pet_test_").unwrap();
+        assert_eq!(b.quota_of.as_deref(), Some(a.id.as_str()));
+        assert!(matches!(
+            rotate(&path, &a.id, 60, "pet_test_"),
+            Err(KeysError::AlreadyRotated(..))
+        ));
+        let (_, c, _) = rotate(&path, &b.id, 60, "pet_test_").unwrap();
+        assert_eq!(
+            c.quota_of.as_deref(),
+            Some(a.id.as_str()),
+            "one quota down the chain"
+        );
     }
 
     #[test]

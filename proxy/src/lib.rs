@@ -20,6 +20,7 @@
 //! | [`audit`] | the audit log of key changes |
 //! | [`key_format`] | the API key format: environment prefix, random part, checksum |
 //! | [`catalog`] | the keys and plans in force, reloaded on edits |
+//! | [`registry`] | the fleet-wide key registry in Redis, and each node's replica of it |
 //! | [`clock`] | the wall clock, a hand-moved clock for tests, RFC 3339 dates |
 //! | [`config`] | file, environment and flags into one `Config` |
 //! | [`cli`], [`commands`] | the command line and what each command does |
@@ -44,6 +45,7 @@ pub mod keys;
 pub mod metrics;
 pub mod plans;
 pub mod quota;
+pub mod registry;
 pub mod request;
 pub mod resilience;
 pub mod responses;

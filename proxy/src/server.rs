@@ -31,6 +31,8 @@ pub enum ServeError {
     Store(#[from] StoreConfigError),
     #[error(transparent)]
     Tls(#[from] TlsError),
+    #[error("key registry: {0}")]
+    Registry(String),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         addr: SocketAddr,
@@ -118,6 +120,33 @@ pub fn run(
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
+    // The keys: the keys file, or the registry with the keys file as this node's snapshot.
+    let (key_store, registry_state) = match (config.keys_source, &config.redis_url) {
+        (crate::config::KeysSource::Store, Some(url)) => {
+            let registry = Arc::new(
+                crate::registry::Registry::new(url, &config.key_prefix, Duration::from_secs(1))
+                    .map_err(|e| ServeError::Registry(e.to_string()))?,
+            );
+            let state = Arc::new(crate::registry::SyncState::default());
+            if config.keys_file.exists() {
+                state.snapshot_only();
+                tracing::info!(snapshot = %config.keys_file.display(),
+                    "key registry: starting from this node's snapshot until the registry answers");
+            }
+            server.add_service(background_service(
+                "key registry",
+                RegistrySync(Arc::new(crate::registry::Sync {
+                    registry: Arc::clone(&registry),
+                    snapshot: config.keys_file.clone(),
+                    catalog: Arc::clone(&catalog),
+                    state: Arc::clone(&state),
+                })),
+            ));
+            (crate::keys::KeyStore::Registry(registry), Some(state))
+        }
+        _ => (crate::keys::KeyStore::File(config.keys_file.clone()), None),
+    };
+
     let resilience = Resilience::default();
     let gateway = Gateway::new(
         &config,
@@ -156,10 +185,11 @@ pub fn run(
         store_optional: config.redis_url.is_none() || config.on_store_error != OnStoreError::Closed,
         token: config.admin_token.clone(),
         key_files: crate::admin::KeyFiles {
-            keys_file: config.keys_file.clone(),
+            store: key_store.clone(),
             api_key_prefix: config.api_key_prefix.clone(),
             audit_log: config.audit_log.clone(),
         },
+        registry: registry_state.clone(),
     };
     let mut admin_service = Service::new("admin".to_owned(), admin);
     admin_service.add_tcp(&config.admin_listen.to_string());
@@ -305,5 +335,24 @@ impl BackgroundService for StoreProbe {
                 }
             }
         }
+    }
+}
+
+/// Runs the registry sync on a thread of its own (its calls block, with deadlines) until
+/// shutdown.
+struct RegistrySync(Arc<crate::registry::Sync>);
+
+#[async_trait]
+impl BackgroundService for RegistrySync {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sync = Arc::clone(&self.0);
+        let flag = Arc::clone(&stop);
+        let worker = tokio::task::spawn_blocking(move || {
+            sync.run(&|| flag.load(std::sync::atomic::Ordering::Relaxed))
+        });
+        let _ = shutdown.changed().await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = worker.await;
     }
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::{ConfigError, Layer, LogFormat, OnStoreError};
+use super::{ConfigError, KeysSource, Layer, LogFormat, OnStoreError};
 
 /// Every field is optional: the layers above and the defaults fill the rest.
 #[derive(Debug, Default, Deserialize)]
@@ -20,6 +20,7 @@ struct FileConfig {
     redis_url: Option<String>,
     key_prefix: Option<String>,
     api_key_prefix: Option<String>,
+    keys_source: Option<KeysSource>,
     audit_log: Option<PathBuf>,
     keys_file: Option<PathBuf>,
     plans_dir: Option<PathBuf>,
@@ -74,6 +75,7 @@ pub fn read(path: &Path) -> Result<Layer, ConfigError> {
         redis_url: f.redis_url,
         key_prefix: f.key_prefix,
         api_key_prefix: f.api_key_prefix,
+        keys_source: f.keys_source,
         audit_log: here(f.audit_log),
         keys_file: here(f.keys_file),
         plans_dir: here(f.plans_dir),

@@ -9,9 +9,9 @@ use std::path::PathBuf;
 
 use clap::ValueEnum;
 
-use super::{ConfigError, Layer, LogFormat, OnStoreError, Setting};
+use super::{ConfigError, KeysSource, Layer, LogFormat, OnStoreError, Setting};
 use super::{
-    ADMIN_LISTEN, ADMIN_TOKEN, AUDIT_LOG, KEYS_FILE, KEY_PREFIX, LISTEN, LOG_FORMAT,
+    ADMIN_LISTEN, ADMIN_TOKEN, AUDIT_LOG, KEYS_FILE, KEYS_SOURCE, KEY_PREFIX, LISTEN, LOG_FORMAT,
     ON_STORE_ERROR, PLANS_DIR, REDIS_URL, TLS_CERT, TLS_KEY, UPSTREAMS,
 };
 
@@ -51,6 +51,10 @@ pub struct Overrides {
     /// Log format: text or json [env: PET_GATEWAY_LOG_FORMAT].
     #[arg(long, value_name = "FORMAT")]
     pub log_format: Option<LogFormat>,
+    /// Where the keys live: file, or store (the fleet-wide registry in the quota store's Redis)
+    /// [env: PET_GATEWAY_KEYS_SOURCE].
+    #[arg(long, value_name = "SOURCE")]
+    pub keys_source: Option<KeysSource>,
     /// The audit log of key changes; a flag of the `keys` commands only.
     #[arg(skip)]
     pub audit_log: Option<PathBuf>,
@@ -71,6 +75,7 @@ impl Overrides {
             tls_key: self.tls_key.clone(),
             log_format: self.log_format,
             audit_log: self.audit_log.clone(),
+            keys_source: self.keys_source,
             ..Layer::default()
         }
     }
@@ -155,6 +160,7 @@ impl Env {
             tls_key: self.get(&TLS_KEY).map(PathBuf::from),
             log_format: self.choice(&LOG_FORMAT, flags.log_format.is_some())?,
             audit_log: self.get(&AUDIT_LOG).map(PathBuf::from),
+            keys_source: self.choice(&KEYS_SOURCE, flags.keys_source.is_some())?,
             admin_token: self.get(&ADMIN_TOKEN),
             ..Layer::default()
         })

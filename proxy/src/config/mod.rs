@@ -36,6 +36,18 @@ pub enum OnStoreError {
     Closed,
 }
 
+/// Where the API keys live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum KeysSource {
+    /// The keys file, edited by the `keys` commands on each node.
+    #[default]
+    File,
+    /// The fleet-wide registry in the quota store's Redis; `keys_file` is then this node's
+    /// local snapshot of it.
+    Store,
+}
+
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -68,6 +80,7 @@ pub struct Config {
     pub key_prefix: String,
     /// What new API keys start with (`pet_live_` in production, else `pet_test_`).
     pub api_key_prefix: String,
+    pub keys_source: KeysSource,
     /// Where key changes are logged, one JSON line each; `None`: standard error.
     pub audit_log: Option<PathBuf>,
     pub keys_file: PathBuf,
@@ -129,6 +142,7 @@ pub struct Layer {
     pub redis_url: Option<String>,
     pub key_prefix: Option<String>,
     pub api_key_prefix: Option<String>,
+    pub keys_source: Option<KeysSource>,
     pub audit_log: Option<PathBuf>,
     pub keys_file: Option<PathBuf>,
     pub plans_dir: Option<PathBuf>,
@@ -206,6 +220,8 @@ const REDIS_URL: Setting =
 const KEY_PREFIX: Setting =
     Setting::overridable("key_prefix", "--key-prefix", "PET_GATEWAY_KEY_PREFIX");
 const API_KEY_PREFIX: Setting = Setting::file_only("api_key_prefix");
+const KEYS_SOURCE: Setting =
+    Setting::overridable("keys_source", "--keys-source", "PET_GATEWAY_KEYS_SOURCE");
 const AUDIT_LOG: Setting =
     Setting::overridable("audit_log", "--audit-log", "PET_GATEWAY_AUDIT_LOG");
 const KEYS_FILE: Setting =
@@ -449,10 +465,21 @@ fn validate(l: &Layers) -> Result<Config, ConfigError> {
         .get(&ADMIN_TOKEN, |l| &l.admin_token)
         .map(|t| {
             t.parse(|t| {
-                if t.len() >= 16 && t.bytes().all(|b| b.is_ascii_graphic()) {
+                // What a bearer token may hold (RFC 6750 token68), or no request could match.
+                let token68 = t.bytes().all(|b| {
+                    b.is_ascii_alphanumeric()
+                        || matches!(b, b'-' | b'.' | b'_' | b'~' | b'+' | b'/')
+                });
+                let distinct = t.bytes().collect::<std::collections::HashSet<u8>>().len();
+                if (16..=crate::auth::MAX_TOKEN_LEN).contains(&t.len()) && token68 && distinct >= 8
+                {
                     Ok(t)
                 } else {
-                    Err("must be at least 16 visible ASCII characters".to_owned())
+                    Err(
+                        "must be 16 to 256 of A-Z, a-z, 0-9, `-._~+/`, not a repeated pattern \
+                         (`openssl rand -base64 32`)"
+                            .to_owned(),
+                    )
                 }
             })
         })
@@ -507,6 +534,12 @@ fn validate(l: &Layers) -> Result<Config, ConfigError> {
                 Err("must be 2 to 16 of a-z, 0-9 and '_', ending in '_' (`acme_`)".to_owned())
             }
         })?;
+    let keys_source = l.or(&KEYS_SOURCE, |l| &l.keys_source, KeysSource::File);
+    if keys_source.value == KeysSource::Store && redis_url.is_none() {
+        return Err(keys_source
+            .error("`store` keeps the keys in the quota store's Redis: set redis_url too".into()));
+    }
+    let keys_source = keys_source.value;
     let keys_file = l.or(&KEYS_FILE, |l| &l.keys_file, default_path(l, "keys.toml"));
     let plans_dir = l.or(&PLANS_DIR, |l| &l.plans_dir, default_path(l, "plans"));
     let threads = l
@@ -578,6 +611,7 @@ fn validate(l: &Layers) -> Result<Config, ConfigError> {
         redis_url,
         key_prefix,
         api_key_prefix,
+        keys_source,
         audit_log: l
             .get(&AUDIT_LOG, |l| &l.audit_log)
             .map(|s| s.value)

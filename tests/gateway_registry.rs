@@ -1,0 +1,201 @@
+//! The fleet-wide key registry (`keys_source = "store"`), end to end: three gateway nodes on
+//! one Redis, the real CLI, Redis stopped, a node restarted from its snapshot.
+
+use std::time::{Duration, Instant};
+
+use e2e::{gateway_cli, EchoUpstream, Fixture, GatewayProcess, GatewaySpec, RedisServer};
+use serde_json::Value;
+
+async fn status(gw: &GatewayProcess, key: &str) -> u16 {
+    reqwest::Client::new()
+        .get(gw.url("/v1/pets"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// Waits until every node answers `want` for `key`; returns how long the slowest took.
+async fn all_reach(nodes: &[GatewayProcess], key: &str, want: u16, within: Duration) -> Duration {
+    let started = Instant::now();
+    let mut pending: Vec<&GatewayProcess> = nodes.iter().collect();
+    while !pending.is_empty() {
+        let mut still = Vec::new();
+        for gw in pending {
+            if status(gw, key).await != want {
+                still.push(gw);
+            }
+        }
+        pending = still;
+        assert!(
+            started.elapsed() < within,
+            "{} node(s) never answered {want} within {within:?}",
+            pending.len()
+        );
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    started.elapsed()
+}
+
+fn node_spec(
+    f: &Fixture,
+    upstream: std::net::SocketAddr,
+    redis: &RedisServer,
+    n: usize,
+) -> GatewaySpec {
+    let mut spec = f.spec(upstream);
+    spec.redis_url = Some(redis.url());
+    spec.keys_file = f.dir.path().join(format!("node-{n}-keys.toml"));
+    spec.extra = "keys_source = \"store\"\nstore_timeout_ms = 500\n".into();
+    spec
+}
+
+fn cli(config: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["keys"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--config", config.to_str().unwrap()]);
+    gateway_cli(&all)
+}
+
+fn issued(out: &std::process::Output) -> String {
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_apply_issues_and_revocations_within_a_second_and_survive_redis_down() {
+    let f = Fixture::new(600, 100_000);
+    let redis = RedisServer::start();
+    let upstream = EchoUpstream::start();
+    let specs: Vec<GatewaySpec> = (0..3)
+        .map(|n| node_spec(&f, upstream.addr, &redis, n))
+        .collect();
+    let nodes: Vec<GatewayProcess> = specs.iter().map(|s| f.gateway(s)).collect();
+    let config = nodes[0].config.clone();
+
+    let key = issued(&cli(&config, &["issue", "--plan", "free"]));
+    let took = all_reach(&nodes, &key, 200, Duration::from_secs(1)).await;
+    println!("issue applied on all three nodes after {took:?}");
+    let id = {
+        let out = cli(&config, &["list", "--json"]);
+        assert!(out.status.success(), "{out:?}");
+        let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+        list[0]["id"].as_str().unwrap().to_owned()
+    };
+    let keeper = issued(&cli(&config, &["issue", "--plan", "free"]));
+    all_reach(&nodes, &keeper, 200, Duration::from_secs(1)).await;
+
+    let out = cli(&config, &["revoke", &id]);
+    assert!(out.status.success(), "{out:?}");
+    let took = all_reach(&nodes, &key, 401, Duration::from_secs(1)).await;
+    println!("revocation applied on all three nodes after {took:?}");
+    // Each node's snapshot holds the registry's records.
+    for spec in &specs {
+        let snapshot = std::fs::read_to_string(&spec.keys_file).unwrap();
+        assert!(
+            snapshot.contains(&id) && snapshot.contains("revoked_at"),
+            "{snapshot}"
+        );
+    }
+
+    // Redis down: authentication never waited on it, the replica answers.
+    let mut nodes = nodes;
+    redis.process.kill_hard();
+    for gw in &nodes {
+        assert_eq!(status(gw, &keeper).await, 200);
+        assert_eq!(status(gw, &key).await, 401);
+    }
+    // A node restarted while Redis is down starts from its snapshot, and says so.
+    let restarted = nodes.pop().unwrap();
+    drop(restarted);
+    let again = f.gateway(&specs[2]);
+    assert_eq!(status(&again, &keeper).await, 200);
+    assert_eq!(status(&again, &key).await, 401);
+    let ready: Value = reqwest::get(again.admin_url("/readyz"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        ready["checks"]["keys"]
+            .as_str()
+            .unwrap()
+            .starts_with("snapshot"),
+        "{ready}"
+    );
+}
+
+/// No snapshot and no Redis: the node does not become ready. A keys file imports into the
+/// registry idempotently.
+#[tokio::test]
+async fn import_round_trips_a_keys_file_and_a_node_without_snapshot_or_redis_is_not_ready() {
+    let f = Fixture::new(600, 100_000);
+    let a = f.issue("free");
+    f.issue("free");
+    let redis = RedisServer::start();
+    let upstream = EchoUpstream::start();
+    let spec = node_spec(&f, upstream.addr, &redis, 0);
+    let gw = f.gateway(&spec);
+    let config = gw.config.clone();
+    for _ in 0..2 {
+        let out = cli(&config, &["import", "--from", f.keys.to_str().unwrap()]);
+        assert!(out.status.success(), "{out:?}");
+    }
+    let out = cli(&config, &["list", "--json"]);
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        list.as_array().unwrap().len(),
+        2,
+        "imported once, whatever the runs"
+    );
+    let mut file: Vec<String> = std::fs::read_to_string(&f.keys)
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("id = \"")
+                .map(|v| v.trim_end_matches('"').to_owned())
+        })
+        .collect();
+    let mut imported: Vec<String> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["id"].as_str().unwrap().to_owned())
+        .collect();
+    file.sort();
+    imported.sort();
+    assert_eq!(file, imported, "the same records");
+    let started = Instant::now();
+    while status(&gw, &a).await != 200 {
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "imported keys never applied"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    drop(redis);
+    let mut lonely = node_spec(&f, upstream.addr, &RedisServer::start(), 9);
+    lonely.redis_url = Some(format!("redis://{}/", e2e::free_addr()));
+    let node = f.gateway(&lonely);
+    let resp = reqwest::get(node.admin_url("/readyz")).await.unwrap();
+    assert_eq!(resp.status(), 503);
+    let ready: Value = resp.json().await.unwrap();
+    assert!(
+        ready["checks"]["keys"]
+            .as_str()
+            .unwrap()
+            .contains("no snapshot"),
+        "{ready}"
+    );
+}
