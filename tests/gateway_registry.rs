@@ -94,6 +94,39 @@ async fn three_nodes_apply_issues_and_revocations_within_a_second_and_survive_re
     let keeper = issued(&cli(&config, &["issue", "--plan", "free"]));
     all_reach(&nodes, &keeper, 200, Duration::from_secs(1)).await;
 
+    // A token whose checksum fails is refused before any lookup, and costs the store nothing.
+    let scripts = |r: &RedisServer| -> u64 {
+        r.cli(&["INFO", "commandstats"])
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    };
+    let before = scripts(&redis);
+    let mut typo = keeper.clone().into_bytes();
+    let i = "pet_test_".len() + 2;
+    typo[i] = if typo[i] == b'q' { b'r' } else { b'q' };
+    let resp = reqwest::Client::new()
+        .get(nodes[0].url("/v1/pets"))
+        .bearer_auth(String::from_utf8(typo).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("checksum"),
+        "{body}"
+    );
+    assert_eq!(scripts(&redis), before, "no store call for a malformed key");
+
     let out = cli(&config, &["revoke", &id]);
     assert!(out.status.success(), "{out:?}");
     let took = all_reach(&nodes, &key, 401, Duration::from_secs(1)).await;
