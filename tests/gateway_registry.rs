@@ -232,3 +232,61 @@ async fn import_round_trips_a_keys_file_and_a_node_without_snapshot_or_redis_is_
         "{ready}"
     );
 }
+
+/// A registry that holds fewer records than a node already has (never imported, flushed,
+/// evicted, another prefix) is not applied: records are never deleted, so that is data loss,
+/// and applying it would wipe the keys on every node.
+#[tokio::test]
+async fn an_empty_registry_never_wipes_a_nodes_keys() {
+    let f = Fixture::new(600, 100_000);
+    let key = f.issue("free");
+    let redis = RedisServer::start();
+    let upstream = EchoUpstream::start();
+    // The node's snapshot is the old keys file; nothing was imported into the registry.
+    let mut spec = node_spec(&f, upstream.addr, &redis, 0);
+    spec.keys_file = f.keys.clone();
+    let gw = f.gateway(&spec);
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    assert_eq!(status(&gw, &key).await, 200, "the keys were kept");
+    let ready: Value = reqwest::get(gw.admin_url("/readyz"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        ready["checks"]["keys"]
+            .as_str()
+            .unwrap()
+            .starts_with("snapshot"),
+        "{ready}"
+    );
+    assert!(
+        gw.log_text().contains("refusing to apply"),
+        "{}",
+        gw.log_text()
+    );
+    assert!(
+        std::fs::read_to_string(&f.keys).unwrap().contains("sha256"),
+        "snapshot intact"
+    );
+
+    // Once imported, the node follows the registry.
+    let out = cli(&gw.config, &["import"]);
+    assert!(out.status.success(), "{out:?}");
+    let started = Instant::now();
+    loop {
+        let ready: Value = reqwest::get(gw.admin_url("/readyz"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if ready["checks"]["keys"] == "registry" {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(3), "{ready}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status(&gw, &key).await, 200);
+}

@@ -40,6 +40,21 @@ impl Snapshot {
             keys: Arc::new(keys),
         })
     }
+
+    /// As [`Snapshot::load`], but a key naming a plan this node lacks is skipped (logged),
+    /// not fatal: a registry node's snapshot holds keys issued on other hosts.
+    fn load_lenient(keys_file: &Path, plans_dir: &Path) -> Result<Snapshot, CatalogError> {
+        let plans = Plans::load_dir(plans_dir)?;
+        let (keys, skipped) = KeysFile::load(keys_file)?.index_for(&plans);
+        if !skipped.is_empty() {
+            tracing::error!(count = skipped.len(), first = ?&skipped[..skipped.len().min(20)],
+                "keys naming a plan this node lacks were skipped (they get 401)");
+        }
+        Ok(Snapshot {
+            plans: Arc::new(plans),
+            keys: Arc::new(keys),
+        })
+    }
 }
 
 fn load_keys(keys_file: &Path, plans: &Plans) -> Result<KeyIndex, KeysError> {
@@ -128,13 +143,27 @@ pub struct Catalog {
 
 impl Catalog {
     pub fn load(keys_file: &Path, plans_dir: &Path) -> Result<Catalog, CatalogError> {
+        Self::load_with(keys_file, plans_dir, true)
+    }
+
+    /// `strict`: a key naming a missing plan fails the load (a keys file edited by hand on
+    /// this host); otherwise it is skipped (a registry node's snapshot).
+    pub fn load_with(
+        keys_file: &Path,
+        plans_dir: &Path,
+        strict: bool,
+    ) -> Result<Catalog, CatalogError> {
         let seen = Seen {
             keys: fingerprint(std::slice::from_ref(&keys_file.to_owned())),
             plans: plans_fingerprint(plans_dir),
             refused: [None, None],
             skipped: 0,
         };
-        let snapshot = Snapshot::load(keys_file, plans_dir)?;
+        let snapshot = if strict {
+            Snapshot::load(keys_file, plans_dir)?
+        } else {
+            Snapshot::load_lenient(keys_file, plans_dir)?
+        };
         if let Some(warning) = snapshot.plans.ignored_warning(plans_dir) {
             tracing::warn!("{warning}");
         }

@@ -325,16 +325,16 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             };
             let from = from.unwrap_or_else(|| config.keys_file.clone());
             let file = KeysFile::load(&from).map_err(|e| e.to_string())?;
-            registry.put(&file.keys).map_err(|e| e.to_string())?;
-            for record in &file.keys {
-                audit(&config, "import", record)?;
-            }
+            let (added, kept) = registry.import(&file.keys).map_err(|e| e.to_string())?;
             println!(
-                "imported {} key(s) from {} into {}",
-                file.keys.len(),
+                "imported {added} key(s) from {} into {}; {kept} were there already and keep \
+                 the registry's version",
                 from.display(),
                 where_keys(&config)
             );
+            for record in &file.keys {
+                audit(&config, "import", record)?;
+            }
             Ok(())
         }
         KeysCommand::Rotate { files, overlap, id } => {

@@ -481,7 +481,7 @@ impl KeyStore {
     /// in the registry, the changed records and one change-feed entry each.
     pub fn modify<T>(
         &self,
-        change: impl FnOnce(&mut KeysFile) -> Result<T, KeysError>,
+        change: impl FnMut(&mut KeysFile) -> Result<T, KeysError>,
     ) -> Result<T, KeysError> {
         match self {
             KeyStore::File(path) => modify(path, change),

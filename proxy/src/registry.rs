@@ -36,21 +36,34 @@ pub const POLL: Duration = Duration::from_millis(200);
 /// Feed entries kept; a node further behind reloads the whole table.
 const FEED_LENGTH: u64 = 10_000;
 
-/// Writes records and their feed entries.
+/// Writes records and their feed entries, only if every record is still as the writer read it
+/// (compare-and-set: two writers changing one record never lose either change; the loser
+/// reads again and retries).
 ///
 /// - `KEYS[1]`: the records hash; `KEYS[2]`: the change stream (same slot: `{registry}`).
-/// - `ARGV`: key id, record JSON, key id, record JSON, …; the last one is the feed length.
+/// - `ARGV`: key id, the record JSON as read (empty: it was absent), the new record JSON, …;
+///   the last one is the feed length.
 ///
-/// Returns the id of the last feed entry written.
+/// Returns `{1, last feed id}`, or `{0, key id}` for the first record that changed meanwhile
+/// (then nothing was written).
 const PUT: &str = r#"
 local n = #ARGV - 1
+for i = 1, n, 3 do
+  local current = redis.call('HGET', KEYS[1], ARGV[i]) or ''
+  if current ~= ARGV[i + 1] then
+    return {0, ARGV[i]}
+  end
+end
 local last = ''
-for i = 1, n, 2 do
-  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+for i = 1, n, 3 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
   last = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[#ARGV], '*', 'id', ARGV[i])
 end
-return last
+return {1, last}
 "#;
+
+/// Attempts of one change against concurrent writers.
+const ATTEMPTS: usize = 8;
 
 pub struct Registry {
     target: RedisTarget,
@@ -110,9 +123,13 @@ impl Registry {
                 Ok(Conn::Single(c))
             }
             RedisTarget::Cluster(nodes) => {
+                // One retry, soon: a call must not stretch to many deadlines.
                 let client = redis::cluster::ClusterClient::builder(nodes.clone())
                     .connection_timeout(self.timeout)
                     .response_timeout(self.timeout)
+                    .retries(1)
+                    .min_retry_wait(10)
+                    .max_retry_wait(100)
                     .build()
                     .map_err(err)?;
                 Ok(Conn::Cluster(Box::new(
@@ -130,6 +147,17 @@ impl Registry {
     }
 
     fn load_on(&self, conn: &mut dyn ConnectionLike) -> Result<(KeysFile, String), KeysError> {
+        let (file, position, _) = self.load_raw(conn)?;
+        Ok((file, position))
+    }
+
+    /// As [`Registry::load_on`], with each record's JSON as stored (for compare-and-set).
+    /// Records that cannot be read are skipped with an error in the log, never fatal: one bad
+    /// record must not stop every other change from applying.
+    fn load_raw(
+        &self,
+        conn: &mut dyn ConnectionLike,
+    ) -> Result<(KeysFile, String, BTreeMap<String, String>), KeysError> {
         let last: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
             .arg(&self.changes)
             .arg("+")
@@ -144,65 +172,90 @@ impl Registry {
             .query(conn)
             .map_err(err)?;
         let mut file = KeysFile::default();
-        for (id, json) in all {
-            file.keys.push(parse_record(&id, &json)?);
+        for (id, json) in &all {
+            match parse_record(id, json) {
+                Ok(record) => file.keys.push(record),
+                Err(e) => tracing::error!(error = %e, "key registry: record skipped"),
+            }
         }
         file.keys
             .sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
-        Ok((file, position))
+        Ok((file, position, all))
     }
 
-    /// Applies `change` to the current records and writes back the records it changed.
+    /// Applies `change` to the current records and writes back the records it changed, unless
+    /// another writer changed one of them meanwhile: then it reads again and re-applies.
     pub fn modify<T>(
         &self,
-        change: impl FnOnce(&mut KeysFile) -> Result<T, KeysError>,
+        mut change: impl FnMut(&mut KeysFile) -> Result<T, KeysError>,
     ) -> Result<T, KeysError> {
         let mut conn = self.connect()?;
-        let (mut file, _) = self.load_on(conn.as_mut())?;
-        let before: BTreeMap<String, KeyRecord> = file
-            .keys
-            .iter()
-            .map(|k| (k.id.clone(), k.clone()))
-            .collect();
-        let out = change(&mut file)?;
-        let changed: Vec<&KeyRecord> = file
-            .keys
-            .iter()
-            .filter(|k| before.get(&k.id) != Some(k))
-            .collect();
-        self.put_on(conn.as_mut(), &changed)?;
-        Ok(out)
-    }
-
-    /// Writes `records` as they are (for `keys import`: idempotent).
-    pub fn put(&self, records: &[KeyRecord]) -> Result<(), KeysError> {
-        let mut conn = self.connect()?;
-        let all: Vec<&KeyRecord> = records.iter().collect();
-        for chunk in all.chunks(500) {
-            self.put_on(conn.as_mut(), chunk)?;
+        for _ in 0..ATTEMPTS {
+            let (mut file, _, stored) = self.load_raw(conn.as_mut())?;
+            let before: BTreeMap<String, KeyRecord> = file
+                .keys
+                .iter()
+                .map(|k| (k.id.clone(), k.clone()))
+                .collect();
+            let out = change(&mut file)?;
+            let changed: Vec<(&KeyRecord, &str)> = file
+                .keys
+                .iter()
+                .filter(|k| before.get(&k.id) != Some(k))
+                .map(|k| (k, stored.get(&k.id).map_or("", String::as_str)))
+                .collect();
+            if self.put_on(conn.as_mut(), &changed)? {
+                return Ok(out);
+            }
         }
-        Ok(())
+        Err(KeysError::Registry(format!(
+            "the records changed under {ATTEMPTS} attempts in a row (other writers); try again"
+        )))
     }
 
+    /// Copies `records` in: those the registry lacks are added; those it holds already stay
+    /// as they are there (a second import never undoes a revocation or a rotation made since).
+    /// Returns `(added, kept)`.
+    pub fn import(&self, records: &[KeyRecord]) -> Result<(usize, usize), KeysError> {
+        self.modify(|file| {
+            let mut added = 0;
+            let mut kept = 0;
+            for record in records {
+                if file.keys.iter().any(|k| k.id == record.id) {
+                    kept += 1;
+                } else {
+                    file.keys.push(record.clone());
+                    added += 1;
+                }
+            }
+            Ok((added, kept))
+        })
+    }
+
+    /// Writes the changed records (each with its JSON as read); false when another writer
+    /// changed one of them first (nothing was written).
     fn put_on(
         &self,
         conn: &mut dyn ConnectionLike,
-        records: &[&KeyRecord],
-    ) -> Result<(), KeysError> {
-        if records.is_empty() {
-            return Ok(());
+        records: &[(&KeyRecord, &str)],
+    ) -> Result<bool, KeysError> {
+        for chunk in records.chunks(500) {
+            let script = redis::Script::new(PUT);
+            let mut invocation = script.key(&self.records);
+            invocation.key(&self.changes);
+            for (record, read) in chunk {
+                invocation
+                    .arg(&record.id)
+                    .arg(*read)
+                    .arg(serde_json::to_string(record).map_err(err)?);
+            }
+            invocation.arg(FEED_LENGTH);
+            let (done, _): (i64, String) = invocation.invoke(conn).map_err(err)?;
+            if done == 0 {
+                return Ok(false);
+            }
         }
-        let script = redis::Script::new(PUT);
-        let mut invocation = script.key(&self.records);
-        invocation.key(&self.changes);
-        for r in records {
-            invocation
-                .arg(&r.id)
-                .arg(serde_json::to_string(r).map_err(err)?);
-        }
-        invocation.arg(FEED_LENGTH);
-        invocation.invoke::<String>(conn).map_err(err)?;
-        Ok(())
+        Ok(true)
     }
 
     /// The records changed after feed position `after`.
@@ -219,23 +272,22 @@ impl Registry {
             .arg(1000)
             .query(conn)
             .map_err(err)?;
-        if after != "0-0" {
-            // Trimmed past our position: the oldest entry left is newer than it, and the
-            // entries between are gone.
-            let first: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-                .arg(&self.changes)
-                .arg("-")
-                .arg("+")
-                .arg("COUNT")
-                .arg(1)
-                .query(conn)
-                .map_err(err)?;
-            if first
-                .first()
-                .is_some_and(|(id, _)| stream_id(id) > stream_id(after))
-            {
-                return Ok(Changes::Trimmed);
-            }
+        // Trimmed past our position: Redis 7 remembers the newest id it deleted from the
+        // stream; at or after our position means entries we never read are gone.
+        let info: redis::Value = redis::cmd("XINFO")
+            .arg("STREAM")
+            .arg(&self.changes)
+            .query(conn)
+            .or_else(|e| {
+                if e.to_string().contains("no such key") {
+                    Ok(redis::Value::Nil)
+                } else {
+                    Err(e)
+                }
+            })
+            .map_err(err)?;
+        if max_deleted(&info).is_some_and(|deleted| deleted >= stream_id(after)) {
+            return Ok(Changes::Trimmed);
         }
         let Some((position, _)) = entries.last() else {
             return Ok(Changes::None);
@@ -267,7 +319,37 @@ impl Registry {
 }
 
 fn parse_record(id: &str, json: &str) -> Result<KeyRecord, KeysError> {
-    serde_json::from_str(json).map_err(|e| KeysError::Registry(format!("record `{id}`: {e}")))
+    let record: KeyRecord = serde_json::from_str(json)
+        .map_err(|e| KeysError::Registry(format!("record `{id}`: {e}")))?;
+    if record.id != id {
+        return Err(KeysError::Registry(format!(
+            "record `{id}` holds the id `{}`",
+            record.id
+        )));
+    }
+    Ok(record)
+}
+
+/// `max-deleted-entry-id` of an `XINFO STREAM` answer (a map, or a flat list in RESP2).
+fn max_deleted(info: &redis::Value) -> Option<(u64, u64)> {
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        redis::Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    let pairs: Vec<(&redis::Value, &redis::Value)> = match info {
+        redis::Value::Map(m) => m.iter().map(|(k, v)| (k, v)).collect(),
+        redis::Value::Array(a) => a
+            .chunks(2)
+            .filter_map(|c| Some((c.first()?, c.get(1)?)))
+            .collect(),
+        _ => return None,
+    };
+    let (_, id) = pairs
+        .into_iter()
+        .find(|(k, _)| text(k).as_deref() == Some("max-deleted-entry-id"))?;
+    let id = stream_id(&text(id)?);
+    (id != (0, 0)).then_some(id)
 }
 
 /// A stream id's `(milliseconds, sequence)`, for ordering.
@@ -317,6 +399,10 @@ impl Sync {
         let mut replica: Option<(BTreeMap<String, KeyRecord>, String)> = None;
         let mut conn: Option<Conn> = None;
         let mut failing = false;
+        // Records are never deleted (a revoked key keeps its record): a full load with fewer
+        // than this node already holds means the registry lost data (flushed, evicted, a
+        // wrong prefix, not imported yet), and applying it would wipe keys fleet-wide.
+        let mut known = KeysFile::load(&self.snapshot).map_or(0, |f| f.keys.len());
         while !stop() {
             let result = (|| -> Result<(), KeysError> {
                 let c = match &mut conn {
@@ -326,8 +412,18 @@ impl Sync {
                 match &mut replica {
                     None => {
                         let (file, position) = self.registry.load_on(c.as_mut())?;
-                        let map = file.keys.into_iter().map(|k| (k.id.clone(), k)).collect();
-                        self.apply(&map)?;
+                        if file.keys.len() < known {
+                            return Err(KeysError::Registry(format!(
+                                "it holds {} key record(s), fewer than the {known} this node \
+                                 has: refusing to apply it (flushed, evicted, another \
+                                 key_prefix, or not imported yet: `pet-gateway keys import`)",
+                                file.keys.len()
+                            )));
+                        }
+                        let map: BTreeMap<String, KeyRecord> =
+                            file.keys.into_iter().map(|k| (k.id.clone(), k)).collect();
+                        known = map.len();
+                        self.apply(&map);
                         replica = Some((map, position));
                     }
                     Some((map, position)) => match self.registry.changes(c.as_mut(), position)? {
@@ -340,7 +436,8 @@ impl Sync {
                             for r in records {
                                 map.insert(r.id.clone(), r);
                             }
-                            self.apply(map)?;
+                            known = map.len();
+                            self.apply(map);
                             *position = next;
                         }
                     },
@@ -359,30 +456,36 @@ impl Sync {
                 }
                 Err(e) => {
                     if !failing {
-                        tracing::error!(error = %e, "key registry unreachable: serving the keys last synced (snapshot); retrying");
+                        tracing::error!(error = %e, "key registry: cannot sync; serving the keys last synced (snapshot) and retrying");
                     }
                     failing = true;
+                    // A new connection next time; the replica and its feed position stay,
+                    // so the feed catches up on what was missed.
                     conn = None;
-                    // Whatever was missed meanwhile, a full load catches up.
-                    replica = None;
                     if self.state.0.load(Ordering::Relaxed) == SyncState::SYNCED {
                         self.state.snapshot_only();
                     }
                 }
             }
-            std::thread::sleep(POLL);
+            // Poll quickly while in step, back off while failing.
+            std::thread::sleep(if failing { POLL * 5 } else { POLL });
         }
     }
 
-    /// Writes the replica to the snapshot and reloads the catalog from it.
-    fn apply(&self, map: &BTreeMap<String, KeyRecord>) -> Result<(), KeysError> {
+    /// Writes the replica to the snapshot and reloads the catalog from it. A snapshot that
+    /// cannot be written is logged (the catalog keeps its keys; the next change tries again),
+    /// never a reason to stop following the feed.
+    fn apply(&self, map: &BTreeMap<String, KeyRecord>) {
         let mut file = KeysFile {
             keys: map.values().cloned().collect(),
         };
         file.keys
             .sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
-        crate::keys::write_snapshot(&self.snapshot, &file)?;
+        if let Err(e) = crate::keys::write_snapshot(&self.snapshot, &file) {
+            tracing::error!(error = %e, snapshot = %self.snapshot.display(),
+                "key registry: cannot write this node's snapshot; its keys stay as they were");
+            return;
+        }
         self.catalog.reload(false);
-        Ok(())
     }
 }

@@ -61,7 +61,11 @@ pub fn run(
         probe_listen(config.listen, "listen")?;
         probe_listen(config.admin_listen, "admin_listen")?;
     }
-    let catalog = Arc::new(Catalog::load(&config.keys_file, &config.plans_dir)?);
+    let catalog = Arc::new(Catalog::load_with(
+        &config.keys_file,
+        &config.plans_dir,
+        config.keys_source == crate::config::KeysSource::File,
+    )?);
     let certs = match &config.tls {
         Some(files) => Some(Arc::new(CertResolver::load(&files.cert, &files.key)?)),
         None => None,

@@ -466,18 +466,20 @@ fn validate(l: &Layers) -> Result<Config, ConfigError> {
         .map(|t| {
             t.parse(|t| {
                 // What a bearer token may hold (RFC 6750 token68), or no request could match.
-                let token68 = t.bytes().all(|b| {
-                    b.is_ascii_alphanumeric()
-                        || matches!(b, b'-' | b'.' | b'_' | b'~' | b'+' | b'/')
-                });
+                let body = t.trim_end_matches('=');
+                let token68 = !body.is_empty()
+                    && body.bytes().all(|b| {
+                        b.is_ascii_alphanumeric()
+                            || matches!(b, b'-' | b'.' | b'_' | b'~' | b'+' | b'/')
+                    });
                 let distinct = t.bytes().collect::<std::collections::HashSet<u8>>().len();
                 if (16..=crate::auth::MAX_TOKEN_LEN).contains(&t.len()) && token68 && distinct >= 8
                 {
                     Ok(t)
                 } else {
                     Err(
-                        "must be 16 to 256 of A-Z, a-z, 0-9, `-._~+/`, not a repeated pattern \
-                         (`openssl rand -base64 32`)"
+                        "must be 16 to 256 of A-Z, a-z, 0-9, `-._~+/` (then any `=`), not a \
+                         repeated pattern (`openssl rand -base64 32`)"
                             .to_owned(),
                     )
                 }
