@@ -429,9 +429,21 @@ async fn show_reports_usage_reset_usage_zeroes_it_and_list_json_is_pure_json() {
         ),
         (Some(4), Some(4))
     );
+    assert_eq!(shown["usage"]["refused_today"], 0);
+    assert!(
+        shown["usage"]["last_used"]
+            .as_str()
+            .unwrap()
+            .ends_with(":00Z"),
+        "to the minute"
+    );
     let text = String::from_utf8_lossy(&show(false).stdout).to_string();
     assert!(
         text.contains("4 of 600 this minute, 4 of 100000 today"),
+        "{text}"
+    );
+    assert!(
+        text.contains("last used:") && text.contains("429s today:"),
         "{text}"
     );
 
@@ -467,6 +479,13 @@ async fn show_reports_usage_reset_usage_zeroes_it_and_list_json_is_pure_json() {
     assert!(out.status.success(), "{out:?}");
     let list: Value = serde_json::from_slice(&out.stdout).expect("only JSON on stdout");
     assert_eq!(list.as_array().unwrap().len(), 2);
+    let first = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["id"] == id.as_str())
+        .unwrap();
+    assert_eq!(first["usage"]["day"], 1, "usage per key in the JSON list");
     assert!(list[0].get("sha256").is_none(), "never the hash");
 }
 

@@ -510,7 +510,16 @@ impl ServeHttp for Admin {
                 match self.active_key(id) {
                     Some((key, limits)) => {
                         let (usage, usage_error) = match self.store.usage(key.quota_id()).await {
-                            Ok(u) => (serde_json::to_value(u).ok(), None),
+                            Ok(u) => {
+                                let mut v = serde_json::to_value(u).unwrap_or_default();
+                                // To the minute: when, not a trace of the client's traffic.
+                                v["last_used"] = serde_json::json!((u.last_admitted > 0)
+                                    .then(|| rfc3339(u.last_admitted / 60 * 60)));
+                                if let Some(map) = v.as_object_mut() {
+                                    map.remove("last_admitted");
+                                }
+                                (Some(v), None)
+                            }
                             Err(e) => (None, Some(e.to_string())),
                         };
                         let body = serde_json::json!({

@@ -188,11 +188,35 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             };
             let now = crate::clock::unix_now();
             if json {
+                let admin = AdminClient::of(&config);
+                // Usage from the running gateway (one call per key still in use), when it
+                // answers; otherwise `usage` is null and `usage_error` says why.
+                let mut reachable = bans.is_some();
                 let list: Vec<serde_json::Value> = file
                     .keys
                     .iter()
                     .map(|k| {
-                        k.to_json(&k.status(ban_of(bans.as_ref(), &k.id), now), bans.is_some())
+                        let status = k.status(ban_of(bans.as_ref(), &k.id), now);
+                        let mut v = k.to_json(&status, bans.is_some());
+                        v["usage"] = serde_json::Value::Null;
+                        if reachable && k.revoked_at.is_none() && status != "expired" {
+                            match admin.call("GET", &format!("/keys/{}", k.id)) {
+                                Ok((200, body)) => {
+                                    let live: serde_json::Value =
+                                        serde_json::from_str(&body).unwrap_or_default();
+                                    v["usage"] = live["usage"].clone();
+                                    v["limits"] = live["limits"].clone();
+                                }
+                                Ok((code, _)) => {
+                                    v["usage_error"] = format!("gateway answered {code}").into()
+                                }
+                                Err(e) => {
+                                    reachable = false;
+                                    v["usage_error"] = e.into();
+                                }
+                            }
+                        }
+                        v
                     })
                     .collect();
                 println!("{}", serde_json::Value::Array(list));
@@ -286,6 +310,12 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
                     limits["per_minute"],
                     usage["day"],
                     limits["per_day"]
+                );
+                println!("{:<12} {}", "429s today:", usage["refused_today"]);
+                println!(
+                    "{:<12} {}",
+                    "last used:",
+                    usage["last_used"].as_str().unwrap_or("-")
                 );
             }
             if let Some(note) = usage_note {

@@ -83,6 +83,12 @@ pub struct KeyState {
     pub ban_level: u64,
     /// After this Unix second the ban level decays back to zero.
     pub level_until: u64,
+    /// When a request was last admitted (Unix seconds; 0: never), for `keys show`.
+    pub last_admitted: u64,
+    /// Requests refused in day window `refused_day` (rate-limited, or starting a ban; those
+    /// refused during a ban are answered from ban caches and not counted here).
+    pub refused_day: u64,
+    pub refused: u64,
 }
 
 impl KeyState {
@@ -131,8 +137,14 @@ impl KeyState {
         if self.minute_count < limits.per_minute && self.day_count < limits.per_day {
             self.minute_count += 1;
             self.day_count += 1;
+            self.last_admitted = now;
             return verdict(Outcome::Admitted, self);
         }
+        if self.refused_day != day {
+            self.refused_day = day;
+            self.refused = 0;
+        }
+        self.refused += 1;
         if self.strike_window != minute {
             self.strike_window = minute;
             self.strikes = 0;
@@ -154,8 +166,9 @@ impl KeyState {
         }
     }
 
-    /// The counts of the windows current at `now` (as [`KeyState::acquire`] would see them).
-    pub fn usage(&self, now: u64) -> (u64, u64) {
+    /// The counts of the windows current at `now` (as [`KeyState::acquire`] would see them):
+    /// admitted this minute, admitted today, refused today.
+    pub fn usage(&self, now: u64) -> (u64, u64, u64) {
         let minute = ahead_by_one(self.minute_window, now / MINUTE_SECS);
         let day = ahead_by_one(self.day_window, now / DAY_SECS);
         (
@@ -166,6 +179,11 @@ impl KeyState {
             },
             if self.day_window == day {
                 self.day_count
+            } else {
+                0
+            },
+            if self.refused_day == day {
+                self.refused
             } else {
                 0
             },

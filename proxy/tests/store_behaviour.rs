@@ -401,6 +401,10 @@ async fn usage_is_read_and_reset_without_touching_bans(subject: &Subject) {
     let used = store.usage("u").await.unwrap();
     assert_eq!((used.minute, used.day), (3, 3));
     assert_eq!(outcome(store, "u", limits, &ban).await, Outcome::Banned);
+    let used = store.usage("u").await.unwrap();
+    assert_eq!(used.refused_today, 1, "the refusal that started the ban");
+    assert!(used.last_admitted > 0 && used.last_admitted <= used.now);
+    assert!(used.now - used.last_admitted <= 2);
     store.reset_usage("u").await.unwrap();
     let used = store.usage("u").await.unwrap();
     assert_eq!((used.minute, used.day), (0, 0));

@@ -143,8 +143,15 @@ impl QuotaStore for MemoryStore {
     async fn usage(&self, quota_id: &str) -> Result<Usage, StoreError> {
         let now = self.clock.now();
         let shard = lock(self.shard(quota_id));
-        let (minute, day) = shard.keys.get(quota_id).map_or((0, 0), |s| s.usage(now));
-        Ok(Usage { now, minute, day })
+        let state = shard.keys.get(quota_id);
+        let (minute, day, refused_today) = state.map_or((0, 0, 0), |s| s.usage(now));
+        Ok(Usage {
+            now,
+            minute,
+            day,
+            refused_today,
+            last_admitted: state.map_or(0, |s| s.last_admitted),
+        })
     }
 
     async fn reset_usage(&self, quota_id: &str) -> Result<(), StoreError> {

@@ -50,6 +50,11 @@ pub struct Usage {
     pub now: u64,
     pub minute: u64,
     pub day: u64,
+    /// Requests refused today by a full window or a ban's start (not those refused during a
+    /// ban: ban caches answer them without the store).
+    pub refused_today: u64,
+    /// When a request was last admitted, Unix seconds; 0: not since the key's state expired.
+    pub last_admitted: u64,
 }
 
 /// A ban as the admin commands show it.

@@ -288,7 +288,7 @@ impl QuotaStore for RedisStore {
 
     async fn usage(&self, quota_id: &str) -> Result<Usage, StoreError> {
         let r: Vec<i64> = self.invoke(&self.usage, quota_id, &[]).await?;
-        let [now, minute, day] = r[..] else {
+        let [now, minute, day, refused, last] = r[..] else {
             return Err(StoreError::Protocol(format!("usage returned {r:?}")));
         };
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
@@ -296,6 +296,8 @@ impl QuotaStore for RedisStore {
             now: n(now),
             minute: n(minute),
             day: n(day),
+            refused_today: n(refused),
+            last_admitted: n(last),
         })
     }
 

@@ -13,6 +13,8 @@
 //! | `sw`, `sc` | minute window of the strikes and refused requests counted in it |
 //! | `bu` | ban end; banned while `bu > now` |
 //! | `lv`, `lu` | ban level (how many bans in a row) and when it decays back to 0 |
+//! | `la` | when a request was last admitted |
+//! | `rd`, `rc` | day window of the refusals, and requests refused in it (full window or a ban's start) |
 //!
 //! Beside them, one sorted set per environment, `<prefix>:bans`, indexes the active bans (member
 //! the key id, score the ban's end), so listing them is one call. It is a key of its own slot,
@@ -40,7 +42,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1])
 local mw = math.floor(now / 60)
 local dw = math.floor(now / 86400)
-local f = redis.call('HMGET', key, 'mw', 'mc', 'dw', 'dc', 'sw', 'sc', 'bu', 'lv', 'lu')
+local f = redis.call('HMGET', key, 'mw', 'mc', 'dw', 'dc', 'sw', 'sc', 'bu', 'lv', 'lu', 'rd', 'rc')
 -- Only a newer window starts from zero: one window behind the stored one (a failover to a
 -- lagging clock) the stored window keeps counting (quota::ahead_by_one).
 if tonumber(f[1]) == mw + 1 then mw = mw + 1 end
@@ -58,10 +60,12 @@ local day_end = (dw + 1) * 86400
 if mc < tonumber(ARGV[1]) and dc < tonumber(ARGV[2]) then
   mc = mc + 1
   dc = dc + 1
-  redis.call('HSET', key, 'mw', mw, 'mc', mc, 'dw', dw, 'dc', dc)
+  redis.call('HSET', key, 'mw', mw, 'mc', mc, 'dw', dw, 'dc', dc, 'la', now)
   redis.call('EXPIREAT', key, math.max(day_end, lu))
   return {0, now, mc, dc, 0}
 end
+local rc = 1
+if tonumber(f[10]) == dw then rc = (tonumber(f[11]) or 0) + 1 end
 local sc = 0
 if tonumber(f[5]) == mw then sc = tonumber(f[6]) or 0 end
 sc = sc + 1
@@ -80,7 +84,7 @@ else
   bu = 0
 end
 redis.call('HSET', key, 'mw', mw, 'mc', mc, 'dw', dw, 'dc', dc, 'sw', mw, 'sc', sc,
-  'bu', bu, 'lv', lv, 'lu', lu)
+  'bu', bu, 'lv', lv, 'lu', lu, 'rd', dw, 'rc', rc)
 redis.call('EXPIREAT', key, math.max(day_end, lu))
 return {outcome, now, mc, dc, bu}
 "#;
@@ -143,19 +147,21 @@ return 1
 ///
 /// - `KEYS[1]`: the key's hash.
 ///
-/// Returns `{now, minute_count, day_count}`.
+/// Returns `{now, minute_count, day_count, refused_today, last_admitted}`.
 pub const USAGE: &str = r#"
 local now = tonumber(redis.call('TIME')[1])
 local mw = math.floor(now / 60)
 local dw = math.floor(now / 86400)
-local f = redis.call('HMGET', KEYS[1], 'mw', 'mc', 'dw', 'dc')
+local f = redis.call('HMGET', KEYS[1], 'mw', 'mc', 'dw', 'dc', 'rd', 'rc', 'la')
 if tonumber(f[1]) == mw + 1 then mw = mw + 1 end
 if tonumber(f[3]) == dw + 1 then dw = dw + 1 end
 local mc = 0
 if tonumber(f[1]) == mw then mc = tonumber(f[2]) or 0 end
 local dc = 0
 if tonumber(f[3]) == dw then dc = tonumber(f[4]) or 0 end
-return {now, mc, dc}
+local rc = 0
+if tonumber(f[5]) == dw then rc = tonumber(f[6]) or 0 end
+return {now, mc, dc, rc, tonumber(f[7]) or 0}
 "#;
 
 /// Zeroes a key's minute and day counts; windows, strikes and bans stay.
