@@ -290,3 +290,77 @@ async fn an_empty_registry_never_wipes_a_nodes_keys() {
     }
     assert_eq!(status(&gw, &key).await, 200);
 }
+
+/// The key lifecycle on a fleet: a key's own limits and expiry, a rotation sharing one quota
+/// across nodes, usage as `keys show` reports it, and reset-usage, on three nodes sharing one
+/// registry and one quota store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_lifecycle_holds_across_three_nodes() {
+    let f = Fixture::new(600, 100_000);
+    let redis = RedisServer::start();
+    let upstream = EchoUpstream::start();
+    let specs: Vec<GatewaySpec> = (0..3)
+        .map(|n| node_spec(&f, upstream.addr, &redis, n))
+        .collect();
+    let nodes: Vec<GatewayProcess> = specs.iter().map(|s| f.gateway(s)).collect();
+    let config = nodes[0].config.clone();
+    e2e::fresh_minute(Duration::from_secs(20));
+
+    let key = issued(&cli(
+        &config,
+        &[
+            "issue",
+            "--plan",
+            "free",
+            "--per-minute",
+            "5",
+            "--expires-in",
+            "8s",
+        ],
+    ));
+    let issued_at = Instant::now();
+    all_reach(&nodes, &key, 200, Duration::from_secs(1)).await;
+    // One quota for the fleet, with the key's own limit: 5, one used by all_reach per node.
+    let resp = reqwest::Client::new()
+        .get(nodes[1].url("/v1/pets"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-ratelimit-limit"], "5");
+    assert_eq!(resp.headers()["x-ratelimit-remaining"], "1");
+    let id = {
+        let out = cli(&config, &["list", "--json"]);
+        let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+        list[0]["id"].as_str().unwrap().to_owned()
+    };
+    // keys show, asked of node 0, counts the requests sent to all three.
+    let out = cli(&config, &["show", "--json", &id]);
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["usage"]["minute"], 4, "{shown}");
+
+    // reset-usage frees the quota; a rotation's successor shares it on every node.
+    let out = cli(&config, &["reset-usage", &id]);
+    assert!(out.status.success(), "{out:?}");
+    let successor = issued(&cli(&config, &["rotate", "--overlap", "1h", &id]));
+    all_reach(&nodes, &successor, 200, Duration::from_secs(1)).await; // 3 of 5
+    assert_eq!(status(&nodes[2], &successor).await, 200); // 4
+    assert_eq!(
+        status(&nodes[1], &key).await,
+        200,
+        "the old key, in its overlap"
+    ); // 5
+    assert_eq!(
+        status(&nodes[0], &successor).await,
+        429,
+        "5 in all, across keys and nodes"
+    );
+
+    // Expiry: the first key stops on every node at its expiry (its successor inherits it too).
+    while issued_at.elapsed() < Duration::from_secs(9) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for gw in &nodes {
+        assert_eq!(status(gw, &key).await, 401);
+    }
+}

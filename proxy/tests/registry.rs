@@ -97,3 +97,40 @@ fn a_second_import_adds_only_what_is_missing() {
         "the import did not undo the revocation"
     );
 }
+
+/// The registry on a Redis Cluster: its two keys share a hash tag, so the compare-and-set
+/// script runs on one node.
+#[test]
+fn the_registry_works_on_a_redis_cluster() {
+    let cluster = e2e::RedisCluster::start(3, 0);
+    let registry = Arc::new(Registry::new(&cluster.url(), "test", Duration::from_secs(2)).unwrap());
+    let store = KeyStore::Registry(Arc::clone(&registry));
+    let dir = tempfile::tempdir().unwrap();
+    let plans = plans(dir.path());
+    let (a, _) = keys::issue(
+        &store,
+        &plans,
+        "free",
+        None,
+        "pet_test_",
+        &Default::default(),
+    )
+    .unwrap();
+    keys::issue(
+        &store,
+        &plans,
+        "free",
+        None,
+        "pet_test_",
+        &Default::default(),
+    )
+    .unwrap();
+    keys::revoke(store.clone(), &a.id).unwrap();
+    let (file, position) = registry.load().unwrap();
+    assert_eq!(file.keys.len(), 2);
+    assert!(file
+        .keys
+        .iter()
+        .any(|k| k.id == a.id && k.revoked_at.is_some()));
+    assert_ne!(position, "0-0", "the change feed moved");
+}
