@@ -112,6 +112,8 @@ pub fn run(
 
     let conf = ServerConf {
         threads: config.threads,
+        work_stealing: config.work_stealing,
+        upstream_keepalive_pool_size: config.upstream_keepalive_pool_size,
         grace_period_seconds: Some(config.grace_period_secs),
         graceful_shutdown_timeout_seconds: Some(config.shutdown_timeout_secs),
         upgrade_sock: config.upgrade_sock.to_string_lossy().into_owned(),

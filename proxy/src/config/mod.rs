@@ -89,6 +89,10 @@ pub struct Config {
     pub on_store_error: OnStoreError,
     /// Worker threads of the proxy.
     pub threads: usize,
+    /// Whether idle proxy threads take tasks queued on busy ones (pingora's work stealing).
+    pub work_stealing: bool,
+    /// Idle connections to the backends kept for reuse, in all.
+    pub upstream_keepalive_pool_size: usize,
     /// The limit on requests with a missing or invalid key: per minute, per client (an IPv4
     /// address or an IPv6 network), how many clients are tracked, and which peers' `X-Forwarded-For`
     /// is believed.
@@ -149,6 +153,8 @@ pub struct Layer {
     pub store_timeout_ms: Option<u64>,
     pub on_store_error: Option<OnStoreError>,
     pub threads: Option<usize>,
+    pub work_stealing: Option<bool>,
+    pub upstream_keepalive_pool_size: Option<usize>,
     pub unauthenticated_per_minute: Option<u32>,
     pub unauthenticated_ipv6_prefix: Option<u8>,
     pub unauthenticated_max_tracked: Option<usize>,
@@ -235,6 +241,8 @@ const ON_STORE_ERROR: Setting = Setting::overridable(
     "PET_GATEWAY_ON_STORE_ERROR",
 );
 const THREADS: Setting = Setting::file_only("threads");
+const WORK_STEALING: Setting = Setting::file_only("work_stealing");
+const UPSTREAM_KEEPALIVE_POOL_SIZE: Setting = Setting::file_only("upstream_keepalive_pool_size");
 const UNAUTHENTICATED_PER_MINUTE: Setting = Setting::file_only("unauthenticated_per_minute");
 const UNAUTHENTICATED_IPV6_PREFIX: Setting = Setting::file_only("unauthenticated_ipv6_prefix");
 const UNAUTHENTICATED_MAX_TRACKED: Setting = Setting::file_only("unauthenticated_max_tracked");
@@ -627,6 +635,14 @@ fn validate(l: &Layers) -> Result<Config, ConfigError> {
             .or(&ON_STORE_ERROR, |l| &l.on_store_error, OnStoreError::Local)
             .value,
         threads,
+        work_stealing: l.or(&WORK_STEALING, |l| &l.work_stealing, true).value,
+        upstream_keepalive_pool_size: l
+            .or(
+                &UPSTREAM_KEEPALIVE_POOL_SIZE,
+                |l| &l.upstream_keepalive_pool_size,
+                128,
+            )
+            .parse(at_least_one)?,
         unauthenticated: UnauthSettings {
             per_minute: l
                 .or(
@@ -757,6 +773,33 @@ mod tests {
         assert_eq!(c.on_store_error, OnStoreError::Local);
         assert_eq!(c.store_timeout, Duration::from_millis(50));
         assert_eq!(c.ban, BanPolicy::default());
+        assert!(c.work_stealing);
+        assert_eq!(c.upstream_keepalive_pool_size, 128);
+        assert_eq!(c.keys_source, KeysSource::File);
+        assert_eq!(c.request_header_timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn pingora_runtime_settings_come_from_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(
+            dir.path(),
+            "work_stealing = false
+upstream_keepalive_pool_size = 16
+",
+        );
+        let c = Config::load(Some(&path), &Env::default(), &Overrides::default()).unwrap();
+        assert!(!c.work_stealing);
+        assert_eq!(c.upstream_keepalive_pool_size, 16);
+        let path = write(
+            dir.path(),
+            "upstream_keepalive_pool_size = 0
+",
+        );
+        let e = Config::load(Some(&path), &Env::default(), &Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("upstream_keepalive_pool_size"), "{e}");
     }
 
     #[test]
