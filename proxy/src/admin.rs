@@ -350,7 +350,7 @@ impl Admin {
         let audit_log = self.key_files.audit_log.clone();
         let id = id.to_owned();
         let _ = tokio::task::spawn_blocking(move || {
-            let record = store.load().ok()?.keys.into_iter().find(|k| k.id == id)?;
+            let record = store.load().ok()?.get(&id).ok()?.clone();
             let line = crate::audit::line(action, &record, "admin");
             if let Err(e) = crate::audit::write(audit_log.as_deref(), &line) {
                 tracing::error!(error = %e, action, key_id = %record.id, "audit log not written");
@@ -366,7 +366,7 @@ impl Admin {
     async fn settle(&self, id: &str, present: bool) -> bool {
         let started = std::time::Instant::now();
         loop {
-            let found = self.catalog.snapshot().keys.keys().any(|k| &*k.id == id);
+            let found = self.catalog.snapshot().keys.by_id(id).is_some();
             if found == present {
                 return true;
             }
@@ -383,8 +383,8 @@ impl Admin {
         let snapshot = self.catalog.snapshot();
         let key = snapshot
             .keys
-            .keys()
-            .find(|k| &*k.id == id && !k.expired(crate::clock::unix_now()))
+            .by_id(id)
+            .filter(|k| !k.expired(crate::clock::unix_now()))
             .cloned()?;
         let limits = snapshot.plans.get(&key.plan).map(|p| key.limits(p.limits));
         Some((key, limits))
@@ -574,8 +574,7 @@ impl ServeHttp for Admin {
                     .catalog
                     .snapshot()
                     .keys
-                    .keys()
-                    .find(|k| &*k.id == id)
+                    .by_id(id)
                     .map_or(id.to_owned(), |k| k.quota_id().to_string());
                 self.ban_cache.forget(&quota);
                 match self.store.lift_ban(&quota).await {

@@ -252,11 +252,7 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
         } => {
             let config = key_config(&files, admin_listen.as_deref())?;
             let file = key_store(&config)?.load().map_err(|e| e.to_string())?;
-            let record = file
-                .keys
-                .iter()
-                .find(|k| k.id == id)
-                .ok_or_else(|| keys::KeysError::NoSuchKey(id.clone()).to_string())?;
+            let record = file.get(&id).map_err(|e| e.to_string())?;
             let admin = AdminClient::of(&config);
             let bans = fetch_bans(&admin).ok();
             let status = record.status(ban_of(bans.as_ref(), &record.id), crate::clock::unix_now());
@@ -330,10 +326,7 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
         } => {
             let config = key_config(&files, admin_listen.as_deref())?;
             let file = key_store(&config)?.load().map_err(|e| e.to_string())?;
-            file.keys
-                .iter()
-                .find(|k| k.id == id)
-                .ok_or_else(|| keys::KeysError::NoSuchKey(id.clone()).to_string())?;
+            file.get(&id).map_err(|e| e.to_string())?;
             let (code, body) =
                 AdminClient::of(&config).call("POST", &format!("/keys/{id}/reset-usage"))?;
             if code != 200 {

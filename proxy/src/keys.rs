@@ -170,6 +170,11 @@ impl KeyIndex {
         self.by_hash.values()
     }
 
+    /// The key with this id (a scan: the index is by hash; for the admin side only).
+    pub fn by_id(&self, id: &str) -> Option<&KeyInfo> {
+        self.by_hash.values().find(|k| &*k.id == id)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.by_hash.is_empty()
     }
@@ -302,13 +307,30 @@ impl KeysFile {
     /// The records neither revoked nor expired: those whose plan must exist.
     pub fn active(&self) -> impl Iterator<Item = &KeyRecord> {
         let now = crate::clock::unix_now();
-        self.keys.iter().filter(move |k| {
-            k.revoked_at.is_none()
-                && k.expires_at
-                    .as_deref()
-                    .and_then(parse_rfc3339)
-                    .is_none_or(|t| t > now)
-        })
+        self.keys
+            .iter()
+            .filter(move |k| k.revoked_at.is_none() && !k.expired(now))
+    }
+
+    /// The record with this id.
+    pub fn get(&self, id: &str) -> Result<&KeyRecord, KeysError> {
+        self.keys
+            .iter()
+            .find(|k| k.id == id)
+            .ok_or_else(|| KeysError::NoSuchKey(id.to_owned()))
+    }
+
+    fn get_mut(&mut self, id: &str) -> Result<&mut KeyRecord, KeysError> {
+        self.keys
+            .iter_mut()
+            .find(|k| k.id == id)
+            .ok_or_else(|| KeysError::NoSuchKey(id.to_owned()))
+    }
+
+    /// Oldest first (ties by id): the order files and snapshots are written in.
+    pub fn sort(&mut self) {
+        self.keys
+            .sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
     }
 
     /// The index of the active keys whose plan is in `plans`, and `id (plan)` of those skipped
@@ -610,12 +632,19 @@ impl KeyRecordOptions {
 }
 
 impl KeyRecord {
+    /// Whether the key has expired at `now` (Unix seconds).
+    pub fn expired(&self, now: u64) -> bool {
+        self.expires_at
+            .as_deref()
+            .and_then(parse_rfc3339)
+            .is_some_and(|t| t <= now)
+    }
+
     /// The key's status at `now`, as `keys list`, `keys show` and the admin API say it;
     /// `banned_until`: when the running gateway says it is banned, until when.
     pub fn status(&self, banned_until: Option<&str>, now: u64) -> String {
         let expires = self.expires_at.as_deref();
-        let expired = expires.and_then(parse_rfc3339).is_some_and(|t| t <= now);
-        match (&self.revoked_at, expired, banned_until) {
+        match (&self.revoked_at, self.expired(now), banned_until) {
             (Some(_), _, _) => "revoked".to_owned(),
             (None, true, _) => "expired".to_owned(),
             (None, false, Some(until)) => format!("banned until {until}"),
@@ -706,17 +735,8 @@ pub fn rotate(
 ) -> Result<(KeyRecord, KeyRecord, String), KeysError> {
     store.into().modify(|file| {
         let now = crate::clock::unix_now();
-        let old = file
-            .keys
-            .iter()
-            .find(|k| k.id == id)
-            .ok_or_else(|| KeysError::NoSuchKey(id.to_owned()))?;
-        let expired = old
-            .expires_at
-            .as_deref()
-            .and_then(parse_rfc3339)
-            .is_some_and(|t| t <= now);
-        if old.revoked_at.is_some() || expired {
+        let old = file.get(id)?;
+        if old.revoked_at.is_some() || old.expired(now) {
             return Err(KeysError::NotActive(id.to_owned()));
         }
         if let Some(successor) = &old.rotated_to {
@@ -733,11 +753,7 @@ pub fn rotate(
             rotated_to: None,
             ..old.clone()
         };
-        let old = file
-            .keys
-            .iter_mut()
-            .find(|k| k.id == id)
-            .ok_or_else(|| KeysError::NoSuchKey(id.to_owned()))?;
+        let old = file.get_mut(id)?;
         let end = now.saturating_add(overlap_secs);
         if end > u64::from(u32::MAX) {
             return Err(KeysError::Invalid {
@@ -760,11 +776,7 @@ pub fn rotate(
 /// next reload on.
 pub fn revoke(store: impl Into<KeyStore>, id: &str) -> Result<KeyRecord, KeysError> {
     store.into().modify(|file| {
-        let record = file
-            .keys
-            .iter_mut()
-            .find(|k| k.id == id)
-            .ok_or_else(|| KeysError::NoSuchKey(id.to_owned()))?;
+        let record = file.get_mut(id)?;
         if record.revoked_at.is_none() {
             record.revoked_at = Some(rfc3339_now());
         }

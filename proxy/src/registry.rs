@@ -178,8 +178,7 @@ impl Registry {
                 Err(e) => tracing::error!(error = %e, "key registry: record skipped"),
             }
         }
-        file.keys
-            .sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        file.sort();
         Ok((file, position, all))
     }
 
@@ -479,8 +478,7 @@ impl Sync {
         let mut file = KeysFile {
             keys: map.values().cloned().collect(),
         };
-        file.keys
-            .sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        file.sort();
         if let Err(e) = crate::keys::write_snapshot(&self.snapshot, &file) {
             tracing::error!(error = %e, snapshot = %self.snapshot.display(),
                 "key registry: cannot write this node's snapshot; its keys stay as they were");
