@@ -19,6 +19,7 @@ pub struct Metrics {
     pub bans: IntCounterVec,
     pub auth_failures: IntCounterVec,
     pub store_duration: Histogram,
+    pub store_batch_size: Histogram,
     pub store_errors: IntCounterVec,
     pub store_fallback: IntGauge,
     pub config_reloads: IntCounterVec,
@@ -142,6 +143,17 @@ impl Metrics {
                         "Time of one quota-store decision.",
                     )
                     .buckets(LATENCY.to_vec()),
+                )
+                .expect("valid metric definition"),
+            ),
+            store_batch_size: register(
+                r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "pet_gateway_store_batch_size",
+                        "Decisions carried by one Redis script run (group commit; 1 at low load).",
+                    )
+                    .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
                 )
                 .expect("valid metric definition"),
             ),

@@ -75,11 +75,10 @@ pub fn run(
     // store must be one and the same map.
     let (store, admin_store): (Arc<dyn QuotaStore>, Arc<dyn QuotaStore>) = match &config.redis_url {
         Some(url) => (
-            Arc::new(RedisStore::new(
-                url,
-                &config.key_prefix,
-                config.store_timeout,
-            )?),
+            Arc::new(
+                RedisStore::new(url, &config.key_prefix, config.store_timeout)?
+                    .with_batch_max(config.store_batch_max),
+            ),
             Arc::new(RedisStore::new(
                 url,
                 &config.key_prefix,

@@ -1,6 +1,7 @@
 //! One behaviour suite for every quota store: the same tests, instantiated per store by
 //! `store_suite!`, against the in-memory store, a real `redis-server` started on a free loopback
-//! port, and a real three-master Redis Cluster. Whatever one store does, the others must too.
+//! port (decisions batched, the default, and one script run per decision), and a real
+//! three-master Redis Cluster (batched per slot). Whatever one store does, the others must too.
 //!
 //! The memory store runs on a hand-moved clock, so its window and ban tests step over seconds
 //! instead of sleeping through them; Redis keeps its own time (`TIME`), so there they wait.
@@ -80,6 +81,20 @@ fn memory() -> Subject {
 fn redis() -> Subject {
     let server = RedisServer::start();
     let store = RedisStore::new(&server.url(), "test", Duration::from_millis(500)).expect("store");
+    Subject {
+        store: Arc::new(store),
+        clock: None,
+        redis: Some(server.addr),
+        _servers: Some(Box::new(server)),
+    }
+}
+
+/// One script run per decision, several in flight: the store before group commit.
+fn redis_unbatched() -> Subject {
+    let server = RedisServer::start();
+    let store = RedisStore::new(&server.url(), "test", Duration::from_millis(500))
+        .expect("store")
+        .with_batch_max(1);
     Subject {
         store: Arc::new(store),
         clock: None,
@@ -473,7 +488,7 @@ macro_rules! store_suite {
     )*};
 }
 
-store_suite!(memory, redis, cluster);
+store_suite!(memory, redis, redis_unbatched, cluster);
 
 /// Redis only: environments sharing one Redis never share counts, every key expires, and all
 /// of a key's state sits under its hash tag.

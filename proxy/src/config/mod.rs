@@ -86,6 +86,8 @@ pub struct Config {
     pub keys_file: PathBuf,
     pub plans_dir: PathBuf,
     pub store_timeout: Duration,
+    /// The most decisions one Redis script run carries (group commit); 1: one run each.
+    pub store_batch_max: usize,
     pub on_store_error: OnStoreError,
     /// Worker threads of the proxy.
     pub threads: usize,
@@ -151,6 +153,7 @@ pub struct Layer {
     pub keys_file: Option<PathBuf>,
     pub plans_dir: Option<PathBuf>,
     pub store_timeout_ms: Option<u64>,
+    pub store_batch_max: Option<usize>,
     pub on_store_error: Option<OnStoreError>,
     pub threads: Option<usize>,
     pub work_stealing: Option<bool>,
@@ -235,6 +238,7 @@ const KEYS_FILE: Setting =
 const PLANS_DIR: Setting =
     Setting::overridable("plans_dir", "--plans-dir", "PET_GATEWAY_PLANS_DIR");
 const STORE_TIMEOUT_MS: Setting = Setting::file_only("store_timeout_ms");
+const STORE_BATCH_MAX: Setting = Setting::file_only("store_batch_max");
 const ON_STORE_ERROR: Setting = Setting::overridable(
     "on_store_error",
     "--on-store-error",
@@ -448,6 +452,10 @@ fn at_least_one<T: PartialEq + From<u8>>(v: T) -> Result<T, String> {
     }
 }
 
+/// A script run blocks the Redis it runs on; past this many decisions one run would hold it for
+/// milliseconds, delaying every other client.
+const MAX_STORE_BATCH: usize = 1024;
+
 fn millis(v: u64) -> Result<Duration, String> {
     at_least_one(v).map(Duration::from_millis)
 }
@@ -631,6 +639,19 @@ fn validate(l: &Layers) -> Result<Config, ConfigError> {
         store_timeout: l
             .or(&STORE_TIMEOUT_MS, |l| &l.store_timeout_ms, 50)
             .parse(millis)?,
+        store_batch_max: l
+            .or(
+                &STORE_BATCH_MAX,
+                |l| &l.store_batch_max,
+                crate::store::DEFAULT_BATCH_MAX,
+            )
+            .parse(|n| {
+                if (1..=MAX_STORE_BATCH).contains(&n) {
+                    Ok(n)
+                } else {
+                    Err(format!("must be from 1 to {MAX_STORE_BATCH}"))
+                }
+            })?,
         on_store_error: l
             .or(&ON_STORE_ERROR, |l| &l.on_store_error, OnStoreError::Local)
             .value,
@@ -776,6 +797,7 @@ mod tests {
         assert_eq!(c.ban, BanPolicy::default());
         assert!(!c.work_stealing);
         assert_eq!(c.upstream_keepalive_pool_size, 128);
+        assert_eq!(c.store_batch_max, 128);
         assert_eq!(c.keys_source, KeysSource::File);
         assert_eq!(c.request_header_timeout, Duration::from_secs(10));
     }
@@ -841,6 +863,8 @@ upstream_keepalive_pool_size = 16
             ("listen = \"nowhere\"", "`listen`"),
             ("upstreams = []", "`upstreams`"),
             ("store_timeout_ms = 0", "`store_timeout_ms`"),
+            ("store_batch_max = 0", "`store_batch_max`"),
+            ("store_batch_max = 5000", "`store_batch_max`"),
             ("[ban]\ndurations_secs = []", "`ban.durations_secs`"),
             ("on_store_error = \"maybe\"", "on_store_error"),
             ("listne = \"127.0.0.1:1\"", "listne"),

@@ -4,6 +4,7 @@
 //! - [`MemoryStore`]: in this process; the embedded default for a single node.
 //! - [`RedisStore`]: in Redis, so that every gateway node shares one exact count.
 
+mod batch;
 mod memory;
 mod redis;
 pub mod scripts;
@@ -14,7 +15,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 pub use self::memory::MemoryStore;
-pub use self::redis::{RedisStore, RedisTarget};
+pub use self::redis::{RedisStore, RedisTarget, DEFAULT_BATCH_MAX};
 use crate::quota::{BanPolicy, Limits, Verdict};
 
 #[derive(Debug, Clone, thiserror::Error)]

@@ -1,6 +1,7 @@
-//! The shared store: one Lua script per request (one round trip), over a reconnecting
-//! multiplexed connection, every call under a deadline. A single Redis or a Redis Cluster: all of
-//! one API key's state is one key, so every script touches one slot.
+//! The shared store: decisions go to Redis as one Lua script run per batch (group commit,
+//! `batch.rs`; a batch of one at low load), over a reconnecting multiplexed connection, every
+//! call under a deadline. A single Redis or a Redis Cluster: all of one API key's state is one
+//! key, and a batch on a cluster holds keys of one slot, so every script touches one slot.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +12,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::OnceCell;
 
+use super::batch::{policy_args, Batches};
 use super::{scripts, Ban, QuotaStore, StoreConfigError, StoreError, Usage};
 use crate::quota::{BanPolicy, Limits, Outcome, Verdict};
 
@@ -57,13 +59,50 @@ enum Conn {
     Cluster(ClusterConnection),
 }
 
-pub struct RedisStore {
+/// The connection every call goes through, and the deadline each one runs under. Shared by the
+/// store and its batches' drain tasks.
+pub(super) struct Link {
     client: Client,
     /// Created on first use, inside the runtime that serves requests, so the connection's
     /// driver task lives where its callers do.
     conn: OnceCell<Conn>,
-    prefix: String,
     timeout: Duration,
+}
+
+/// `ACQUIRE`'s five integers for one decision.
+pub(super) type RawVerdict = [i64; 5];
+
+/// The Redis key holding all of `key_id`'s state.
+pub(super) fn quota_key(prefix: &str, key_id: &str) -> String {
+    format!("{prefix}:quota:{{{key_id}}}")
+}
+
+/// One `ACQUIRE` run deciding `decisions` (key id and limits each) under the ban policy's
+/// arguments `policy` (`batch::policy_args`).
+pub(super) fn acquire_invocation<'a, 'k>(
+    script: &'a redis::Script,
+    prefix: &str,
+    policy: &[u64],
+    decisions: impl Iterator<Item = (&'k str, Limits)> + Clone,
+) -> redis::ScriptInvocation<'a> {
+    let mut invocation = script.prepare_invoke();
+    for (key_id, _) in decisions.clone() {
+        invocation.key(quota_key(prefix, key_id));
+    }
+    for a in policy {
+        invocation.arg(*a);
+    }
+    for (_, limits) in decisions {
+        invocation.arg(limits.per_minute).arg(limits.per_day);
+    }
+    invocation
+}
+
+pub struct RedisStore {
+    link: Arc<Link>,
+    prefix: Arc<str>,
+    /// `None`: one script run per decision (`store_batch_max = 1`).
+    batches: Option<Arc<Batches>>,
     acquire: redis::Script,
     lift_ban: redis::Script,
     ban_of: redis::Script,
@@ -73,8 +112,14 @@ pub struct RedisStore {
     reset_usage: redis::Script,
 }
 
+/// The most decisions one script run carries by default: large enough that a saturated Redis
+/// spends its time deciding rather than parsing calls, small enough that one run stays a few
+/// hundred microseconds.
+pub const DEFAULT_BATCH_MAX: usize = 128;
+
 impl RedisStore {
     /// `prefix` namespaces every key (one per environment); `timeout` bounds every call.
+    /// Decisions are batched up to [`DEFAULT_BATCH_MAX`] ([`RedisStore::with_batch_max`]).
     pub fn new(url: &str, prefix: &str, timeout: Duration) -> Result<RedisStore, StoreConfigError> {
         let client = match RedisTarget::parse(url)? {
             RedisTarget::Single(url) => Client::Single(
@@ -89,11 +134,14 @@ impl RedisStore {
                     .map_err(|e| StoreConfigError(e.to_string()))?,
             )),
         };
-        Ok(RedisStore {
-            client,
-            conn: OnceCell::new(),
-            prefix: prefix.to_owned(),
-            timeout,
+        let store = RedisStore {
+            link: Arc::new(Link {
+                client,
+                conn: OnceCell::new(),
+                timeout,
+            }),
+            prefix: Arc::from(prefix),
+            batches: None,
             acquire: redis::Script::new(scripts::ACQUIRE),
             lift_ban: redis::Script::new(scripts::LIFT_BAN),
             ban_of: redis::Script::new(scripts::BAN_OF),
@@ -101,12 +149,82 @@ impl RedisStore {
             probe: redis::Script::new(scripts::PROBE),
             usage: redis::Script::new(scripts::USAGE),
             reset_usage: redis::Script::new(scripts::RESET_USAGE),
-        })
+        };
+        Ok(store.with_batch_max(DEFAULT_BATCH_MAX))
+    }
+
+    /// At most `max` decisions per script run; 1 sends each decision in a call of its own,
+    /// several in flight at once (the behaviour before group commit, kept for comparison).
+    pub fn with_batch_max(mut self, max: usize) -> RedisStore {
+        self.batches = (max > 1).then(|| {
+            let per_slot = matches!(self.link.client, Client::Cluster(_));
+            Batches::new(
+                Arc::clone(&self.link),
+                Arc::clone(&self.prefix),
+                max,
+                per_slot,
+            )
+        });
+        self
     }
 
     /// The Redis key holding all of `key_id`'s state.
     pub fn redis_key(&self, key_id: &str) -> String {
-        format!("{}:quota:{{{}}}", self.prefix, key_id)
+        quota_key(&self.prefix, key_id)
+    }
+
+    /// The sorted set indexing the environment's active bans.
+    fn ban_index(&self) -> String {
+        format!("{}:bans", self.prefix)
+    }
+
+    /// Runs `script` on `key_id`'s hash under the deadline.
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        key_id: &str,
+        args: &[u64],
+    ) -> Result<T, StoreError> {
+        let mut invocation = script.key(self.redis_key(key_id));
+        for a in args {
+            invocation.arg(*a);
+        }
+        self.link.run(&invocation).await
+    }
+
+    /// Records (or, with `until` 0, removes) a ban in the index. A failure is logged, not
+    /// returned: the ban itself is in force either way; only `bans list` would miss it.
+    async fn index_ban(&self, key_id: &str, until: u64) {
+        let mut invocation = self.index_ban.key(self.ban_index());
+        invocation.arg(key_id).arg(until);
+        if let Err(e) = self.link.run::<i64>(&invocation).await {
+            tracing::warn!(error = %e, key_id, "could not update the ban index; `bans list` may miss this change");
+        }
+    }
+
+    /// One decision in a script run of its own.
+    async fn acquire_alone(
+        &self,
+        key_id: &str,
+        limits: Limits,
+        ban: &BanPolicy,
+    ) -> Result<RawVerdict, StoreError> {
+        let policy = policy_args(ban);
+        let invocation = acquire_invocation(
+            &self.acquire,
+            &self.prefix,
+            &policy,
+            std::iter::once((key_id, limits)),
+        );
+        let r: Vec<i64> = self.link.run(&invocation).await?;
+        <RawVerdict>::try_from(r.as_slice())
+            .map_err(|_| StoreError::Protocol(format!("acquire returned {r:?}")))
+    }
+}
+
+impl Link {
+    pub(super) fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     async fn conn(&self) -> Result<Conn, StoreError> {
@@ -140,35 +258,6 @@ impl RedisStore {
             .cloned()
     }
 
-    /// The sorted set indexing the environment's active bans.
-    fn ban_index(&self) -> String {
-        format!("{}:bans", self.prefix)
-    }
-
-    /// Runs `script` on `key_id`'s hash under the deadline.
-    async fn invoke<T: redis::FromRedisValue>(
-        &self,
-        script: &redis::Script,
-        key_id: &str,
-        args: &[u64],
-    ) -> Result<T, StoreError> {
-        let mut invocation = script.key(self.redis_key(key_id));
-        for a in args {
-            invocation.arg(*a);
-        }
-        self.run(&invocation).await
-    }
-
-    /// Records (or, with `until` 0, removes) a ban in the index. A failure is logged, not
-    /// returned: the ban itself is in force either way; only `bans list` would miss it.
-    async fn index_ban(&self, key_id: &str, until: u64) {
-        let mut invocation = self.index_ban.key(self.ban_index());
-        invocation.arg(key_id).arg(until);
-        if let Err(e) = self.run::<i64>(&invocation).await {
-            tracing::warn!(error = %e, key_id, "could not update the ban index; `bans list` may miss this change");
-        }
-    }
-
     /// Runs one plain command under the deadline.
     async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
         let call = async {
@@ -185,7 +274,7 @@ impl RedisStore {
     }
 
     /// Runs one script invocation under the deadline.
-    async fn run<T: redis::FromRedisValue>(
+    pub(super) async fn run<T: redis::FromRedisValue>(
         &self,
         invocation: &redis::ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
@@ -223,20 +312,11 @@ impl QuotaStore for RedisStore {
         limits: Limits,
         ban: &BanPolicy,
     ) -> Result<Verdict, StoreError> {
-        let mut args = vec![
-            limits.per_minute,
-            limits.per_day,
-            ban.strikes,
-            ban.decay_secs,
-        ];
-        args.extend(&ban.durations);
-        if ban.durations.is_empty() {
-            args.push(60);
-        }
-        let r: Vec<i64> = self.invoke(&self.acquire, key_id, &args).await?;
-        let [outcome, now, minute_count, day_count, ban_until] = r[..] else {
-            return Err(StoreError::Protocol(format!("acquire returned {r:?}")));
+        let raw = match &self.batches {
+            Some(batches) => batches.acquire(key_id, limits, ban).await?,
+            None => self.acquire_alone(key_id, limits, ban).await?,
         };
+        let [outcome, now, minute_count, day_count, ban_until] = raw;
         let outcome_of = match outcome {
             0 => Outcome::Admitted,
             1 => Outcome::Limited,
@@ -279,7 +359,7 @@ impl QuotaStore for RedisStore {
             .arg(format!("({}", crate::clock::unix_now()))
             .arg("+inf")
             .arg("WITHSCORES");
-        let listed: Vec<(String, u64)> = self.query(&cmd).await?;
+        let listed: Vec<(String, u64)> = self.link.query(&cmd).await?;
         Ok(listed
             .into_iter()
             .map(|(key_id, until)| Ban { key_id, until })
@@ -309,10 +389,13 @@ impl QuotaStore for RedisStore {
 
     async fn probe(&self) -> Result<(), StoreError> {
         let key = format!("{}:probe", self.prefix);
-        self.run::<i64>(&self.probe.key(key)).await.map(drop)
+        self.link.run::<i64>(&self.probe.key(key)).await.map(drop)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.query::<String>(&redis::cmd("PING")).await.map(drop)
+        self.link
+            .query::<String>(&redis::cmd("PING"))
+            .await
+            .map(drop)
     }
 }

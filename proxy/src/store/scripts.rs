@@ -23,70 +23,99 @@
 //!
 //! The clock is Redis `TIME`, read inside the script, so every gateway node agrees on windows.
 //! The rules are those of `quota::KeyState::acquire`; the store behaviour suite runs the same
-//! tests against this script and that function.
+//! tests against this script (batched and one decision per call) and that function.
 
-/// Decides one request.
+/// Decides a batch of requests (group commit: one script run for every decision queued while
+/// the previous run was in flight; a batch of one at low load). Requests are decided in the
+/// order given, so several of one key in a batch are counted exactly as if sent one by one.
+/// Each key's hash is read once and written once per batch, and its expiry set only when the
+/// day window or the ban decay moved it: that is what brings a hot key's cost per decision
+/// down to a fraction of a script run.
 ///
-/// - `KEYS[1]`: the key's hash, `<prefix>:quota:{<key id>}`.
-/// - `ARGV[1]`: requests allowed per minute; `ARGV[2]`: per day.
-/// - `ARGV[3]`: refused requests allowed in one minute before a ban.
-/// - `ARGV[4]`: seconds after a ban's end before the ban level decays to 0.
-/// - `ARGV[5..]`: ban lengths in seconds by level; the last one repeats.
+/// - `KEYS[i]`: decision *i*'s hash, `<prefix>:quota:{<key id>}` (a key may repeat). On a
+///   Redis Cluster every key of one batch is in one slot.
+/// - `ARGV[1]`: refused requests allowed in one minute before a ban.
+/// - `ARGV[2]`: seconds after a ban's end before the ban level decays to 0.
+/// - `ARGV[3]`: *n*, how many ban lengths follow; `ARGV[4..3+n]`: ban lengths in seconds by
+///   level, the last one repeating.
+/// - `ARGV[3+n+2i-1]`, `ARGV[3+n+2i]`: decision *i*'s requests allowed per minute and per day.
 ///
-/// Returns `{outcome, now, minute_count, day_count, ban_until}` with outcome 0 admitted,
-/// 1 limited, 2 banned, 3 banned by this very request. The hash expires when nothing in it can matter any more: the end of the
-/// day, or the ban level's decay if later.
+/// Returns five integers per decision, `{outcome, now, minute_count, day_count, ban_until}`,
+/// with outcome 0 admitted, 1 limited, 2 banned, 3 banned by this very request. The hash
+/// expires when nothing in it can matter any more: the end of the day, or the ban level's decay
+/// if later.
 pub const ACQUIRE: &str = r#"
-local key = KEYS[1]
-local t = redis.call('TIME')
-local now = tonumber(t[1])
-local mw = math.floor(now / 60)
-local dw = math.floor(now / 86400)
-local f = redis.call('HMGET', key, 'mw', 'mc', 'dw', 'dc', 'sw', 'sc', 'bu', 'lv', 'lu', 'rd', 'rc')
--- Only a newer window starts from zero: one window behind the stored one (a failover to a
--- lagging clock) the stored window keeps counting (quota::ahead_by_one).
-if tonumber(f[1]) == mw + 1 then mw = mw + 1 end
-if tonumber(f[3]) == dw + 1 then dw = dw + 1 end
-local mc = 0
-if tonumber(f[1]) == mw then mc = tonumber(f[2]) or 0 end
-local dc = 0
-if tonumber(f[3]) == dw then dc = tonumber(f[4]) or 0 end
-local bu = tonumber(f[7]) or 0
-if bu > now then
-  return {2, now, mc, dc, bu}
+local now = tonumber(redis.call('TIME')[1])
+local mw0 = math.floor(now / 60)
+local dw0 = math.floor(now / 86400)
+local strikes = tonumber(ARGV[1])
+local decay = tonumber(ARGV[2])
+local lengths = tonumber(ARGV[3])
+local states, order, out = {}, {}, {}
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local s = states[key]
+  if s == nil then
+    local f = redis.call('HMGET', key, 'mw', 'mc', 'dw', 'dc', 'sw', 'sc', 'bu', 'lv', 'lu', 'rd', 'rc')
+    local smw, sdw = tonumber(f[1]), tonumber(f[3])
+    -- Only a newer window starts from zero: one window behind the stored one (a failover to a
+    -- lagging clock) the stored window keeps counting (quota::ahead_by_one).
+    local mw, dw = mw0, dw0
+    if smw == mw + 1 then mw = mw + 1 end
+    if sdw == dw + 1 then dw = dw + 1 end
+    s = {mw = mw, mc = 0, dw = dw, dc = 0, sw = tonumber(f[5]), sc = tonumber(f[6]) or 0,
+         bu = tonumber(f[7]) or 0, lv = tonumber(f[8]) or 0, lu = tonumber(f[9]) or 0,
+         rd = tonumber(f[10]), rc = tonumber(f[11]) or 0, write = 0, expire = sdw ~= dw}
+    if smw == mw then s.mc = tonumber(f[2]) or 0 end
+    if sdw == dw then s.dc = tonumber(f[4]) or 0 end
+    states[key] = s
+    order[#order + 1] = key
+  end
+  local at = #out
+  local limit = 3 + lengths + 2 * i
+  if s.bu > now then
+    out[at + 1] = 2
+  elseif s.mc < tonumber(ARGV[limit - 1]) and s.dc < tonumber(ARGV[limit]) then
+    s.mc = s.mc + 1
+    s.dc = s.dc + 1
+    s.la = now
+    if s.write == 0 then s.write = 1 end
+    out[at + 1] = 0
+  else
+    if s.rd == s.dw then s.rc = s.rc + 1 else s.rd = s.dw; s.rc = 1 end
+    if s.sw == s.mw then s.sc = s.sc + 1 else s.sw = s.mw; s.sc = 1 end
+    out[at + 1] = 1
+    s.bu = 0
+    if s.sc > strikes then
+      if s.lu <= now then s.lv = 0 end
+      s.bu = now + tonumber(ARGV[3 + math.min(s.lv + 1, lengths)])
+      s.lv = s.lv + 1
+      s.lu = s.bu + decay
+      s.sc = 0
+      s.expire = true
+      out[at + 1] = 3
+    end
+    s.write = 2
+  end
+  out[at + 2] = now
+  out[at + 3] = s.mc
+  out[at + 4] = s.dc
+  if s.bu > now then out[at + 5] = s.bu else out[at + 5] = 0 end
 end
-local lu = tonumber(f[9]) or 0
-local day_end = (dw + 1) * 86400
-if mc < tonumber(ARGV[1]) and dc < tonumber(ARGV[2]) then
-  mc = mc + 1
-  dc = dc + 1
-  redis.call('HSET', key, 'mw', mw, 'mc', mc, 'dw', dw, 'dc', dc, 'la', now)
-  redis.call('EXPIREAT', key, math.max(day_end, lu))
-  return {0, now, mc, dc, 0}
+for _, key in ipairs(order) do
+  local s = states[key]
+  if s.write == 1 then
+    redis.call('HSET', key, 'mw', s.mw, 'mc', s.mc, 'dw', s.dw, 'dc', s.dc, 'la', s.la)
+  elseif s.write == 2 then
+    redis.call('HSET', key, 'mw', s.mw, 'mc', s.mc, 'dw', s.dw, 'dc', s.dc, 'sw', s.sw,
+      'sc', s.sc, 'bu', s.bu, 'lv', s.lv, 'lu', s.lu, 'rd', s.rd, 'rc', s.rc)
+    if s.la then redis.call('HSET', key, 'la', s.la) end
+  end
+  if s.write > 0 and s.expire then
+    redis.call('EXPIREAT', key, math.max((s.dw + 1) * 86400, s.lu))
+  end
 end
-local rc = 1
-if tonumber(f[10]) == dw then rc = (tonumber(f[11]) or 0) + 1 end
-local sc = 0
-if tonumber(f[5]) == mw then sc = tonumber(f[6]) or 0 end
-sc = sc + 1
-local outcome = 1
-local lv = tonumber(f[8]) or 0
-if sc > tonumber(ARGV[3]) then
-  if lu <= now then lv = 0 end
-  local last = #ARGV
-  local index = math.min(5 + lv, last)
-  bu = now + tonumber(ARGV[index])
-  lv = lv + 1
-  lu = bu + tonumber(ARGV[4])
-  sc = 0
-  outcome = 3
-else
-  bu = 0
-end
-redis.call('HSET', key, 'mw', mw, 'mc', mc, 'dw', dw, 'dc', dc, 'sw', mw, 'sc', sc,
-  'bu', bu, 'lv', lv, 'lu', lu, 'rd', dw, 'rc', rc)
-redis.call('EXPIREAT', key, math.max(day_end, lu))
-return {outcome, now, mc, dc, bu}
+return out
 "#;
 
 /// Ends a ban now and forgets the strikes; the ban level stays, so the next ban still escalates.

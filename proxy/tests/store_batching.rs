@@ -1,0 +1,310 @@
+//! Group commit in the Redis store: decisions queued while a script run is in flight go to Redis
+//! together in the next run, and are decided exactly as if sent one by one. Each test pauses a
+//! real `redis-server` (`CLIENT PAUSE`) while it sends, so that the first decision's run is held
+//! in flight and every other decision queues behind it: the batches are then known, not left to
+//! the scheduler.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use e2e::{fresh_minute, RedisServer};
+use proxy::admission::{self, Admission};
+use proxy::config::OnStoreError;
+use proxy::keys::{KeyInfo, Overrides};
+use proxy::quota::{BanPolicy, Limits, Outcome, Verdict};
+use proxy::resilience::Resilience;
+use proxy::store::{QuotaStore, RedisStore};
+
+const NO_BANS: fn() -> BanPolicy = || BanPolicy {
+    strikes: u64::MAX / 2,
+    ..BanPolicy::default()
+};
+
+/// Script runs Redis has executed (`EVALSHA` calls that ran; a first call answered `NOSCRIPT`,
+/// before the script is loaded, counts as failed).
+fn script_runs(redis: &RedisServer) -> u64 {
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    let field = |line: &str, name: &str| -> u64 {
+        line.split([':', ','])
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+            .unwrap_or(0)
+    };
+    stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .map(|l| field(l, "calls") - field(l, "failed_calls"))
+        .sum()
+}
+
+/// Sends `keys.len()` decisions at once, in that order, while Redis is paused for `pause`, and
+/// returns each one's verdict in the same order.
+async fn burst_while_paused(
+    redis: &RedisServer,
+    store: &Arc<RedisStore>,
+    keys: &[&str],
+    limits: Limits,
+    ban: BanPolicy,
+    pause: Duration,
+) -> Vec<Verdict> {
+    assert_eq!(
+        redis.cli(&["CLIENT", "PAUSE", &pause.as_millis().to_string(), "ALL"]),
+        "OK"
+    );
+    let ban = Arc::new(ban);
+    let mut tasks = Vec::new();
+    for key in keys {
+        let (store, ban, key) = (Arc::clone(store), Arc::clone(&ban), Arc::<str>::from(*key));
+        tasks.push(tokio::spawn(async move {
+            store.acquire(&key, limits, &ban).await
+        }));
+        // Spawned in order, and each queued before the next is spawned: arrival order is known.
+        tokio::task::yield_now().await;
+    }
+    let mut verdicts = Vec::new();
+    for t in tasks {
+        verdicts.push(t.await.unwrap().expect("the store answers"));
+    }
+    verdicts
+}
+
+fn store(redis: &RedisServer, timeout: Duration) -> Arc<RedisStore> {
+    Arc::new(RedisStore::new(&redis.url(), "batch", timeout).expect("store"))
+}
+
+/// Loads the script and opens the connection, so the counted runs are the test's own.
+async fn warm(store: &RedisStore) {
+    store
+        .acquire(
+            &Arc::from("warm-up"),
+            Limits {
+                per_minute: 1_000,
+                per_day: 1_000,
+            },
+            &NO_BANS(),
+        )
+        .await
+        .expect("the store answers");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn mixed_keys_in_batches_are_each_counted_exactly() {
+    let redis = RedisServer::start();
+    let store = store(&redis, Duration::from_secs(2));
+    warm(&store).await;
+    fresh_minute(Duration::from_secs(10));
+    let limits = Limits {
+        per_minute: 40,
+        per_day: 1_000,
+    };
+    let keys: Vec<&str> = (0..300).map(|i| ["a", "b", "c"][i % 3]).collect();
+    let before = script_runs(&redis);
+    let verdicts = burst_while_paused(
+        &redis,
+        &store,
+        &keys,
+        limits,
+        NO_BANS(),
+        Duration::from_millis(300),
+    )
+    .await;
+    let runs = script_runs(&redis) - before;
+    // One run held by the pause, then the 299 queued behind it in runs of at most 128.
+    assert!(runs <= 4, "{runs} script runs for 300 decisions");
+
+    let mut admitted: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for (key, v) in keys.iter().zip(&verdicts) {
+        match v.outcome {
+            Outcome::Admitted => admitted.entry(key).or_default().push(v.minute_count),
+            Outcome::Limited => assert_eq!(v.minute_count, 40, "{key}: {v:?}"),
+            Outcome::Banned => panic!("no ban policy here: {v:?}"),
+        }
+    }
+    for key in ["a", "b", "c"] {
+        // In arrival order: the first 40 of each key admitted, counted 1 to 40.
+        assert_eq!(admitted[key], (1..=40).collect::<Vec<_>>(), "{key}");
+    }
+    let first_refused = keys
+        .iter()
+        .zip(&verdicts)
+        .position(|(k, v)| *k == "a" && v.outcome == Outcome::Limited);
+    assert_eq!(
+        first_refused,
+        Some(120),
+        "key a's 41st request is the first refused"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn one_hot_key_admits_exactly_the_limit_in_arrival_order() {
+    let redis = RedisServer::start();
+    let store = store(&redis, Duration::from_secs(2));
+    warm(&store).await;
+    fresh_minute(Duration::from_secs(10));
+    let limits = Limits {
+        per_minute: 60,
+        per_day: 1_000,
+    };
+    let keys = vec!["hot"; 500];
+    let before = script_runs(&redis);
+    let verdicts = burst_while_paused(
+        &redis,
+        &store,
+        &keys,
+        limits,
+        NO_BANS(),
+        Duration::from_millis(300),
+    )
+    .await;
+    let runs = script_runs(&redis) - before;
+    assert!(runs <= 5, "{runs} script runs for 500 decisions");
+    let outcomes: Vec<Outcome> = verdicts.iter().map(|v| v.outcome).collect();
+    assert_eq!(outcomes[..60], [Outcome::Admitted; 60]);
+    assert_eq!(outcomes[60..], [Outcome::Limited; 440]);
+    let counts: Vec<u64> = verdicts[..60].iter().map(|v| v.minute_count).collect();
+    assert_eq!(counts, (1..=60).collect::<Vec<_>>());
+    let usage = store.usage("hot").await.unwrap();
+    assert_eq!(
+        (usage.minute, usage.day, usage.refused_today),
+        (60, 60, 440)
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_ban_starting_inside_a_batch_refuses_the_rest_of_it() {
+    let redis = RedisServer::start();
+    let store = store(&redis, Duration::from_secs(2));
+    warm(&store).await;
+    fresh_minute(Duration::from_secs(10));
+    let limits = Limits {
+        per_minute: 5,
+        per_day: 1_000,
+    };
+    let ban = BanPolicy {
+        strikes: 3,
+        durations: vec![600],
+        ..BanPolicy::default()
+    };
+    // Two keys interleaved: the ban of one must not touch the other.
+    let keys: Vec<&str> = (0..100)
+        .map(|i| if i % 12 == 11 { "calm" } else { "loud" })
+        .collect();
+    let before = script_runs(&redis);
+    let verdicts = burst_while_paused(
+        &redis,
+        &store,
+        &keys,
+        limits,
+        ban,
+        Duration::from_millis(300),
+    )
+    .await;
+    let runs = script_runs(&redis) - before;
+    // Two batches, and the ban index's own call when the ban starts.
+    assert!(runs <= 3, "{runs} script runs for 100 decisions");
+    let loud: Vec<&Verdict> = keys
+        .iter()
+        .zip(&verdicts)
+        .filter(|(k, _)| **k == "loud")
+        .map(|(_, v)| v)
+        .collect();
+    let outcomes: Vec<Outcome> = loud.iter().map(|v| v.outcome).collect();
+    // 5 admitted, 3 strikes refused, the 4th refusal starts the ban, the rest are banned.
+    assert_eq!(outcomes[..5], [Outcome::Admitted; 5]);
+    assert_eq!(outcomes[5..8], [Outcome::Limited; 3]);
+    assert_eq!(outcomes[8..], vec![Outcome::Banned; 84][..]);
+    let started: Vec<usize> = (0..loud.len()).filter(|&i| loud[i].ban_started).collect();
+    assert_eq!(started, [8], "exactly one request starts the ban");
+    let until = loud[8].ban_until;
+    assert!(until >= loud[8].now + 599, "{:?}", loud[8]);
+    assert!(loud[9..].iter().all(|v| v.ban_until == until));
+
+    let calm: Vec<Outcome> = keys
+        .iter()
+        .zip(&verdicts)
+        .filter(|(k, _)| **k == "calm")
+        .map(|(_, v)| v.outcome)
+        .collect();
+    assert_eq!(calm[..5], [Outcome::Admitted; 5]);
+    assert_eq!(calm[5..], [Outcome::Limited; 3], "3 strikes: no ban yet");
+
+    assert_eq!(
+        store.ban_of("loud").await.unwrap().map(|b| b.until),
+        Some(until)
+    );
+    assert_eq!(store.ban_of("calm").await.unwrap(), None);
+    let listed: Vec<String> = store
+        .bans()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| b.key_id)
+        .collect();
+    assert_eq!(
+        listed,
+        ["loud"],
+        "the ban index has the ban started inside the batch"
+    );
+}
+
+/// A batch whose run misses the deadline fails every decision in it, each within the deadline
+/// of its own request, and admission then decides each by `on_store_error`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_times_out_falls_back_for_every_request_in_it() {
+    let redis = RedisServer::start();
+    let timeout = Duration::from_millis(200);
+    let store = store(&redis, timeout);
+    warm(&store).await;
+    let admission = Arc::new(Admission::new(
+        store.clone(),
+        Resilience::default(),
+        OnStoreError::Local,
+        NO_BANS(),
+    ));
+    let limits = Limits {
+        per_minute: 1_000,
+        per_day: 10_000,
+    };
+    let before = script_runs(&redis);
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", "1500", "ALL"]), "OK");
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..50)
+        .map(|i| {
+            let admission = Arc::clone(&admission);
+            let key = KeyInfo {
+                id: Arc::from(format!("k{}", i % 5)),
+                plan: Arc::from("free"),
+                overrides: Overrides::default(),
+                quota: None,
+            };
+            tokio::spawn(async move {
+                let decided = admission.decide(&key, limits).await;
+                (decided, started.elapsed())
+            })
+        })
+        .collect();
+    for t in tasks {
+        let (decision, took) = t.await.unwrap();
+        assert!(decision.degraded, "{decision:?}");
+        assert_eq!(
+            decision.outcome,
+            admission::Outcome::Admitted,
+            "counted locally"
+        );
+        assert!(
+            took < timeout + Duration::from_millis(400),
+            "waited {took:?}"
+        );
+    }
+    // Once Redis is back the store decides again, exactly.
+    tokio::time::sleep(Duration::from_millis(1_600).saturating_sub(started.elapsed())).await;
+    let v = store
+        .acquire(&Arc::from("after"), limits, &NO_BANS())
+        .await
+        .unwrap();
+    assert_eq!((v.outcome, v.minute_count), (Outcome::Admitted, 1));
+    // The held run (and, at most, one more already sent) reached Redis; the decisions whose
+    // requests had given up by then were never sent.
+    let runs = script_runs(&redis) - before;
+    assert!(runs <= 3, "{runs} script runs");
+}
