@@ -178,9 +178,11 @@ pub fn parse_limits(text: &str) -> Result<Limits, String> {
     let positive = |field: &str| -> Result<u64, String> {
         match table.get(field) {
             None => Err(format!("field `{field}` is missing")),
-            Some(toml::Value::Integer(n)) if *n >= 1 => Ok(*n as u64),
+            // Counts are kept in 32 bits (the Redis state and the embedded store).
+            Some(toml::Value::Integer(n)) if (1..=i64::from(u32::MAX)).contains(n) => Ok(*n as u64),
             Some(v) => Err(format!(
-                "field `{field}` must be a whole number of requests, at least 1 (got {v})"
+                "field `{field}` must be a whole number of requests from 1 to {} (got {v})",
+                u32::MAX
             )),
         }
     };
@@ -273,6 +275,10 @@ mod tests {
                 "`requests_per_minute`",
             ),
             ("requests_per_minute = 1", "`requests_per_day`"),
+            (
+                "requests_per_minute = 1\nrequests_per_day = 4294967296",
+                "`requests_per_day`",
+            ),
             (
                 "requests_per_minute = 1\nrequests_per_day = -4",
                 "`requests_per_day`",

@@ -46,14 +46,21 @@ impl Subject {
         match (&self.clock, self.redis) {
             (Some(clock), _) => clock.set(MIDNIGHT - 2),
             (None, Some(addr)) => {
-                let hash = format!("test:quota:{{{key}}}");
-                for field in ["mw", "dw", "sw"] {
-                    let out = e2e::redis_cli()
-                        .args(["-p", &addr.port().to_string(), "HINCRBY", &hash, field, "1"])
-                        .output()
-                        .expect("redis-cli");
-                    assert!(out.status.success(), "{out:?}");
-                }
+                // The windows mw, dw and sw are the 1st, 3rd and 5th of the state's packed
+                // 32-bit fields (store/scripts.rs).
+                const STEP: &str = "local f = {struct.unpack('<IIIIIIIIIIII', redis.call('GET', KEYS[1]))} \
+                    f[1] = f[1] + 1 f[3] = f[3] + 1 f[5] = f[5] + 1 \
+                    redis.call('SET', KEYS[1], struct.pack('<IIIIIIIIIIII', unpack(f, 1, 12)), 'KEEPTTL') \
+                    return 1";
+                let state = format!("test:state:{{{key}}}");
+                let out = e2e::redis_cli()
+                    .args(["-p", &addr.port().to_string(), "EVAL", STEP, "1", &state])
+                    .output()
+                    .expect("redis-cli");
+                assert!(
+                    out.status.success() && out.stdout.starts_with(b"1"),
+                    "{out:?}"
+                );
             }
             (None, None) => panic!("this subject cannot step its clock"),
         }
@@ -528,7 +535,7 @@ async fn redis_prefixes_keep_environments_apart_and_keys_expire() {
         .await
         .unwrap();
     keys.sort();
-    assert_eq!(keys, ["pet:production:quota:{k}", "pet:staging:quota:{k}"]);
+    assert_eq!(keys, ["pet:production:state:{k}", "pet:staging:state:{k}"]);
     for key in keys {
         let ttl: i64 = ::redis::cmd("TTL")
             .arg(&key)
@@ -562,4 +569,63 @@ async fn redis_unreachable_fails_within_the_deadline() {
         "took {:?}",
         started.elapsed()
     );
+}
+
+/// Redis only: state written by a version before the packed form (a hash under
+/// `<prefix>:quota:{id}`) is carried over on the first decision, so an upgrade keeps every count
+/// and ban, and the new state expires like any other.
+#[tokio::test]
+async fn redis_state_of_the_previous_version_is_carried_over() {
+    fresh_minute(Duration::from_secs(10));
+    let server = RedisServer::start();
+    let store = RedisStore::new(&server.url(), "pet:prod", Duration::from_millis(500)).unwrap();
+    let now = proxy::clock::unix_now();
+    let (mw, dw) = ((now / 60).to_string(), (now / 86_400).to_string());
+    let until = (now + 600).to_string();
+    let hset = |key: &str, fields: &[&str]| {
+        let mut args = vec!["HSET", key];
+        args.extend_from_slice(fields);
+        assert_eq!(
+            server.cli(&args).trim().parse::<u32>().ok().map(|n| n > 0),
+            Some(true)
+        );
+    };
+    hset(
+        "pet:prod:quota:{counted}",
+        &["mw", &mw, "mc", "5", "dw", &dw, "dc", "7", "la", "1"],
+    );
+    hset(
+        "pet:prod:quota:{banned}",
+        &["bu", &until, "lv", "1", "dw", &dw],
+    );
+    let limits = Limits {
+        per_minute: 100,
+        per_day: 1_000,
+    };
+    let v = store
+        .acquire(&Arc::from("counted"), limits, &NO_BANS())
+        .await
+        .unwrap();
+    assert_eq!(
+        (v.outcome, v.minute_count, v.day_count),
+        (Outcome::Admitted, 6, 8)
+    );
+    let v = store
+        .acquire(&Arc::from("banned"), limits, &NO_BANS())
+        .await
+        .unwrap();
+    assert_eq!((v.outcome, v.ban_until), (Outcome::Banned, now + 600));
+    assert_eq!(
+        store.ban_of("banned").await.unwrap().map(|b| b.until),
+        Some(now + 600)
+    );
+    let ttl: i64 = server
+        .cli(&["TTL", "pet:prod:state:{counted}"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(ttl > 0 && ttl <= 86_400, "ttl {ttl}");
+    // From now on the new state counts.
+    let usage = store.usage("counted").await.unwrap();
+    assert_eq!((usage.minute, usage.day), (6, 8));
 }

@@ -74,7 +74,7 @@ pub(super) type RawVerdict = [i64; 5];
 
 /// The Redis key holding all of `key_id`'s state.
 pub(super) fn quota_key(prefix: &str, key_id: &str) -> String {
-    format!("{prefix}:quota:{{{key_id}}}")
+    format!("{prefix}:state:{{{key_id}}}")
 }
 
 /// One `ACQUIRE` run deciding `decisions` (key id and limits each) under the ban policy's
