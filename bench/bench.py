@@ -11,6 +11,7 @@ release binaries and installs wrk, nginx, haproxy and redis-server first.
 import argparse
 import atexit
 import hashlib
+import json
 import os
 import re
 import secrets
@@ -114,8 +115,8 @@ end
 """
 
 
-def wrk(url, seconds, script=None, headers=()):
-    args = ["wrk", "-t1", "-c32", f"-d{seconds}s"]
+def wrk(url, seconds, script=None, headers=(), connections=32, cpus=None):
+    args = pinned(cpus, ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s"])
     for h in headers:
         args += ["-H", h]
     body = Path(script).read_text() if script else ""
@@ -202,6 +203,12 @@ def main():
     ap.add_argument("--memory-keys", type=int, default=1_000_000,
                     help="distinct keys for the memory figure (0 skips it)")
     ap.add_argument("--memory-only", action="store_true", help="only the memory figure")
+    ap.add_argument("--no-decisions", dest="decisions", action="store_false",
+                    help="skip the Redis decision load (Redis CPU per decision)")
+    ap.add_argument("--no-scaling", dest="scaling", action="store_false",
+                    help="skip the table by proxy thread count")
+    ap.add_argument("--charts", default=str(ROOT / "bench" / "charts"),
+                    help="where the PNG charts go ('' skips them)")
     args = ap.parse_args()
     for tool in ("wrk", "nginx", "haproxy", "redis-server", "redis-cli"):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
@@ -213,6 +220,8 @@ def main():
     atexit.register(procs.stop_all)  # whatever fails, nothing is left running
     work = Path(tempfile.mkdtemp(prefix="pet-bench-"))
     rows = []
+    decisions = []
+    scaling = []
     try:
         # The static upstream: nginx answering [] to everything.
         static = free_port()
@@ -288,16 +297,25 @@ def main():
         rotation = append_keys(keys_file, "unlimited", 10_000, "rot")
         rot_script = rotation_script(work, rotation, "rotation")
 
-        def gateway(name, redis, bans):
+        def gateway(name, redis, bans, threads=1, extra="", cpus=None):
             port, admin = free_port(), free_port()
             cfg = work / f"{name}.toml"
             cfg.write_text(
                 f'environment = "bench"\nlisten = "127.0.0.1:{port}"\nadmin_listen = "127.0.0.1:{admin}"\n'
                 f'upstreams = ["127.0.0.1:{static}"]\nkeys_file = "{keys_file}"\nplans_dir = "{plans}"\n'
-                f'key_prefix = "bench:{name}"\nthreads = 1\nupgrade_sock = "{work}/{name}.sock"\n'
+                f'key_prefix = "bench:{name}"\nthreads = {threads}\nupgrade_sock = "{work}/{name}.sock"\n'
                 + (f'redis_url = "redis://127.0.0.1:{redis_port}/"\nstore_timeout_ms = 1000\n' if redis else "")
+                + extra
                 + ("" if bans else "[ban]\nstrikes = 1000000000\n"))
-            p = procs.start([str(BIN / "pet-gateway"), "serve", "--config", str(cfg)],
+            p = procs.start(pinned(cpus, [str(BIN / "pet-gateway"), "serve", "--config", str(cfg)]),
+                            env={**os.environ, "RUST_LOG": "warn"}, stderr=open(work / f"{name}.log", "w"))
+            wait_port(port)
+            return p, port
+
+        def passthrough(name, threads=1, cpus=None):
+            port = free_port()
+            p = procs.start(pinned(cpus, [str(BIN / "passthrough"), f"127.0.0.1:{port}", f"127.0.0.1:{static}",
+                                          str(threads)]),
                             env={**os.environ, "RUST_LOG": "warn"}, stderr=open(work / f"{name}.log", "w"))
             wait_port(port)
             return p, port
@@ -319,6 +337,9 @@ def main():
                             headers=auth(admitted_key)))
         rows.append(measure("HAProxy (stick table)", f"http://127.0.0.1:{hp}/v1/pets", [haproxy.pid], s,
                             headers=auth(admitted_key)))
+        pt, pt_port = passthrough("passthrough")
+        rows.append(measure("pingora pass-through (no auth, no quota)", f"http://127.0.0.1:{pt_port}/v1/pets",
+                            [pt.pid], s, headers=auth(admitted_key)))
         rows.append(measure("pet-gateway, embedded, admitted", f"http://127.0.0.1:{emb_port}/v1/pets",
                             [embedded.pid], s, headers=auth(admitted_key)))
         rows.append(measure("pet-gateway, embedded, refused (429)", f"http://127.0.0.1:{emb_port}/v1/pets",
@@ -344,6 +365,18 @@ def main():
         rows.append(r)
         rows.append(measure("pet-gateway, Redis, 10,000 keys", f"http://127.0.0.1:{red_port}/v1/pets",
                             [with_redis.pid], s, script=rot_script))
+        unbatched, unb_port = gateway("redis-unbatched", redis=True, bans=False, extra="store_batch_max = 1\n")
+        calls0 = redis_calls(redis_port)
+        r = measure("pet-gateway, Redis, admitted, unbatched (store_batch_max = 1)",
+                    f"http://127.0.0.1:{unb_port}/v1/pets", [unbatched.pid], s, headers=auth(admitted_key))
+        r["redis_per_req"] = (redis_calls(redis_port) - calls0) / max(r["requests"], 1)
+        rows.append(r)
+
+        if args.decisions:
+            decisions = redis_decisions(procs, s)
+        if args.scaling:
+            scaling = thread_scaling(procs, gateway, passthrough, nginx_bin, static, work, s,
+                                     admitted_key, redis_port)
 
         memory = None
     except _SkipScenarios:
@@ -386,6 +419,165 @@ def main():
     report_memory(memory)
     print(f"\nwrk -t1 -c32 -d{args.seconds}s per row; every proxy with one worker/thread; "
           f"{os.cpu_count()} CPUs; upstream: nginx returning [] (static) unless named.")
+    pt_row = next(r for r in rows if r["name"].startswith("pingora pass-through"))
+    print("\nThe gateway's CPU per request over plain pingora's (the same pingora, runtime settings and upstream):")
+    for r in rows:
+        if r["name"].startswith("pet-gateway") and "admitted" in r["name"] or "10,000" in r["name"]:
+            print(f"- {r['name']}: {r['cpu_us']:.1f} µs vs {pt_row['cpu_us']:.1f} µs: "
+                  f"{(r['cpu_us'] / pt_row['cpu_us'] - 1) * 100:+.0f} %")
+    report_decisions(decisions)
+    report_scaling(scaling)
+    if args.charts:
+        charts(Path(args.charts), rows, decisions, scaling)
+
+
+def pinned(cpus, args):
+    """`args` under `taskset -c CPUS` when CPUS is given (machines with cores to spare)."""
+    return ["taskset", "-c", cpus] + args if cpus else args
+
+
+def redis_decisions(procs, seconds):
+    """Redis's cost per decision: `store-load` drives the store's `acquire` as hard as it can
+    (512 in flight) against a Redis of its own, for one hot key and for 10,000 keys, batched and
+    one script run per decision; Redis's `INFO` before and after gives its CPU."""
+    out = []
+    for keys in (1, 10_000):
+        for batch in (128, 1):
+            port = free_port()
+            p = procs.start(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL)
+            wait_port(port)
+            res = subprocess.run([str(BIN / "store-load"), "--redis", f"redis://127.0.0.1:{port}/",
+                                  "--keys", str(keys), "--batch-max", str(batch), "--concurrency", "512",
+                                  "--seconds", str(seconds)], capture_output=True, text=True, check=True)
+            d = json.loads(res.stdout)
+            n = max(d["decisions"], 1)
+            row = {"keys": keys, "batch_max": batch, "decisions_per_s": d["decisions"] / d["seconds"],
+                   "script_us": d["script_usec"] / n, "redis_cpu_us": d["redis_cpu_s"] * 1e6 / n,
+                   "batch": d["decisions"] / max(d["script_runs"], 1), "errors": d["errors"]}
+            row["per_cpu_s"] = 1e6 / row["redis_cpu_us"] if row["redis_cpu_us"] else float("nan")
+            print(f"  Redis decisions, {keys} keys, batch max {batch}: {row['decisions_per_s']:.0f}/s, "
+                  f"{row['script_us']:.2f} µs script, {row['redis_cpu_us']:.2f} µs Redis CPU per decision",
+                  file=sys.stderr, flush=True)
+            out.append(row)
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    return out
+
+
+def report_decisions(decisions):
+    if not decisions:
+        return
+    print("\nRedis per decision (store-load, 512 decisions in flight, every decision an admission):\n")
+    print("| keys | batching | decisions/s | avg batch | script µs/decision (commandstats) "
+          "| Redis CPU µs/decision (INFO cpu) | decisions per Redis CPU-second |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for d in decisions:
+        mode = f"group commit (≤ {d['batch_max']})" if d["batch_max"] > 1 else "one run per decision"
+        err = f" ({d['errors']} errors)" if d["errors"] else ""
+        print(f"| {d['keys']:,} | {mode}{err} | {d['decisions_per_s']:.0f} | {d['batch']:.1f} | "
+              f"{d['script_us']:.2f} | {d['redis_cpu_us']:.2f} | {d['per_cpu_s']:,.0f} |")
+
+
+def thread_scaling(procs, gateway, passthrough, nginx_bin, static, work, seconds, key, redis_port):
+    """Each proxy with 1, 2, 4, 8 threads (as many as the machine allows). With 8 or more CPUs,
+    wrk, the upstream, Redis and the proxy are pinned apart (`taskset`); on fewer they share."""
+    ncpu = os.cpu_count() or 1
+    counts = [n for n in (1, 2, 4, 8) if n <= max(ncpu - 4, 2)] if ncpu >= 8 else [1, 2]
+    pin = ncpu >= 8
+    proxy_cpus = lambda n: f"4-{3 + n}" if pin else None
+    wrk_cpus = "0-1" if pin else None
+    out = []
+    for n in counts:
+        ndir = work / f"nginx-{n}"
+        ndir.mkdir(exist_ok=True)
+        port = free_port()
+        (ndir / "nginx.conf").write_text(
+            f"worker_processes {n}; pid {ndir}/nginx.pid; error_log {ndir}/error.log;\n"
+            "events { worker_connections 4096; }\n"
+            "http { access_log off; keepalive_requests 1000000;\n"
+            f"  upstream up {{ server 127.0.0.1:{static}; keepalive 64; }}\n"
+            f"  server {{ listen 127.0.0.1:{port};\n"
+            "    location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\"; } } }\n")
+        ng = procs.start(pinned(proxy_cpus(n), [nginx_bin, "-p", str(ndir), "-c", str(ndir / "nginx.conf"),
+                                                "-g", "daemon off;"]),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(port)
+        targets = [("nginx", ng, port, lambda p: [p.pid] + children(p.pid))]
+        p, pp = passthrough(f"pt-{n}", threads=n, cpus=proxy_cpus(n))
+        targets.append(("pingora pass-through", p, pp, lambda p: [p.pid]))
+        p, gp = gateway(f"emb-{n}", redis=False, bans=False, threads=n, cpus=proxy_cpus(n))
+        targets.append(("pet-gateway, embedded", p, gp, lambda p: [p.pid]))
+        p, rp = gateway(f"red-{n}", redis=True, bans=False, threads=n, cpus=proxy_cpus(n))
+        targets.append(("pet-gateway, Redis", p, rp, lambda p: [p.pid]))
+        for name, proc, port, pids in targets:
+            r = measure(f"{name}, {n} thread(s)", f"http://127.0.0.1:{port}/v1/pets", pids(proc), seconds,
+                        headers=(f"Authorization: Bearer {key}",), connections=32 * n, cpus=wrk_cpus)
+            r["proxy"], r["threads"] = name, n
+            out.append(r)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return out
+
+
+def report_scaling(scaling):
+    if not scaling:
+        return
+    print("\nBy proxy threads (wrk -t1 -c32×threads; nginx worker_processes = threads, no limit_req):\n")
+    print("| proxy | threads | req/s | proxy CPU µs/req | CPU/req vs 1 thread |")
+    print("|---|---:|---:|---:|---:|")
+    first = {}
+    for r in scaling:
+        base = first.setdefault(r["proxy"], r["cpu_us"])
+        print(f"| {r['proxy']} | {r['threads']} | {r['rps']:.0f} | {r['cpu_us']:.1f} | "
+              f"{(r['cpu_us'] / base - 1) * 100:+.0f} % |")
+
+
+def charts(folder, rows, decisions, scaling):
+    """PNG charts of this run's figures, next to RESULTS.md (matplotlib, installed by bench/run)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is missing: no charts (bench/run installs it)", file=sys.stderr)
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    proxied = [r for r in rows if r["cpu_us"] == r["cpu_us"]]
+    names = [r["name"] for r in proxied]
+    for key, label, fname in (("rps", "requests/s", "throughput.png"),
+                              ("cpu_us", "proxy CPU µs per request", "cpu_per_request.png")):
+        fig, ax = plt.subplots(figsize=(9, 0.4 * len(names) + 1.5))
+        ax.barh(names[::-1], [r[key] for r in proxied][::-1], color="#4477aa")
+        ax.set_xlabel(label)
+        ax.set_title(f"{label} by scenario (one worker each, one run)")
+        fig.tight_layout()
+        fig.savefig(folder / fname, dpi=110)
+        plt.close(fig)
+    if scaling:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+        for proxy in dict.fromkeys(r["proxy"] for r in scaling):
+            pts = [r for r in scaling if r["proxy"] == proxy]
+            a1.plot([p["threads"] for p in pts], [p["rps"] for p in pts], marker="o", label=proxy)
+            a2.plot([p["threads"] for p in pts], [p["cpu_us"] for p in pts], marker="o", label=proxy)
+        a1.set(xlabel="proxy threads", ylabel="requests/s", title="throughput by threads")
+        a2.set(xlabel="proxy threads", ylabel="CPU µs per request", title="CPU per request by threads")
+        a2.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(folder / "scaling.png", dpi=110)
+        plt.close(fig)
+    if decisions:
+        fig, ax = plt.subplots(figsize=(8, 3.5))
+        labels = [f"{d['keys']:,} key(s), {'batched' if d['batch_max'] > 1 else 'unbatched'}" for d in decisions]
+        ax.barh(labels[::-1], [d["redis_cpu_us"] for d in decisions][::-1], color="#cc6677")
+        ax.axvline(2.5, color="black", linestyle="--", linewidth=1, label="target 2.5 µs")
+        ax.set_xlabel("Redis CPU µs per decision")
+        ax.set_title("Redis CPU per decision")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(folder / "redis_per_decision.png", dpi=110)
+        plt.close(fig)
+    print(f"\ncharts: {', '.join(sorted(p.name for p in folder.glob('*.png')))} in {folder}")
 
 
 class _SkipScenarios(Exception):

@@ -20,6 +20,7 @@ use crate::clock::unix_now;
 use crate::config::Config;
 use crate::key_format;
 use crate::keys::KeyInfo;
+use crate::metric_handles;
 use crate::metrics::METRICS;
 use crate::quota::RateView;
 use crate::request::{read_h2_body, refuse_shape, request_id};
@@ -324,22 +325,11 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        let route = ctx.route.as_str();
         let plan = ctx.key.as_ref().map_or("none", |k| &*k.plan);
-        let mut status_buf = itoa::Buffer::new();
-        METRICS
-            .requests
-            .with_label_values(&[&self.env, route, plan, status_buf.format(status)])
-            .inc();
-        METRICS
-            .request_duration
-            .with_label_values(&[route])
-            .observe(ctx.started.elapsed().as_secs_f64());
+        metric_handles::count_request(&self.env, ctx.route, plan, status);
+        metric_handles::observe_request(ctx.route, ctx.started.elapsed().as_secs_f64());
         if let Some(t) = ctx.upstream_time {
-            METRICS
-                .upstream_duration
-                .with_label_values(&[route])
-                .observe(t.as_secs_f64());
+            metric_handles::observe_upstream(ctx.route, t.as_secs_f64());
         }
         tracing::info!(
             target: "access",

@@ -27,6 +27,7 @@
 //! | [`server`] | assembling and running it all: proxy, admin listener, reloader, store probe |
 //! | [`admin`] | health, readiness, metrics and ban endpoints |
 //! | [`metrics`] | the Prometheus metrics |
+//! | [`metric_handles`] | per-request metrics with handles resolved once (no label lookup per request) |
 //! | [`tls`] | the certificate resolver and its reload |
 
 pub mod admin;
@@ -42,6 +43,7 @@ pub mod gateway;
 pub mod head_deadline;
 pub mod key_format;
 pub mod keys;
+pub mod metric_handles;
 pub mod metrics;
 pub mod plans;
 pub mod quota;

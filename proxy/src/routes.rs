@@ -4,7 +4,7 @@
 
 use http::Method;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Route {
     ListPets,
     CreatePet,
