@@ -318,6 +318,14 @@ impl Registry {
 }
 
 fn parse_record(id: &str, json: &str) -> Result<KeyRecord, KeysError> {
+    // The id becomes a Redis hash tag and a header value: a record written into Redis by hand
+    // gets no further than one in a keys file would.
+    if !crate::keys::valid_key_id(id) {
+        return Err(KeysError::Registry(format!(
+            "record `{}`: not a key id (1 to 64 of A-Z, a-z, 0-9, `_`, `-`)",
+            id.escape_debug()
+        )));
+    }
     let record: KeyRecord = serde_json::from_str(json)
         .map_err(|e| KeysError::Registry(format!("record `{id}`: {e}")))?;
     if record.id != id {
@@ -485,5 +493,19 @@ impl Sync {
             return;
         }
         self.catalog.reload(false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_whose_id_is_no_key_id_is_refused() {
+        for id in ["}x", "a{b}", "", "key with space"] {
+            let json = format!(r#"{{"id":"{}"}}"#, id.escape_default());
+            let e = parse_record(id, &json).expect_err(id);
+            assert!(e.to_string().contains("not a key id"), "{id}: {e}");
+        }
     }
 }

@@ -625,7 +625,40 @@ async fn redis_state_of_the_previous_version_is_carried_over() {
         .parse()
         .unwrap();
     assert!(ttl > 0 && ttl <= 86_400, "ttl {ttl}");
-    // From now on the new state counts.
+    // From now on the new state counts, and the carried-over hash is gone, so it cannot come
+    // back when the new state expires.
     let usage = store.usage("counted").await.unwrap();
     assert_eq!((usage.minute, usage.day), (6, 8));
+    assert_eq!(
+        server.cli(&["EXISTS", "pet:prod:quota:{counted}"]).trim(),
+        "0"
+    );
+}
+
+/// Redis only: a ban longer than the state's 32-bit times can hold ends where the state says, in
+/// the answer as in storage (never a ban that looks ended, or a different end on the next call).
+#[tokio::test]
+async fn redis_a_ban_past_2106_is_held_at_the_last_second_it_can_store() {
+    let server = RedisServer::start();
+    let store = RedisStore::new(&server.url(), "t", Duration::from_millis(500)).unwrap();
+    let limits = Limits {
+        per_minute: 0,
+        per_day: 1,
+    };
+    let ban = BanPolicy {
+        strikes: 0,
+        durations: vec![1 << 40],
+        decay_secs: 1 << 40,
+    };
+    let v = store.acquire(&Arc::from("k"), limits, &ban).await.unwrap();
+    assert_eq!(
+        (v.outcome, v.ban_until),
+        (Outcome::Banned, u64::from(u32::MAX))
+    );
+    let again = store.acquire(&Arc::from("k"), limits, &ban).await.unwrap();
+    assert_eq!(again.ban_until, u64::from(u32::MAX));
+    assert_eq!(
+        store.ban_of("k").await.unwrap().map(|b| b.until),
+        Some(u64::from(u32::MAX))
+    );
 }

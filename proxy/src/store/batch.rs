@@ -5,8 +5,9 @@
 //! load a batch is one decision and latency is that of a single call; under load the batch
 //! grows by itself to what arrived during one round trip.
 //!
-//! A lane is one run in flight at a time. A single Redis has one lane; a Redis Cluster has one
-//! per hash slot, because a script may only touch keys of one slot there.
+//! A lane has one run in flight at a time, more only when one cannot keep up (`MAX_IN_FLIGHT`). A
+//! single Redis has one lane; a Redis Cluster has one per hash slot, because a script may only
+//! touch keys of one slot there.
 //!
 //! Decisions leave the queue in arrival order, and the script decides a batch in its order, so
 //! several requests of one key in a batch are counted exactly as if they had been sent one by
@@ -14,11 +15,12 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use redis::cluster_routing::Slot;
 use tokio::sync::oneshot;
 
-use super::redis::{acquire_invocation, Link, RawVerdict};
+use super::redis::{acquire_invocation, index_ban, Link, RawVerdict};
 use super::StoreError;
 use crate::metrics::METRICS;
 use crate::quota::{BanPolicy, Limits};
@@ -34,6 +36,9 @@ pub(super) struct Batches {
     /// The ban policy's script arguments, built once and shared by every queued decision (a
     /// batch carries one policy; the gateway has one).
     policy: Mutex<Arc<[u64]>>,
+    /// Where bans started by a batch are indexed (`INDEX_BAN` on `<prefix>:bans`).
+    index_script: redis::Script,
+    ban_index: String,
 }
 
 enum Lanes {
@@ -50,9 +55,19 @@ struct Lane {
 #[derive(Default)]
 struct LaneState {
     queue: VecDeque<Pending>,
-    /// A drain task is running for this lane (a run in flight, or about to be).
-    running: bool,
+    /// Drain tasks running for this lane (each with at most one run in flight).
+    draining: usize,
+    /// When the lane's latest run was sent.
+    last_sent: Option<Instant>,
 }
+
+/// Runs one lane may have in flight at once. One is the rule: decisions queue behind it and
+/// the next run carries them all. More start only when one run cannot keep up: a full batch is
+/// already waiting, or the newest run has been out for a quarter of the deadline (a slow Redis,
+/// or a long network round trip), so that a decision never waits out most of its deadline
+/// behind another run and a node's decisions are not capped at one batch per round trip. Runs
+/// share the one multiplexed connection, so Redis still sees them in order.
+const MAX_IN_FLIGHT: usize = 8;
 
 struct Pending {
     key_id: Arc<str>,
@@ -77,7 +92,7 @@ impl Batches {
         Arc::new(Batches {
             link,
             script: redis::Script::new(super::scripts::ACQUIRE),
-            prefix,
+            prefix: Arc::clone(&prefix),
             max: max.max(1),
             lanes: if per_slot {
                 Lanes::PerSlot(Mutex::default())
@@ -85,6 +100,8 @@ impl Batches {
                 Lanes::One(Arc::default())
             },
             policy: Mutex::new(Arc::from(policy_args(&BanPolicy::default()))),
+            index_script: redis::Script::new(super::scripts::INDEX_BAN),
+            ban_index: super::redis::ban_index(&prefix),
         })
     }
 
@@ -100,6 +117,7 @@ impl Batches {
         let policy = self.policy_of(ban);
         let lane = self.lane(key_id);
         let (reply, answer) = oneshot::channel();
+        let timeout = self.link.timeout();
         let start = {
             let mut state = lock(&lane.state);
             state.queue.push_back(Pending {
@@ -108,12 +126,27 @@ impl Batches {
                 policy,
                 reply,
             });
-            !std::mem::replace(&mut state.running, true)
+            let start = another_run(
+                state.draining,
+                state.queue.len(),
+                self.max,
+                state.last_sent.map(|t| t.elapsed()),
+                timeout,
+            );
+            if start {
+                state.draining += 1;
+            }
+            start
         };
         if start {
-            tokio::spawn(Arc::clone(self).drain(lane));
+            // The guard exists before the task does: a task dropped before its first poll (its
+            // runtime shutting down) still hands its place back.
+            let guard = Draining {
+                lane,
+                finished: false,
+            };
+            tokio::spawn(Arc::clone(self).drain(guard));
         }
-        let timeout = self.link.timeout();
         match tokio::time::timeout(timeout, answer).await {
             Err(_) => Err(StoreError::Timeout(timeout)),
             Ok(Err(_)) => Err(StoreError::Unavailable(
@@ -144,20 +177,17 @@ impl Batches {
 
     /// Sends the lane's queue, one batch at a time, until it is empty. Runs as its own task, so
     /// a caller that stops waiting (its request ended) never strands the decisions behind it.
-    async fn drain(self: Arc<Self>, lane: Arc<Lane>) {
-        let mut guard = Stop {
-            lane: &lane,
-            armed: true,
-        };
+    async fn drain(self: Arc<Self>, mut guard: Draining) {
         loop {
             let batch = {
-                let mut state = lock(&lane.state);
+                let mut state = lock(&guard.lane.state);
                 state.queue.retain(|p| !p.reply.is_closed());
                 if state.queue.is_empty() {
-                    state.running = false;
-                    guard.armed = false;
+                    state.draining -= 1;
+                    guard.finished = true;
                     return;
                 }
+                state.last_sent = Some(Instant::now());
                 take_batch(&mut state.queue, self.max)
             };
             METRICS.store_batch_size.observe(batch.len() as f64);
@@ -170,6 +200,21 @@ impl Batches {
             let result = self.link.run::<Vec<i64>>(&invocation).await;
             match result {
                 Ok(values) if values.len() == batch.len() * 5 => {
+                    // Bans this batch started are indexed here, before anyone is answered, and
+                    // not by the callers, who may have stopped waiting: `bans list` must show
+                    // every ban in force, and a caller that has its answer finds it listed.
+                    for (p, v) in batch.iter().zip(values.chunks_exact(5)) {
+                        if v[0] == 3 {
+                            index_ban(
+                                Arc::clone(&self.link),
+                                self.index_script.clone(),
+                                self.ban_index.clone(),
+                                Arc::clone(&p.key_id),
+                                u64::try_from(v[4]).unwrap_or(0),
+                            )
+                            .await;
+                        }
+                    }
                     for (p, v) in batch.into_iter().zip(values.chunks_exact(5)) {
                         let _ = p.reply.send(Ok([v[0], v[1], v[2], v[3], v[4]]));
                     }
@@ -194,6 +239,19 @@ impl Batches {
     }
 }
 
+/// Whether a decision just queued should start a drain task of its own: always on an idle lane;
+/// beside those running only when they cannot keep up (`MAX_IN_FLIGHT`).
+fn another_run(
+    draining: usize,
+    queued: usize,
+    max: usize,
+    newest_run_age: Option<Duration>,
+    timeout: Duration,
+) -> bool {
+    let behind = queued >= max || newest_run_age.is_some_and(|age| age >= timeout / 4);
+    draining == 0 || (behind && draining < MAX_IN_FLIGHT)
+}
+
 /// Takes up to `max` decisions from the front of the queue, stopping at the first whose ban
 /// policy differs from the first's (one batch carries one policy, and arrival order holds).
 fn take_batch(queue: &mut VecDeque<Pending>, max: usize) -> Vec<Pending> {
@@ -214,20 +272,23 @@ fn take_batch(queue: &mut VecDeque<Pending>, max: usize) -> Vec<Pending> {
     batch
 }
 
-/// Should a lane's drain task end without emptying it (a panic, or the runtime shutting down),
-/// the lane is marked idle so that the next decision starts a new one; the stranded decisions'
-/// callers see their channel closed at once rather than waiting out the deadline.
-struct Stop<'a> {
-    lane: &'a Lane,
-    armed: bool,
+/// A drain task's place on its lane. Should the task end without emptying the lane (a panic, or
+/// its runtime shutting down, even before its first poll), the place is handed back so that the
+/// next decision starts a new one, and when no other task drains the lane the stranded
+/// decisions' callers see their channel closed at once rather than waiting out the deadline.
+struct Draining {
+    lane: Arc<Lane>,
+    finished: bool,
 }
 
-impl Drop for Stop<'_> {
+impl Drop for Draining {
     fn drop(&mut self) {
-        if self.armed {
+        if !self.finished {
             let mut state = lock(&self.lane.state);
-            state.running = false;
-            state.queue.clear();
+            state.draining = state.draining.saturating_sub(1);
+            if state.draining == 0 {
+                state.queue.clear();
+            }
         }
     }
 }
@@ -302,6 +363,32 @@ mod tests {
         assert_eq!(take_batch(&mut queue, 128).len(), 1);
         assert_eq!(take_batch(&mut queue, 128).len(), 1);
         assert!(take_batch(&mut queue, 128).is_empty());
+    }
+
+    #[test]
+    fn a_second_run_starts_only_when_one_cannot_keep_up() {
+        let t = Duration::from_millis(100);
+        let young = Some(Duration::from_millis(5));
+        assert!(
+            another_run(0, 1, 128, None, t),
+            "an idle lane sends at once"
+        );
+        assert!(
+            !another_run(1, 5, 128, young, t),
+            "a few queue behind one run"
+        );
+        assert!(
+            another_run(1, 128, 128, young, t),
+            "a full batch waits: send it"
+        );
+        assert!(
+            another_run(1, 1, 128, Some(Duration::from_millis(25)), t),
+            "the run out for a quarter of the deadline: do not wait behind it"
+        );
+        assert!(
+            !another_run(MAX_IN_FLIGHT, 500, 128, Some(t), t),
+            "never more than MAX_IN_FLIGHT runs"
+        );
     }
 
     #[test]

@@ -77,6 +77,27 @@ pub(super) fn quota_key(prefix: &str, key_id: &str) -> String {
     format!("{prefix}:state:{{{key_id}}}")
 }
 
+/// The sorted set indexing an environment's active bans.
+pub(super) fn ban_index(prefix: &str) -> String {
+    format!("{prefix}:bans")
+}
+
+/// Records (or, with `until` 0, removes) a ban in the index. A failure is logged, not
+/// returned: the ban itself is in force either way; only `bans list` would miss it.
+pub(super) async fn index_ban(
+    link: Arc<Link>,
+    script: redis::Script,
+    index: String,
+    key_id: Arc<str>,
+    until: u64,
+) {
+    let mut invocation = script.key(index);
+    invocation.arg(&*key_id).arg(until);
+    if let Err(e) = link.run::<i64>(&invocation).await {
+        tracing::warn!(error = %e, key_id = %key_id, "could not update the ban index; `bans list` may miss this change");
+    }
+}
+
 /// One `ACQUIRE` run deciding `decisions` (key id and limits each) under the ban policy's
 /// arguments `policy` (`batch::policy_args`).
 pub(super) fn acquire_invocation<'a, 'k>(
@@ -173,11 +194,6 @@ impl RedisStore {
         quota_key(&self.prefix, key_id)
     }
 
-    /// The sorted set indexing the environment's active bans.
-    fn ban_index(&self) -> String {
-        format!("{}:bans", self.prefix)
-    }
-
     /// Runs `script` on `key_id`'s hash under the deadline.
     async fn invoke<T: redis::FromRedisValue>(
         &self,
@@ -192,14 +208,15 @@ impl RedisStore {
         self.link.run(&invocation).await
     }
 
-    /// Records (or, with `until` 0, removes) a ban in the index. A failure is logged, not
-    /// returned: the ban itself is in force either way; only `bans list` would miss it.
-    async fn index_ban(&self, key_id: &str, until: u64) {
-        let mut invocation = self.index_ban.key(self.ban_index());
-        invocation.arg(key_id).arg(until);
-        if let Err(e) = self.link.run::<i64>(&invocation).await {
-            tracing::warn!(error = %e, key_id, "could not update the ban index; `bans list` may miss this change");
-        }
+    async fn index_ban_now(&self, key_id: &Arc<str>, until: u64) {
+        index_ban(
+            Arc::clone(&self.link),
+            self.index_ban.clone(),
+            ban_index(&self.prefix),
+            Arc::clone(key_id),
+            until,
+        )
+        .await
     }
 
     /// One decision in a script run of its own.
@@ -324,8 +341,9 @@ impl QuotaStore for RedisStore {
             other => return Err(StoreError::Protocol(format!("unknown outcome {other}"))),
         };
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
-        if outcome == 3 {
-            self.index_ban(key_id, n(ban_until)).await;
+        // A batch indexes the bans it starts itself (batch.rs).
+        if outcome == 3 && self.batches.is_none() {
+            self.index_ban_now(key_id, n(ban_until)).await;
         }
         Ok(Verdict {
             outcome: outcome_of,
@@ -339,7 +357,7 @@ impl QuotaStore for RedisStore {
 
     async fn lift_ban(&self, key_id: &str) -> Result<bool, StoreError> {
         let lifted: i64 = self.invoke(&self.lift_ban, key_id, &[]).await?;
-        self.index_ban(key_id, 0).await;
+        self.index_ban_now(&Arc::from(key_id), 0).await;
         Ok(lifted == 1)
     }
 
@@ -355,7 +373,7 @@ impl QuotaStore for RedisStore {
         // A plain read (works on a full Redis and on a replica); ended bans still in the index
         // are left out by their score.
         let mut cmd = redis::cmd("ZRANGEBYSCORE");
-        cmd.arg(self.ban_index())
+        cmd.arg(ban_index(&self.prefix))
             .arg(format!("({}", crate::clock::unix_now()))
             .arg("+inf")
             .arg("WITHSCORES");
@@ -388,7 +406,7 @@ impl QuotaStore for RedisStore {
     }
 
     async fn probe(&self) -> Result<(), StoreError> {
-        let key = format!("{}:probe", self.prefix);
+        let key = format!("{}:probe-state", self.prefix);
         self.link.run::<i64>(&self.probe.key(key)).await.map(drop)
     }
 

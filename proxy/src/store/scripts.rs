@@ -23,9 +23,12 @@
 //! 32 bits because plan and key limits are capped at 2^32 - 1 (`plans.rs`).
 //!
 //! Versions before this form kept the same fields in a hash, `<prefix>:quota:{<key id>}`. A key
-//! with no string yet is read from that hash once and then written in the new form, so an
-//! upgrade keeps every count and ban; nodes still on the old version keep writing the hash until
-//! they are upgraded, so upgrade all of an environment's nodes together (deploy/README.md).
+//! with no string yet is read from that hash (a key not in KEYS, but under the same hash tag, so
+//! in the same slot) and, once written in the new form, the hash is deleted: an upgrade keeps
+//! every count and ban, and an old hash never comes back. Nodes still on the old version keep
+//! writing the hash until they are upgraded, so upgrade all of an environment's nodes together
+//! (deploy/README.md). The scripts need Redis 6.2 or later (`SET ... EXAT`) and its Lua
+//! `struct` library; the probe runs the same commands, so an older Redis shows as failing.
 //!
 //! Beside them, one sorted set per environment, `<prefix>:bans`, indexes the active bans (member
 //! the key id, score the ban's end), so listing them is one call. It is a key of its own slot,
@@ -77,6 +80,10 @@ local function u32(x)
   return x
 end
 local function save(key, s, from)
+  if from == 1 then
+    -- Carried over: the old hash goes, so it cannot come back once this state expires.
+    redis.call('DEL', (string.gsub(key, ':state:{', ':quota:{', 1)))
+  end
   local v = struct.pack(FORMAT, u32(s.mw), u32(s.mc), u32(s.dw), u32(s.dc), u32(s.sw),
     u32(s.sc), u32(s.bu), u32(s.lv), u32(s.lu), u32(s.rd), u32(s.rc), u32(s.la))
   if s.expire or from ~= 2 then
@@ -148,9 +155,9 @@ for i = 1, #KEYS do
     s.bu = 0
     if s.sc > strikes then
       if s.lu <= now then s.lv = 0 end
-      s.bu = now + tonumber(ARGV[3 + math.min(s.lv + 1, lengths)])
+      s.bu = u32(now + tonumber(ARGV[3 + math.min(s.lv + 1, lengths)]))
       s.lv = s.lv + 1
-      s.lu = s.bu + decay
+      s.lu = u32(s.bu + decay)
       s.sc = 0
       s.expire = true
       out[at + 1] = 3
@@ -221,16 +228,23 @@ redis.call('EXPIREAT', KEYS[1], tonumber(last[2]) + 1)
 return 1
 "#;
 
-/// The store probe: the same kind of work as [`ACQUIRE`] (`TIME`, a read and a write on a hash
-/// with an expiry), on a key no request uses, so it fails wherever requests would.
+/// The store probe: the same kind of work as [`ACQUIRE`] (`TIME`, a `GET` and a `SET ... EXAT`
+/// of packed state), on a key no request uses, so it fails wherever requests would, a Redis
+/// too old for the scripts (before 6.2) included.
 ///
-/// - `KEYS[1]`: `<prefix>:probe`.
-pub const PROBE: &str = r#"
+/// - `KEYS[1]`: `<prefix>:probe-state`.
+pub const PROBE: &str = concat!(
+    state_lua!(),
+    r#"
 local now = tonumber(redis.call('TIME')[1])
-redis.call('HINCRBY', KEYS[1], 'n', 1)
-redis.call('EXPIREAT', KEYS[1], now + 60)
+local s, from = load(KEYS[1])
+s.la = now
+s.dw = math.floor(now / 86400)
+s.expire = true
+save(KEYS[1], s, from)
 return 1
-"#;
+"#
+);
 
 /// Reads a key's counts in the current windows (the window rule of [`ACQUIRE`]).
 ///
