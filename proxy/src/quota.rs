@@ -71,29 +71,117 @@ pub struct Verdict {
 
 /// One API key's counters. Window numbers say which window a count belongs to, so a count from
 /// an older window reads as zero without anything having to reset it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+///
+/// Every field is 32 bits (48 bytes a key, against 96 in `u64`s: the embedded store holds one
+/// per key seen today, a million of them on a large node): windows and Unix seconds fit until
+/// 2106, counts fit because plan and key limits are capped at `u32::MAX`, and whatever could pass
+/// the cap (a ban configured to end after 2106) is held at it. The arithmetic is done in `u64`
+/// on a [`Wide`] copy, so nothing can wrap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KeyState {
-    pub minute_window: u64,
-    pub minute_count: u64,
-    pub day_window: u64,
-    pub day_count: u64,
-    pub strike_window: u64,
-    pub strikes: u64,
-    pub ban_until: u64,
-    pub ban_level: u64,
+    pub minute_window: u32,
+    pub minute_count: u32,
+    pub day_window: u32,
+    pub day_count: u32,
+    pub strike_window: u32,
+    pub strikes: u32,
+    pub ban_until: u32,
+    pub ban_level: u32,
     /// After this Unix second the ban level decays back to zero.
-    pub level_until: u64,
+    pub level_until: u32,
     /// When a request was last admitted (Unix seconds; 0: never), for `keys show`.
-    pub last_admitted: u64,
+    pub last_admitted: u32,
     /// Requests refused in day window `refused_day` (rate-limited, or starting a ban; those
     /// refused during a ban are answered from ban caches and not counted here).
-    pub refused_day: u64,
-    pub refused: u64,
+    pub refused_day: u32,
+    pub refused: u32,
+}
+
+/// [`KeyState`] widened for arithmetic.
+#[derive(Debug, Clone, Copy)]
+struct Wide {
+    minute_window: u64,
+    minute_count: u64,
+    day_window: u64,
+    day_count: u64,
+    strike_window: u64,
+    strikes: u64,
+    ban_until: u64,
+    ban_level: u64,
+    level_until: u64,
+    last_admitted: u64,
+    refused_day: u64,
+    refused: u64,
+}
+
+/// Held at `u32::MAX` rather than wrapped.
+fn narrow(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
 }
 
 impl KeyState {
+    fn wide(&self) -> Wide {
+        Wide {
+            minute_window: self.minute_window.into(),
+            minute_count: self.minute_count.into(),
+            day_window: self.day_window.into(),
+            day_count: self.day_count.into(),
+            strike_window: self.strike_window.into(),
+            strikes: self.strikes.into(),
+            ban_until: self.ban_until.into(),
+            ban_level: self.ban_level.into(),
+            level_until: self.level_until.into(),
+            last_admitted: self.last_admitted.into(),
+            refused_day: self.refused_day.into(),
+            refused: self.refused.into(),
+        }
+    }
+
+    fn set(&mut self, w: &Wide) {
+        *self = KeyState {
+            minute_window: narrow(w.minute_window),
+            minute_count: narrow(w.minute_count),
+            day_window: narrow(w.day_window),
+            day_count: narrow(w.day_count),
+            strike_window: narrow(w.strike_window),
+            strikes: narrow(w.strikes),
+            ban_until: narrow(w.ban_until),
+            ban_level: narrow(w.ban_level),
+            level_until: narrow(w.level_until),
+            last_admitted: narrow(w.last_admitted),
+            refused_day: narrow(w.refused_day),
+            refused: narrow(w.refused),
+        };
+    }
+
     /// Decides one request at `now` and updates the counters.
     pub fn acquire(&mut self, now: u64, limits: Limits, ban: &BanPolicy) -> Verdict {
+        let mut w = self.wide();
+        let verdict = w.acquire(now, limits, ban);
+        self.set(&w);
+        // The answer says what was stored: a ban end past 2106 is the one held at the cap.
+        Verdict {
+            ban_until: verdict.ban_until.min(u64::from(u32::MAX)),
+            ..verdict
+        }
+    }
+
+    /// The counts of the windows current at `now` (as [`KeyState::acquire`] would see them):
+    /// admitted this minute, admitted today, refused today.
+    pub fn usage(&self, now: u64) -> (u64, u64, u64) {
+        self.wide().usage(now)
+    }
+
+    /// True when nothing in this state can matter any more: its day is over and no ban or ban
+    /// level is pending. Such entries are evicted to keep memory bounded.
+    pub fn is_idle(&self, now: u64) -> bool {
+        let w = self.wide();
+        w.day_window < now / DAY_SECS && w.ban_until <= now && w.level_until <= now
+    }
+}
+
+impl Wide {
+    fn acquire(&mut self, now: u64, limits: Limits, ban: &BanPolicy) -> Verdict {
         // Only a newer window starts from zero. A clock that steps back by up to one window
         // (NTP, a failover to a node whose clock lags) keeps counting in the stored window:
         // resetting to the older one would zero today's count at a backwards step over midnight
@@ -126,7 +214,7 @@ impl KeyState {
         self.minute_count = minute_count;
         self.day_window = day;
         self.day_count = day_count;
-        let verdict = |outcome, s: &KeyState| Verdict {
+        let verdict = |outcome, s: &Wide| Verdict {
             outcome,
             now,
             minute_count: s.minute_count,
@@ -166,9 +254,7 @@ impl KeyState {
         }
     }
 
-    /// The counts of the windows current at `now` (as [`KeyState::acquire`] would see them):
-    /// admitted this minute, admitted today, refused today.
-    pub fn usage(&self, now: u64) -> (u64, u64, u64) {
+    fn usage(&self, now: u64) -> (u64, u64, u64) {
         let minute = ahead_by_one(self.minute_window, now / MINUTE_SECS);
         let day = ahead_by_one(self.day_window, now / DAY_SECS);
         (
@@ -188,12 +274,6 @@ impl KeyState {
                 0
             },
         )
-    }
-
-    /// True when nothing in this state can matter any more: its day is over and no ban or ban
-    /// level is pending. Such entries are evicted to keep memory bounded.
-    pub fn is_idle(&self, now: u64) -> bool {
-        self.day_window < now / DAY_SECS && self.ban_until <= now && self.level_until <= now
     }
 }
 

@@ -100,7 +100,7 @@ impl QuotaStore for MemoryStore {
         let now = self.clock.now();
         let mut shard = lock(self.shard(key_id));
         Ok(match shard.keys.get_mut(key_id) {
-            Some(state) if state.ban_until > now => {
+            Some(state) if u64::from(state.ban_until) > now => {
                 state.ban_until = 0;
                 state.strikes = 0;
                 true
@@ -115,10 +115,10 @@ impl QuotaStore for MemoryStore {
         Ok(shard
             .keys
             .get(key_id)
-            .filter(|s| s.ban_until > now)
+            .filter(|s| u64::from(s.ban_until) > now)
             .map(|s| Ban {
                 key_id: key_id.to_owned(),
-                until: s.ban_until,
+                until: s.ban_until.into(),
             }))
     }
 
@@ -130,10 +130,10 @@ impl QuotaStore for MemoryStore {
                 lock(shard)
                     .keys
                     .iter()
-                    .filter(|(_, s)| s.ban_until > now)
+                    .filter(|(_, s)| u64::from(s.ban_until) > now)
                     .map(|(id, s)| Ban {
                         key_id: id.to_string(),
-                        until: s.ban_until,
+                        until: s.ban_until.into(),
                     }),
             );
         }
@@ -150,7 +150,7 @@ impl QuotaStore for MemoryStore {
             minute,
             day,
             refused_today,
-            last_admitted: state.map_or(0, |s| s.last_admitted),
+            last_admitted: state.map_or(0, |s| s.last_admitted.into()),
         })
     }
 
