@@ -88,3 +88,73 @@ fn sigterm_finishes_the_in_flight_request_then_exits_cleanly() {
     let code = Process::wait_exit(backend.process, Duration::from_secs(10));
     assert_eq!(code, Some(0), "pet-backend exits 0 after draining");
 }
+
+/// The getPet sunset, moved by `--get-pet-sunset`, as a client sees it through the gateway: 410
+/// `gone` with the deprecation headers dated by the flag and the gateway's rate-limit headers;
+/// the successor still serves. A value that is not an instant stops the backend with a message
+/// naming it.
+#[test]
+fn get_pet_answers_410_through_the_gateway_after_a_moved_sunset() {
+    let s = e2e::Fixture::new(60, 1_000);
+    let key = s.issue("free");
+    let db = s.dir.path().join("pets.db");
+    let backend = Backend::start_with(
+        e2e::free_addr(),
+        &db,
+        &["--get-pet-sunset", "2021-03-04T05:06:07+01:00"],
+    );
+    let gw = e2e::GatewayProcess::start(s.dir.path(), &s.spec(backend.addr));
+    let rt = runtime();
+    let client = reqwest::Client::new();
+    rt.block_on(async {
+        let created = client
+            .post(gw.url("/v1/pets"))
+            .bearer_auth(&key)
+            .json(&json!({"name": "Rex", "categoryId": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(created.status(), 201);
+        let resp = client
+            .get(gw.url("/v1/pets/1"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 410);
+        let h = resp.headers().clone();
+        assert_eq!(h["sunset"], "Thu, 04 Mar 2021 04:06:07 GMT");
+        assert_eq!(h["deprecation"], "@1767225600");
+        assert_eq!(h["link"], "</v1/pets>; rel=\"successor-version\"");
+        assert!(h.contains_key("x-ratelimit-remaining"), "{h:?}");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(
+            (body["code"].as_str(), body["status"].as_u64()),
+            (Some("gone"), Some(410))
+        );
+        assert!(
+            body["message"].as_str().unwrap().contains("GET /v1/pets"),
+            "{body}"
+        );
+        let list = client
+            .get(gw.url("/v1/pets"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(list.status(), 200);
+    });
+
+    let out = std::process::Command::new(e2e::bin_path("pet-backend"))
+        .args(["--listen", "127.0.0.1:0", "--db"])
+        .arg(s.dir.path().join("other.db"))
+        .args(["--get-pet-sunset", "next tuesday"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("next tuesday") && stderr.contains("RFC 3339"),
+        "{stderr}"
+    );
+}

@@ -1,6 +1,8 @@
 //! The handlers: HTTP in, HTTP out. Each one turns a request into a call on the store and the
 //! result into the interface's response, with every failure as an [`ApiError`].
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
@@ -20,13 +22,51 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// When `GET /pets/{petId}` was deprecated (RFC 9745 `@`-date: 2026-01-01T00:00:00Z). The
 /// interface marks it deprecated without a date; this is the date we announce.
 pub const DEPRECATION: &str = "@1767225600";
-/// Its removal date from the interface (RFC 8594 `Sunset`).
-pub const SUNSET: &str = "Thu, 05 Dec 2030 00:00:00 GMT";
+/// Its removal from the interface (RFC 8594 `Sunset`): 2030-12-05T00:00:00Z, the interface's
+/// date. From then on it answers 410 Gone.
+pub const SUNSET_UNIX: u64 = 1_922_659_200;
 pub const SUCCESSOR_LINK: &str = "</v1/pets>; rel=\"successor-version\"";
+
+/// What the handlers are told besides the store.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// From this instant `GET /pets/{petId}` answers 410 Gone (`--get-pet-sunset`; tests move it).
+    get_pet_sunset: SystemTime,
+    /// Its `Sunset` header, formatted once.
+    sunset_header: HeaderValue,
+    /// The 410's message, naming the date and the successor.
+    gone_message: String,
+}
+
+impl Settings {
+    pub fn new(get_pet_sunset: SystemTime) -> Settings {
+        let date = httpdate::fmt_http_date(get_pet_sunset);
+        Settings {
+            get_pet_sunset,
+            sunset_header: HeaderValue::from_str(&date)
+                .unwrap_or_else(|_| HeaderValue::from_static("Thu, 05 Dec 2030 00:00:00 GMT")),
+            gone_message: format!(
+                "GET /v1/pets/{{petId}} was removed on {date}; use its successor, GET /v1/pets \
+                 (Link: rel=\"successor-version\")"
+            ),
+        }
+    }
+
+    /// Whether getPet is past its sunset at `now`.
+    fn get_pet_gone(&self, now: SystemTime) -> bool {
+        now >= self.get_pet_sunset
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings::new(UNIX_EPOCH + Duration::from_secs(SUNSET_UNIX))
+    }
+}
 
 pub type HttpResponse = Response<Full<Bytes>>;
 
-pub async fn handle<B>(store: &PetStore, req: Request<B>) -> HttpResponse
+pub async fn handle<B>(store: &PetStore, settings: &Settings, req: Request<B>) -> HttpResponse
 where
     B: Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -50,14 +90,22 @@ where
         }
         Resolved::Found(op, param) => {
             let param = param.map(str::to_owned);
-            (Some(op), dispatch(store, op, param, req).await)
+            let result = if op == Operation::GetPet && settings.get_pet_gone(SystemTime::now()) {
+                Err(ApiError::new(
+                    ErrorCode::Gone,
+                    settings.gone_message.clone(),
+                ))
+            } else {
+                dispatch(store, op, param, req).await
+            };
+            (Some(op), result)
         }
     };
     let mut response = result.unwrap_or_else(ApiError::into_response);
     if op == Some(Operation::GetPet) {
         let headers = response.headers_mut();
         headers.insert("deprecation", HeaderValue::from_static(DEPRECATION));
-        headers.insert("sunset", HeaderValue::from_static(SUNSET));
+        headers.insert("sunset", settings.sunset_header.clone());
         headers.append(header::LINK, HeaderValue::from_static(SUCCESSOR_LINK));
     }
     let route = op.map_or("other", Operation::id);

@@ -14,6 +14,8 @@ pub enum ErrorCode {
     InvalidRequest,
     InvalidParameter,
     NotFound,
+    /// 410: the operation existed and has been removed (getPet after its sunset).
+    Gone,
     MethodNotAllowed,
     PayloadTooLarge,
     UnsupportedMediaType,
@@ -22,10 +24,11 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 8] = [
+    pub const ALL: [ErrorCode; 9] = [
         ErrorCode::InvalidRequest,
         ErrorCode::InvalidParameter,
         ErrorCode::NotFound,
+        ErrorCode::Gone,
         ErrorCode::MethodNotAllowed,
         ErrorCode::PayloadTooLarge,
         ErrorCode::UnsupportedMediaType,
@@ -38,6 +41,7 @@ impl ErrorCode {
             ErrorCode::InvalidRequest => "invalid_request",
             ErrorCode::InvalidParameter => "invalid_parameter",
             ErrorCode::NotFound => "not_found",
+            ErrorCode::Gone => "gone",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::UnsupportedMediaType => "unsupported_media_type",
@@ -50,6 +54,7 @@ impl ErrorCode {
         match self {
             ErrorCode::InvalidRequest | ErrorCode::InvalidParameter => StatusCode::BAD_REQUEST,
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
+            ErrorCode::Gone => StatusCode::GONE,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,

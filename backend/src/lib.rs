@@ -13,5 +13,6 @@ pub mod routes;
 pub mod server;
 pub mod store;
 
-pub use server::{run, shutdown_signal};
+pub use api::Settings;
+pub use server::{run, run_with, shutdown_signal};
 pub use store::PetStore;

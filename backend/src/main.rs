@@ -1,6 +1,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
 
@@ -15,6 +16,20 @@ struct Args {
     /// SQLite database file; its directory is created when missing.
     #[arg(long, env = "PET_BACKEND_DB", default_value = "./data/pets.db")]
     db: PathBuf,
+    /// From this instant (RFC 3339) `GET /v1/pets/{petId}` answers 410 Gone; the interface's
+    /// date by default.
+    #[arg(long, env = "PET_BACKEND_GET_PET_SUNSET", default_value = "2030-12-05T00:00:00Z",
+          value_parser = parse_instant)]
+    get_pet_sunset: SystemTime,
+}
+
+/// An RFC 3339 instant (`2030-12-05T00:00:00Z`, or with an offset) as a `SystemTime`.
+fn parse_instant(text: &str) -> Result<SystemTime, String> {
+    let at = chrono::DateTime::parse_from_rfc3339(text.trim()).map_err(|e| {
+        format!("`{text}` is not an RFC 3339 instant such as 2030-12-05T00:00:00Z: {e}")
+    })?;
+    let secs = u64::try_from(at.timestamp()).map_err(|_| format!("`{text}` is before 1970"))?;
+    Ok(UNIX_EPOCH + Duration::from_secs(secs))
 }
 
 fn main() -> ExitCode {
@@ -49,8 +64,10 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        tracing::info!(listen = %args.listen, db = %args.db.display(), "pet-backend serving");
-        backend::run(listener, store, backend::shutdown_signal()).await;
+        tracing::info!(listen = %args.listen, db = %args.db.display(),
+            get_pet_sunset = %httpdate::fmt_http_date(args.get_pet_sunset), "pet-backend serving");
+        let settings = backend::Settings::new(args.get_pet_sunset);
+        backend::run_with(listener, store, settings, backend::shutdown_signal()).await;
         ExitCode::SUCCESS
     })
 }

@@ -3,6 +3,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::server::conn::http1;
@@ -12,6 +13,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
 use crate::api;
+use crate::api::Settings;
 use crate::store::PetStore;
 
 /// How long a client may take to send its request headers (slowloris protection).
@@ -22,6 +24,17 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Serves the API on `listener` until `shutdown` completes, then stops accepting, lets
 /// in-flight requests finish (up to [`DRAIN_TIMEOUT`]) and returns.
 pub async fn run(listener: TcpListener, store: PetStore, shutdown: impl Future<Output = ()>) {
+    run_with(listener, store, Settings::default(), shutdown).await
+}
+
+/// [`run`] with handler settings of its own (the getPet sunset).
+pub async fn run_with(
+    listener: TcpListener,
+    store: PetStore,
+    settings: Settings,
+    shutdown: impl Future<Output = ()>,
+) {
+    let settings = Arc::new(settings);
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
@@ -43,9 +56,11 @@ pub async fn run(listener: TcpListener, store: PetStore, shutdown: impl Future<O
                 };
                 let _ = stream.set_nodelay(true);
                 let store = store.clone();
+                let settings = Arc::clone(&settings);
                 let service = service_fn(move |req| {
                     let store = store.clone();
-                    async move { Ok::<_, Infallible>(api::handle(&store, req).await) }
+                    let settings = Arc::clone(&settings);
+                    async move { Ok::<_, Infallible>(api::handle(&store, &settings, req).await) }
                 });
                 let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
                 tokio::spawn(async move {

@@ -520,3 +520,45 @@ async fn keep_alive_serves_many_requests_on_one_connection() {
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     }
 }
+
+/// From the sunset instant on, getPet answers 410 `gone` naming its successor, with the same
+/// deprecation headers (the `Sunset` date being the instant configured); until then it serves.
+#[tokio::test]
+async fn get_pet_is_gone_from_its_sunset_on() {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+    let past = UNIX_EPOCH + Duration::from_secs(1_700_000_000); // 2023-11-14T22:13:20Z
+    let s = TestServer::start_with(backend::Settings::new(past)).await;
+    let pet = s.create(json!({"name": "Rex", "categoryId": 1})).await;
+    for path in [
+        format!("/v1/pets/{}", pet["id"]),
+        "/v1/pets/999".into(),
+        "/v1/pets/abc".into(),
+    ] {
+        let resp = s.client.get(s.url(&path)).send().await.unwrap();
+        let h = resp.headers().clone();
+        let body = expect_error(resp, 410, "gone").await;
+        let message = body["message"].as_str().unwrap();
+        assert!(message.contains("GET /v1/pets"), "{message}");
+        assert!(
+            message.contains("Tue, 14 Nov 2023 22:13:20 GMT"),
+            "{message}"
+        );
+        assert_eq!(h["deprecation"], "@1767225600");
+        assert_eq!(h["sunset"], "Tue, 14 Nov 2023 22:13:20 GMT");
+        assert_eq!(h["link"], "</v1/pets>; rel=\"successor-version\"");
+    }
+    // The successor still serves.
+    let resp = s.client.get(s.url("/v1/pets")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+
+    let soon = SystemTime::now() + Duration::from_secs(3_600);
+    let s = TestServer::start_with(backend::Settings::new(soon)).await;
+    let pet = s.create(json!({"name": "Rex", "categoryId": 1})).await;
+    let resp = s
+        .client
+        .get(s.url(&format!("/v1/pets/{}", pet["id"])))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "before the sunset it serves");
+}

@@ -122,6 +122,11 @@ impl Backend {
     }
 
     pub fn start_at(addr: SocketAddr, db: &Path) -> Backend {
+        Self::start_with(addr, db, &[])
+    }
+
+    /// With further command-line arguments.
+    pub fn start_with(addr: SocketAddr, db: &Path, args: &[&str]) -> Backend {
         let process = Process::spawn(
             "pet-backend",
             Command::new(bin_path("pet-backend"))
@@ -129,6 +134,7 @@ impl Backend {
                 .arg(addr.to_string())
                 .arg("--db")
                 .arg(db)
+                .args(args)
                 .env("RUST_LOG", "warn"),
         );
         wait_for_listener(addr, Duration::from_secs(10));

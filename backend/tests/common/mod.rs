@@ -21,12 +21,16 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start() -> TestServer {
+        Self::start_with(backend::Settings::default()).await
+    }
+
+    pub async fn start_with(settings: backend::Settings) -> TestServer {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = backend::PetStore::open(&dir.path().join("pets.db")).expect("open store");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(backend::run(listener, store, async {
+        let task = tokio::spawn(backend::run_with(listener, store, settings, async {
             let _ = rx.await;
         }));
         TestServer {
