@@ -74,6 +74,12 @@ where
     let started = std::time::Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
+    let trace = trace_of(req.headers());
+    let request_id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     if path == "/metrics" && method == http::Method::GET {
         return metrics_response();
     }
@@ -118,8 +124,33 @@ where
         .duration
         .with_label_values(&[route])
         .observe(started.elapsed().as_secs_f64());
-    tracing::debug!(%method, %path, status = response.status().as_u16(), "request");
+    tracing::info!(
+        target: "access",
+        %method,
+        %path,
+        status = response.status().as_u16(),
+        duration_us = started.elapsed().as_micros() as u64,
+        request_id,
+        trace_id = trace.as_ref().map(|t| t.0.as_str()),
+        parent_span_id = trace.as_ref().map(|t| t.1.as_str()),
+    );
     response
+}
+
+/// The trace id and the caller's span id of a valid W3C `traceparent` (the gateway always sends
+/// one, naming its own span), for the access log; anything else is no trace.
+fn trace_of(headers: &http::HeaderMap) -> Option<(String, String)> {
+    let value = headers.get("traceparent")?.to_str().ok()?;
+    let mut fields = value.trim().split('-');
+    let (version, trace, parent) = (fields.next()?, fields.next()?, fields.next()?);
+    let hex = |s: &str, len: usize| {
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            && s.bytes().any(|b| b != b'0')
+    };
+    (version.len() == 2 && version != "ff" && hex(trace, 32) && hex(parent, 16))
+        .then(|| (trace.to_owned(), parent.to_owned()))
 }
 
 fn metrics_response() -> HttpResponse {

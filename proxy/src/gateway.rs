@@ -28,6 +28,7 @@ use crate::resilience::Resilience;
 use crate::responses::{insert_rate_headers, refuse, RateHeaders, Refusal};
 use crate::routes::Route;
 use crate::store::QuotaStore;
+use crate::trace::TraceContext;
 use crate::unauth::{UnauthDecision, UnauthLimiter};
 use crate::upstreams::Upstreams;
 
@@ -35,6 +36,8 @@ use crate::upstreams::Upstreams;
 pub struct Ctx {
     started: Instant,
     request_id: String,
+    /// This request's place in its W3C trace (joined or started in `request_filter`).
+    trace: Option<TraceContext>,
     route: Route,
     key: Option<KeyInfo>,
     rate: Option<RateView>,
@@ -118,6 +121,7 @@ impl ProxyHttp for Gateway {
         Ctx {
             started: Instant::now(),
             request_id: String::new(),
+            trace: None,
             route: Route::Other,
             key: None,
             rate: None,
@@ -136,6 +140,9 @@ impl ProxyHttp for Gateway {
         session.set_read_timeout(Some(self.client_read_timeout));
         let req = session.req_header();
         ctx.request_id = request_id(req);
+        ctx.trace = Some(TraceContext::from_header(
+            req.headers.get("traceparent").map(|v| v.as_bytes()),
+        ));
         ctx.route = Route::of(&req.method, req.uri.path());
         if let Some((status, message)) = refuse_shape(req) {
             refuse(
@@ -275,6 +282,11 @@ impl ProxyHttp for Gateway {
             upstream.insert_header("x-plan", &*key.plan)?;
         }
         upstream.insert_header("x-request-id", &ctx.request_id)?;
+        if let Some(trace) = &ctx.trace {
+            // The backend's parent is this gateway's span; an invalid `traceparent` from the
+            // client is replaced, never passed on.
+            upstream.insert_header("traceparent", trace.traceparent())?;
+        }
         Ok(())
     }
 
@@ -334,6 +346,9 @@ impl ProxyHttp for Gateway {
         tracing::info!(
             target: "access",
             request_id = %ctx.request_id,
+            trace_id = ctx.trace.map(|t| t.trace_id_hex()),
+            span_id = ctx.trace.map(|t| t.span_id_hex()),
+            parent_span_id = ctx.trace.and_then(|t| t.parent_id_hex()),
             route = ctx.route.as_str(),
             key_id = ctx.key.as_ref().map(|k| &*k.id),
             plan = ctx.key.as_ref().map(|k| &*k.plan),

@@ -29,6 +29,7 @@
 //! | [`metrics`] | the Prometheus metrics |
 //! | [`metric_handles`] | per-request metrics with handles resolved once (no label lookup per request) |
 //! | [`tls`] | the certificate resolver and its reload |
+//! | [`trace`] | W3C trace context: join or start a trace, the gateway's span |
 
 pub mod admin;
 pub mod admission;
@@ -55,5 +56,6 @@ pub mod routes;
 pub mod server;
 pub mod store;
 pub mod tls;
+pub mod trace;
 pub mod unauth;
 pub mod upstreams;

@@ -114,6 +114,8 @@ impl Drop for Process {
 pub struct Backend {
     pub addr: SocketAddr,
     pub process: Process,
+    /// Its stderr (the access log at `info`), when started by [`Backend::start_logged`].
+    pub log: Option<PathBuf>,
 }
 
 impl Backend {
@@ -138,7 +140,40 @@ impl Backend {
                 .env("RUST_LOG", "warn"),
         );
         wait_for_listener(addr, Duration::from_secs(10));
-        Backend { addr, process }
+        Backend {
+            addr,
+            process,
+            log: None,
+        }
+    }
+
+    /// With its access log (`RUST_LOG=info`) written to `log`.
+    pub fn start_logged(db: &Path, log: &Path) -> Backend {
+        let addr = free_addr();
+        let file = std::fs::File::create(log).expect("backend log file");
+        let process = Process::spawn(
+            "pet-backend",
+            Command::new(bin_path("pet-backend"))
+                .arg("--listen")
+                .arg(addr.to_string())
+                .arg("--db")
+                .arg(db)
+                .env("RUST_LOG", "info")
+                .stderr(file),
+        );
+        wait_for_listener(addr, Duration::from_secs(10));
+        Backend {
+            addr,
+            process,
+            log: Some(log.to_owned()),
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log
+            .as_deref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default()
     }
 
     pub fn url(&self, path: &str) -> String {
