@@ -308,3 +308,35 @@ async fn a_batch_that_times_out_falls_back_for_every_request_in_it() {
     let runs = script_runs(&redis) - before;
     assert!(runs <= 3, "{runs} script runs");
 }
+
+/// When a run misses its deadline, the decisions queued behind it fail with it at once: an
+/// outage costs the requests of one run a deadline, not every queued request a run of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_queued_behind_a_failed_run_fail_with_it() {
+    let redis = RedisServer::start();
+    let timeout = Duration::from_millis(400);
+    let store = store(&redis, timeout);
+    warm(&store).await;
+    let limits = Limits {
+        per_minute: 1_000,
+        per_day: 10_000,
+    };
+    let before = script_runs(&redis);
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", "1500", "ALL"]), "OK");
+    let started = Instant::now();
+    let first = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move { store.acquire(&Arc::from("a"), limits, &NO_BANS()).await })
+    };
+    // Queued behind the first run (well inside a quarter of the deadline, so no run of its own).
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let second = store.acquire(&Arc::from("b"), limits, &NO_BANS()).await;
+    assert!(second.is_err(), "{second:?}");
+    assert!(first.await.unwrap().is_err());
+    let waited = started.elapsed();
+    assert!(waited < timeout + Duration::from_millis(300), "{waited:?}");
+    tokio::time::sleep(Duration::from_millis(1_600).saturating_sub(started.elapsed())).await;
+    // Once Redis runs again it has seen one run only: the queued decision was never sent.
+    let runs = script_runs(&redis) - before;
+    assert_eq!(runs, 1, "{runs} script runs reached Redis");
+}

@@ -230,7 +230,16 @@ impl Batches {
                     }
                 }
                 Err(e) => {
-                    for p in batch {
+                    // The store did not answer this run in time, or at all: the decisions queued
+                    // behind it learn so now rather than each waiting out a run of its own, so
+                    // that an outage costs a deadline once, not once per queued request.
+                    let queued = match e {
+                        StoreError::Timeout(_) | StoreError::Unavailable(_) => {
+                            std::mem::take(&mut lock(&guard.lane.state).queue)
+                        }
+                        StoreError::Protocol(_) => VecDeque::new(),
+                    };
+                    for p in batch.into_iter().chain(queued) {
                         let _ = p.reply.send(Err(e.clone()));
                     }
                 }
