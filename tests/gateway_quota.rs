@@ -233,3 +233,101 @@ async fn staging_and_production_on_one_redis_count_apart() {
         "production's quota is untouched"
     );
 }
+
+/// `GET /v1/rate_limit`: the quota as it stands, answered by the gateway from the shared store,
+/// never forwarded and never counted; limited on its own; a ban shows with its end; only GET.
+#[tokio::test]
+async fn rate_limit_tells_the_quota_without_spending_it() {
+    let s = Fixture::new(60, 1_000);
+    e2e::write_plan(&s.plans, "tiny", 2, 1_000);
+    let key = s.issue("free");
+    let tiny = s.issue("tiny");
+    let redis = RedisServer::start();
+    let backend = e2e::Backend::start_logged(
+        &s.dir.path().join("pets.db"),
+        &s.dir.path().join("backend.log"),
+    );
+    let mut spec = s.spec(backend.addr);
+    spec.redis_url = Some(redis.url());
+    spec.extra = "store_timeout_ms = 1000\n[ban]\nstrikes = 0\ndurations_secs = [600]\n".into();
+    let gw = e2e::GatewayProcess::start(s.dir.path(), &spec);
+    let client = reqwest::Client::new();
+    fresh_minute(Duration::from_secs(15));
+    for _ in 0..5 {
+        assert_eq!(get(&client, &gw.url("/v1/pets"), &key).await.status(), 200);
+    }
+    let status_url = gw.url("/v1/rate_limit");
+    for _ in 0..3 {
+        let resp = get(&client, &status_url, &key).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(header(&resp, "content-type"), "application/json");
+        assert_eq!(num(&resp, "x-ratelimit-limit"), 60);
+        assert_eq!(
+            num(&resp, "x-ratelimit-remaining"),
+            55,
+            "asking spends nothing"
+        );
+        assert!(e2e::header(&resp, "ratelimit-policy").is_some());
+        let body: Value = resp.json().await.unwrap();
+        let now = unix_now();
+        assert_eq!(body["plan"], "free");
+        assert_eq!(body["minute"]["limit"], 60);
+        assert_eq!(body["minute"]["remaining"], 55);
+        assert_eq!(body["day"]["limit"], 1_000);
+        assert_eq!(body["day"]["remaining"], 995);
+        let reset = body["minute"]["reset"].as_u64().unwrap();
+        assert!(reset > now && reset <= now + 60, "{body}");
+        assert_eq!(body["ban"], Value::Null);
+    }
+    // The next request of the plan is the sixth: nothing was counted for the questions.
+    let resp = get(&client, &gw.url("/v1/pets"), &key).await;
+    assert_eq!(num(&resp, "x-ratelimit-remaining"), 54);
+
+    // Its own limit: 10 at once, then 429 with Retry-After, still without touching the plan.
+    let mut limited = None;
+    for _ in 0..15 {
+        let resp = get(&client, &status_url, &key).await;
+        if resp.status() == 429 {
+            limited = Some(resp);
+            break;
+        }
+    }
+    let limited = limited.expect("the endpoint is limited per key");
+    assert!(num(&limited, "retry-after") >= 1);
+    let body: Value = limited.json().await.unwrap();
+    assert_eq!(body["code"], "rate_limited");
+    let resp = get(&client, &gw.url("/v1/pets"), &key).await;
+    assert_eq!(num(&resp, "x-ratelimit-remaining"), 53);
+
+    // A banned key is told when its ban ends.
+    for _ in 0..3 {
+        get(&client, &gw.url("/v1/pets"), &tiny).await;
+    }
+    let resp = get(&client, &status_url, &tiny).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(num(&resp, "x-ratelimit-remaining"), 0);
+    let body: Value = resp.json().await.unwrap();
+    let until = body["ban"]["until"].as_u64().expect("a ban");
+    assert!(until >= unix_now() + 590, "{body}");
+    assert_eq!(body["minute"]["remaining"], 0);
+    assert_eq!(body["plan"], "tiny");
+
+    // Only GET; and the backend never saw any of it.
+    let resp = client
+        .post(&status_url)
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 405);
+    assert_eq!(header(&resp, "allow"), "GET");
+    assert!(
+        backend.log_text().contains("/v1/pets"),
+        "the backend logs requests"
+    );
+    assert!(
+        !backend.log_text().contains("rate_limit"),
+        "{}",
+        backend.log_text()
+    );
+}

@@ -37,7 +37,10 @@ fn line_of(read: impl Fn() -> String, request_id: &str) -> String {
 async fn the_trace_runs_from_the_client_through_the_gateway_to_the_backend() {
     let s = Fixture::new(60, 1_000);
     let key = s.issue("free");
-    let backend = Backend::start_logged(&s.dir.path().join("pets.db"), &s.dir.path().join("backend.log"));
+    let backend = Backend::start_logged(
+        &s.dir.path().join("pets.db"),
+        &s.dir.path().join("backend.log"),
+    );
     let gw = GatewayProcess::start(s.dir.path(), &s.spec(backend.addr));
     let client = reqwest::Client::new();
     let send = |request_id: &'static str, traceparent: Option<&'static str>| {
@@ -51,18 +54,30 @@ async fn the_trace_runs_from_the_client_through_the_gateway_to_the_backend() {
         async move {
             let resp = req.send().await.unwrap();
             assert_eq!(resp.status(), 200);
-            assert_eq!(resp.headers()["x-request-id"], request_id, "X-Request-Id stays");
+            assert_eq!(
+                resp.headers()["x-request-id"],
+                request_id,
+                "X-Request-Id stays"
+            );
         }
     };
 
     // A client in a trace: the gateway joins it, as a span whose parent is the client's.
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let client_span = "00f067aa0ba902b7";
-    send("req-joined", Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")).await;
+    send(
+        "req-joined",
+        Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+    )
+    .await;
     let g = line_of(|| gw.log_text(), "req-joined");
     let b = line_of(|| backend.log_text(), "req-joined");
     assert_eq!(field(&g, "trace_id").as_deref(), Some(trace), "{g}");
-    assert_eq!(field(&g, "parent_span_id").as_deref(), Some(client_span), "{g}");
+    assert_eq!(
+        field(&g, "parent_span_id").as_deref(),
+        Some(client_span),
+        "{g}"
+    );
     let gateway_span = field(&g, "span_id").expect("the gateway's span");
     assert_eq!(gateway_span.len(), 16);
     assert_ne!(gateway_span, client_span);
@@ -77,16 +92,27 @@ async fn the_trace_runs_from_the_client_through_the_gateway_to_the_backend() {
     // backend is in it.
     for (request_id, tp) in [
         ("req-started", None),
-        ("req-invalid", Some("00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01")),
+        (
+            "req-invalid",
+            Some("00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01"),
+        ),
     ] {
         send(request_id, tp).await;
         let g = line_of(|| gw.log_text(), request_id);
         let b = line_of(|| backend.log_text(), request_id);
         let started = field(&g, "trace_id").expect("a trace started");
         assert_eq!(started.len(), 32);
-        assert_ne!(started.to_ascii_lowercase(), trace, "{request_id}: a new trace");
+        assert_ne!(
+            started.to_ascii_lowercase(),
+            trace,
+            "{request_id}: a new trace"
+        );
         assert_eq!(field(&g, "parent_span_id"), None, "{request_id}: {g}");
         assert_eq!(field(&b, "trace_id"), Some(started), "{request_id}: {b}");
-        assert_eq!(field(&b, "parent_span_id"), field(&g, "span_id"), "{request_id}");
+        assert_eq!(
+            field(&b, "parent_span_id"),
+            field(&g, "span_id"),
+            "{request_id}"
+        );
     }
 }

@@ -23,6 +23,7 @@ use crate::keys::KeyInfo;
 use crate::metric_handles;
 use crate::metrics::METRICS;
 use crate::quota::RateView;
+use crate::quota_status::QuotaStatus;
 use crate::request::{read_h2_body, refuse_shape, request_id};
 use crate::resilience::Resilience;
 use crate::responses::{insert_rate_headers, refuse, RateHeaders, Refusal};
@@ -60,6 +61,8 @@ pub struct Gateway {
     read_timeout: Duration,
     client_read_timeout: Duration,
     api_key_prefix: String,
+    /// `GET /v1/rate_limit`, answered here.
+    quota_status: Arc<QuotaStatus>,
 }
 
 impl Gateway {
@@ -73,6 +76,7 @@ impl Gateway {
         Gateway {
             env: config.environment.clone(),
             catalog,
+            quota_status: Arc::new(QuotaStatus::new(Arc::clone(&store), resilience.clone())),
             admission: Admission::new(store, resilience, config.on_store_error, config.ban.clone()),
             unauth,
             upstreams: Upstreams::new(config.upstreams.clone()),
@@ -81,6 +85,11 @@ impl Gateway {
             client_read_timeout: config.client_read_timeout,
             api_key_prefix: config.api_key_prefix.clone(),
         }
+    }
+
+    /// The `GET /v1/rate_limit` answerer, for the reloader to sweep.
+    pub fn quota_status(&self) -> Arc<QuotaStatus> {
+        Arc::clone(&self.quota_status)
     }
 
     /// 401, or 429 once the client's address has sent too many requests without a valid key.
@@ -201,6 +210,18 @@ impl ProxyHttp for Gateway {
             refuse(session, &ctx.request_id, Refusal::plan_missing()).await;
             return Ok(true);
         };
+        // Where the quota stands, without spending any of it.
+        if ctx.route == Route::RateLimit {
+            ctx.rate = self
+                .quota_status
+                .answer(session, &ctx.request_id, &key, limits)
+                .await;
+            return Ok(true);
+        }
+        if session.req_header().uri.path() == "/v1/rate_limit" {
+            refuse(session, &ctx.request_id, Refusal::get_only()).await;
+            return Ok(true);
+        }
 
         let decision = self.admission.decide(&key, limits).await;
         ctx.store_time = decision.store_time;

@@ -28,6 +28,7 @@
 //! | [`admin`] | health, readiness, metrics and ban endpoints |
 //! | [`metrics`] | the Prometheus metrics |
 //! | [`metric_handles`] | per-request metrics with handles resolved once (no label lookup per request) |
+//! | [`quota_status`] | `GET /v1/rate_limit`: the quota without spending it |
 //! | [`tls`] | the certificate resolver and its reload |
 //! | [`trace`] | W3C trace context: join or start a trace, the gateway's span |
 
@@ -48,6 +49,7 @@ pub mod metric_handles;
 pub mod metrics;
 pub mod plans;
 pub mod quota;
+pub mod quota_status;
 pub mod registry;
 pub mod request;
 pub mod resilience;

@@ -13,11 +13,12 @@ use prometheus::{Histogram, IntCounter};
 use crate::metrics::METRICS;
 use crate::routes::Route;
 
-const ROUTES: [Route; 5] = [
+const ROUTES: [Route; 6] = [
     Route::ListPets,
     Route::CreatePet,
     Route::GetPet,
     Route::ListOrders,
+    Route::RateLimit,
     Route::Other,
 ];
 
@@ -43,7 +44,8 @@ fn route_handles(route: Route) -> &'static RouteHandles {
         Route::CreatePet => 1,
         Route::GetPet => 2,
         Route::ListOrders => 3,
-        Route::Other => 4,
+        Route::RateLimit => 4,
+        Route::Other => 5,
     };
     &BY_ROUTE[i]
 }

@@ -95,8 +95,9 @@ pub fn insert_rate_headers(resp: &mut ResponseHeader, rate: RateHeaders<'_>) {
     let _ = resp.insert_header("x-ratelimit-reset", reset);
 }
 
-/// A complete error response head; the caller writes [`error_body`] after it.
-pub fn error_head(
+/// A complete JSON response head (an Error, or an answer the gateway gives itself); the caller
+/// writes the body after it.
+pub fn json_head(
     status: u16,
     body_len: usize,
     request_id: &str,
@@ -185,6 +186,21 @@ impl<'a> Refusal<'a> {
         }
     }
 
+    /// 429 for a key asking `GET /v1/rate_limit` more often than that endpoint allows; its
+    /// headers are that endpoint's own limit, not the plan's.
+    pub fn quota_status_limited(limit: SimpleLimit, retry_after: u64) -> Refusal<'a> {
+        Refusal {
+            rate: RateHeaders::Simple(limit),
+            retry_after: Some(retry_after),
+            ..Refusal::new(
+                429,
+                ErrorCode::RateLimited,
+                "GET /v1/rate_limit answers a key once a second on average (10 at once); it never \
+                 counts against the plan",
+            )
+        }
+    }
+
     /// 429 for an address that sent too many requests without a valid key.
     pub fn unauthenticated_flood(limit: SimpleLimit, retry_after: u64) -> Refusal<'a> {
         Refusal {
@@ -199,6 +215,18 @@ impl<'a> Refusal<'a> {
     }
 
     /// 404 for anything outside the versioned API (the backend's own endpoints included).
+    /// 405 for a method other than GET on an endpoint the gateway answers itself.
+    pub fn get_only() -> Refusal<'a> {
+        Refusal {
+            extra_headers: &[("allow", "GET")],
+            ..Refusal::new(
+                405,
+                ErrorCode::MethodNotAllowed,
+                "only GET is allowed on this path",
+            )
+        }
+    }
+
     pub fn not_found() -> Refusal<'a> {
         Refusal::new(404, ErrorCode::NotFound, "no such resource")
     }
@@ -300,7 +328,7 @@ pub async fn refuse(session: &mut Session, request_id: &str, refusal: Refusal<'_
         session.set_keepalive(None);
     }
     let body = error_body(refusal.status, refusal.code, refusal.message);
-    let mut head = error_head(refusal.status, body.len(), request_id, refusal.rate);
+    let mut head = json_head(refusal.status, body.len(), request_id, refusal.rate);
     if let Some(secs) = refusal.retry_after {
         let _ = head.insert_header("retry-after", secs);
     }

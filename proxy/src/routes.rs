@@ -10,6 +10,8 @@ pub enum Route {
     CreatePet,
     GetPet,
     ListOrders,
+    /// `GET /v1/rate_limit`, answered by the gateway itself (`quota_status.rs`).
+    RateLimit,
     #[default]
     Other,
 }
@@ -17,11 +19,12 @@ pub enum Route {
 impl Route {
     /// Every operation of the interface, with its method and path template as `openapi.yaml`
     /// writes them (relative to `/v1`).
-    pub const OPERATIONS: [(Route, Method, &'static str); 4] = [
+    pub const OPERATIONS: [(Route, Method, &'static str); 5] = [
         (Route::ListPets, Method::GET, "/pets"),
         (Route::CreatePet, Method::POST, "/pets"),
         (Route::GetPet, Method::GET, "/pets/{petId}"),
         (Route::ListOrders, Method::GET, "/store/orders"),
+        (Route::RateLimit, Method::GET, "/rate_limit"),
     ];
 
     pub fn of(method: &Method, path: &str) -> Route {
@@ -30,6 +33,7 @@ impl Route {
             Some("/pets") if get => Route::ListPets,
             Some("/pets") if method == Method::POST => Route::CreatePet,
             Some("/store/orders") if get => Route::ListOrders,
+            Some("/rate_limit") if get => Route::RateLimit,
             Some(rest) if get => match rest.strip_prefix("/pets/") {
                 Some(id) if !id.is_empty() && !id.contains('/') => Route::GetPet,
                 _ => Route::Other,
@@ -44,6 +48,7 @@ impl Route {
             Route::CreatePet => "createPet",
             Route::GetPet => "getPet",
             Route::ListOrders => "listOrders",
+            Route::RateLimit => "getRateLimit",
             Route::Other => "other",
         }
     }

@@ -160,6 +160,7 @@ pub fn run(
         Arc::clone(&unauth),
         resilience.clone(),
     );
+    let quota_status = gateway.quota_status();
     let mut proxy = Service::new(
         "pet-gateway".to_owned(),
         HeadDeadline::new(
@@ -221,6 +222,7 @@ pub fn run(
             certs,
             unauth,
             resilience,
+            quota_status,
             interval: config.reload_interval,
         },
     ));
@@ -238,6 +240,7 @@ struct Reloader {
     certs: Option<Arc<CertResolver>>,
     unauth: Arc<UnauthLimiter>,
     resilience: Resilience,
+    quota_status: Arc<crate::quota_status::QuotaStatus>,
     interval: Duration,
 }
 
@@ -286,6 +289,7 @@ impl BackgroundService for Reloader {
             if last_sweep.elapsed() > Duration::from_secs(60) {
                 last_sweep = tokio::time::Instant::now();
                 self.unauth.sweep();
+                self.quota_status.sweep();
                 self.resilience.local.sweep();
                 self.resilience.ban_cache.sweep(crate::clock::unix_now());
             }

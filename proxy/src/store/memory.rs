@@ -151,6 +151,10 @@ impl QuotaStore for MemoryStore {
             day,
             refused_today,
             last_admitted: state.map_or(0, |s| s.last_admitted.into()),
+            ban_until: state
+                .map(|s| u64::from(s.ban_until))
+                .filter(|&until| until > now)
+                .unwrap_or(0),
         })
     }
 

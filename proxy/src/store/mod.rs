@@ -56,6 +56,8 @@ pub struct Usage {
     pub refused_today: u64,
     /// When a request was last admitted, Unix seconds; 0: not since the key's state expired.
     pub last_admitted: u64,
+    /// The end of the key's ban, Unix seconds; 0 when not banned.
+    pub ban_until: u64,
 }
 
 /// A ban as the admin commands show it.

@@ -386,7 +386,7 @@ impl QuotaStore for RedisStore {
 
     async fn usage(&self, quota_id: &str) -> Result<Usage, StoreError> {
         let r: Vec<i64> = self.invoke(&self.usage, quota_id, &[]).await?;
-        let [now, minute, day, refused, last] = r[..] else {
+        let [now, minute, day, refused, last, ban_until] = r[..] else {
             return Err(StoreError::Protocol(format!("usage returned {r:?}")));
         };
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
@@ -396,6 +396,7 @@ impl QuotaStore for RedisStore {
             day: n(day),
             refused_today: n(refused),
             last_admitted: n(last),
+            ban_until: n(ban_until),
         })
     }
 

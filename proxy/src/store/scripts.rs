@@ -250,7 +250,8 @@ return 1
 ///
 /// - `KEYS[1]`: the key's state.
 ///
-/// Returns `{now, minute_count, day_count, refused_today, last_admitted}`.
+/// Returns `{now, minute_count, day_count, refused_today, last_admitted, ban_until}` (ban_until
+/// 0 when not banned).
 pub const USAGE: &str = concat!(
     state_lua!(),
     r#"
@@ -259,7 +260,9 @@ local s = load(KEYS[1])
 windows(s, now)
 local rc = 0
 if s.rd == s.dw then rc = s.rc end
-return {now, s.mc, s.dc, rc, s.la}
+local bu = 0
+if s.bu > now then bu = s.bu end
+return {now, s.mc, s.dc, rc, s.la, bu}
 "#
 );
 

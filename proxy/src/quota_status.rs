@@ -1,0 +1,204 @@
+//! `GET /v1/rate_limit`: a client asks where its quota stands without spending any of it, the
+//! way GitHub's `GET /rate_limit` lets clients schedule their work. The gateway answers it
+//! itself: never forwarded, never counted in the minute or day windows, one read of the store.
+//! So that it cannot become a free way to load the store, it has a small limit of its own per
+//! key (its quota id: a rotated key and its successor share it), kept on each node.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use governor::clock::{Clock, DefaultClock};
+use governor::state::keyed::DefaultKeyedStateStore;
+use governor::{Quota, RateLimiter};
+use pingora::proxy::Session;
+use serde::Serialize;
+
+use crate::keys::KeyInfo;
+use crate::quota::{self, Limits, RateView, Verdict};
+use crate::resilience::Resilience;
+use crate::responses::{json_head, refuse, RateHeaders, Refusal, SimpleLimit};
+use crate::store::{QuotaStore, Usage};
+
+/// Requests a key may make to this endpoint: one a second on average, ten at once.
+const PER_SECOND: u32 = 1;
+const BURST: u32 = 10;
+
+type KeyedLimiter = RateLimiter<Arc<str>, DefaultKeyedStateStore<Arc<str>>, DefaultClock>;
+
+pub struct QuotaStatus {
+    store: Arc<dyn QuotaStore>,
+    resilience: Resilience,
+    limiter: KeyedLimiter,
+}
+
+#[derive(Serialize)]
+struct Window {
+    limit: u64,
+    remaining: u64,
+    reset: u64,
+}
+
+#[derive(Serialize)]
+struct Ban {
+    until: u64,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    plan: &'a str,
+    minute: Window,
+    day: Window,
+    ban: Option<Ban>,
+}
+
+/// What the endpoint answers for a key with `limits` whose store state is `usage`: the body, and
+/// the view behind the usual rate-limit headers.
+fn status(plan: &str, limits: Limits, usage: &Usage) -> (Bytes, RateView) {
+    let banned = usage.ban_until > usage.now;
+    let view = RateView::new(
+        &Verdict {
+            outcome: if banned {
+                quota::Outcome::Banned
+            } else {
+                quota::Outcome::Admitted
+            },
+            now: usage.now,
+            minute_count: usage.minute,
+            day_count: usage.day,
+            ban_until: usage.ban_until,
+            ban_started: false,
+        },
+        limits,
+    );
+    let body = Body {
+        plan,
+        minute: Window {
+            limit: limits.per_minute,
+            remaining: view.minute_remaining,
+            reset: view.minute_reset,
+        },
+        day: Window {
+            limit: limits.per_day,
+            remaining: view.day_remaining,
+            reset: view.day_reset,
+        },
+        ban: banned.then_some(Ban {
+            until: usage.ban_until,
+        }),
+    };
+    let json = serde_json::to_vec(&body).unwrap_or_else(|_| b"{}".to_vec());
+    (Bytes::from(json), view)
+}
+
+impl QuotaStatus {
+    pub fn new(store: Arc<dyn QuotaStore>, resilience: Resilience) -> QuotaStatus {
+        let quota = Quota::per_second(NonZeroU32::new(PER_SECOND).unwrap_or(NonZeroU32::MIN))
+            .allow_burst(NonZeroU32::new(BURST).unwrap_or(NonZeroU32::MIN));
+        QuotaStatus {
+            store,
+            resilience,
+            limiter: RateLimiter::keyed(quota),
+        }
+    }
+
+    /// Answers the request of `key` (authenticated, its plan in force, at `limits`) and returns
+    /// the view its headers were written from, when there was one.
+    pub async fn answer(
+        &self,
+        session: &mut Session,
+        request_id: &str,
+        key: &KeyInfo,
+        limits: Limits,
+    ) -> Option<RateView> {
+        let quota_id = key.quota_id();
+        if let Err(not_until) = self.limiter.check_key(quota_id) {
+            let wait = not_until.wait_time_from(DefaultClock::default().now());
+            let retry_after = quota::retry_after_secs(wait);
+            let now = crate::clock::unix_now();
+            let refusal = Refusal::quota_status_limited(
+                SimpleLimit {
+                    limit: u64::from(BURST),
+                    remaining: 0,
+                    reset: now + retry_after,
+                },
+                retry_after,
+            );
+            refuse(session, request_id, refusal).await;
+            return None;
+        }
+        // A store the breaker has given up on is not asked: the answer would be a deadline.
+        let usage = if self.resilience.breaker.allows() {
+            self.store.usage(quota_id).await.ok()
+        } else {
+            None
+        };
+        let Some(usage) = usage else {
+            refuse(session, request_id, Refusal::store_unavailable()).await;
+            return None;
+        };
+        let (body, view) = status(&key.plan, limits, &usage);
+        let head = json_head(200, body.len(), request_id, RateHeaders::Plan(&view));
+        if let Err(e) = session.write_response_header(Box::new(head), false).await {
+            tracing::debug!(error = %e, "client went away before the response head");
+        } else if let Err(e) = session.write_response_body(Some(body), true).await {
+            tracing::debug!(error = %e, "client went away before the response body");
+        }
+        Some(view)
+    }
+
+    /// Forgets keys that have not asked for a while (called by the reloader).
+    pub fn sweep(&self) {
+        self.limiter.retain_recent();
+        self.limiter.shrink_to_fit();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(now: u64, minute: u64, day: u64, ban_until: u64) -> Usage {
+        Usage {
+            now,
+            minute,
+            day,
+            refused_today: 0,
+            last_admitted: 0,
+            ban_until,
+        }
+    }
+
+    const FREE: Limits = Limits {
+        per_minute: 60,
+        per_day: 1_000,
+    };
+
+    #[test]
+    fn the_body_has_both_windows_and_no_ban() {
+        let now = 20_000 * 86_400 + 3_600 + 30;
+        let (body, view) = status("free", FREE, &usage(now, 10, 400, 0));
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "plan": "free",
+                "minute": {"limit": 60, "remaining": 50, "reset": now - 30 + 60},
+                "day": {"limit": 1000, "remaining": 600, "reset": 20_001 * 86_400},
+                "ban": null,
+            })
+        );
+        assert_eq!((view.limit, view.remaining), (60, 50));
+    }
+
+    #[test]
+    fn a_banned_key_is_told_when_its_ban_ends_and_has_nothing_left() {
+        let now = 20_000 * 86_400;
+        let (body, view) = status("free", FREE, &usage(now, 60, 70, now + 600));
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["ban"], serde_json::json!({"until": now + 600}));
+        assert_eq!(v["minute"]["remaining"], 0);
+        assert_eq!(v["day"]["remaining"], 0);
+        assert_eq!((view.remaining, view.reset), (0, now + 600));
+    }
+}
