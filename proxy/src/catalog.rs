@@ -60,7 +60,24 @@ impl Snapshot {
 fn load_keys(keys_file: &Path, plans: &Plans) -> Result<KeyIndex, KeysError> {
     let keys = KeysFile::load(keys_file)?;
     keys.check_plans(keys_file, plans)?;
+    count_keys(&keys, 0);
     Ok(keys.index())
+}
+
+/// `pet_gateway_keys{status}` for the keys now in force.
+fn count_keys(keys: &KeysFile, skipped: usize) {
+    for (status, n) in keys.status_counts(crate::clock::unix_now()) {
+        let n = if status == "active" {
+            n - skipped.min(n)
+        } else {
+            n
+        };
+        METRICS.keys.with_label_values(&[status]).set(n as i64);
+    }
+    METRICS
+        .keys
+        .with_label_values(&["skipped"])
+        .set(skipped as i64);
 }
 
 /// What a file looked like at the last attempt: enough that any write, rename or change of
@@ -231,6 +248,7 @@ impl Catalog {
             Some(Ok(file)) => {
                 let (index, skipped) = file.index_for(&next.plans);
                 METRICS.catalog_keys_skipped.set(skipped.len() as i64);
+                count_keys(&file, skipped.len());
                 seen.skipped = skipped.len();
                 if !skipped.is_empty() {
                     tracing::error!(

@@ -27,6 +27,7 @@ pub struct Metrics {
     pub slow_request_heads: IntCounter,
     pub catalog_reload_failing: IntGaugeVec,
     pub catalog_keys_skipped: IntGauge,
+    pub keys: IntGaugeVec,
     pub catalog_last_reload: IntGaugeVec,
 }
 
@@ -86,6 +87,9 @@ impl Metrics {
         }
         for result in ["applied", "refused"] {
             m.config_reloads.with_label_values(&[result]);
+        }
+        for status in ["active", "expired", "revoked", "skipped"] {
+            m.keys.with_label_values(&[status]);
         }
         for part in ["keys", "plans"] {
             m.catalog_reload_failing.with_label_values(&[part]);
@@ -210,6 +214,12 @@ impl Metrics {
                      (they get 401; check and a restart refuse such a file).",
                 )
                 .expect("valid metric definition"),
+            ),
+            keys: gauge(
+                r,
+                "pet_gateway_keys",
+                "Records of the keys file (or the registry's replica) in force, by status (active, expired, revoked; skipped: active but naming a plan not in force).",
+                &["status"],
             ),
             catalog_last_reload: gauge(
                 r,

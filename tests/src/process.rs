@@ -181,6 +181,16 @@ impl Backend {
     }
 }
 
+/// The `prometheus` server, from Debian's `prometheus` package (scripts/test installs it).
+pub fn prometheus_server() -> PathBuf {
+    for candidate in ["/usr/bin/prometheus", "/usr/local/bin/prometheus"] {
+        if Path::new(candidate).exists() {
+            return PathBuf::from(candidate);
+        }
+    }
+    panic!("prometheus is not installed: run scripts/test, which installs it, or `apt-get install prometheus`")
+}
+
 /// `promtool`, from Debian's `prometheus` package (scripts/test installs it).
 pub fn promtool() -> PathBuf {
     for candidate in ["/usr/bin/promtool", "/usr/local/bin/promtool"] {
