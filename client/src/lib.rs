@@ -1,0 +1,401 @@
+//! `pet-client`: an async client for the pet adoption API behind pet-gateway.
+//!
+//! - The operations: [`Client::list_pets`] (one page), [`Client::list_all`] (every page, through
+//!   `Link: rel="next"`), [`Client::create_pet`], [`Client::get_pet`], and [`Client::quota`]
+//!   (`GET /v1/rate_limit`, which spends nothing).
+//! - Errors are typed: the API's Error body becomes [`Error::Api`] with its `code`.
+//! - The rate-limit headers of every answer are kept ([`Client::rate_state`]) and feed a
+//!   client-side limiter (`rate.rs`): a request the client knows would be refused is not sent.
+//! - Retries follow the interface (`retry.rs`): `Retry-After` on 429, never less; no retry
+//!   before a ban ends; gateway 5xx retried only for idempotent requests, with exponential
+//!   backoff and full jitter; every wait bounded by the caller's total deadline.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), pet_client::Error> {
+//! let client = pet_client::Client::new("http://127.0.0.1:8080", "pet_live_…")?;
+//! let available = client.list_all(Some("available")).await?;
+//! println!("{} available, {:?} left this minute", available.len(), client.rate_state().remaining);
+//! # Ok(()) }
+//! ```
+
+mod rate;
+mod retry;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde::{Deserialize, Serialize};
+
+pub use rate::{unix_now, Limiter, RateState};
+pub use retry::RetryPolicy;
+
+/// An animal, as the API returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pet {
+    pub id: i64,
+    pub name: String,
+    #[serde(rename = "categoryId")]
+    pub category_id: i64,
+    pub status: String,
+}
+
+/// An animal to create.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NewPet {
+    pub name: String,
+    #[serde(rename = "categoryId")]
+    pub category_id: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+}
+
+/// One page of `GET /v1/pets`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    pub pets: Vec<Pet>,
+    /// The next page's path and query, from `Link: <…>; rel="next"`.
+    pub next: Option<String>,
+}
+
+/// One window of `GET /v1/rate_limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Window {
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ban {
+    pub until: u64,
+}
+
+/// `GET /v1/rate_limit`: where the caller's quota stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quota {
+    pub plan: String,
+    pub minute: Window,
+    pub day: Window,
+    pub ban: Option<Ban>,
+}
+
+/// The API's Error body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiError {
+    pub code: String,
+    pub message: String,
+    pub status: u16,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{} {}: {}", .0.status, .0.code, .0.message)]
+    Api(ApiError),
+    /// Waiting any longer would pass the caller's deadline; `last` is the answer that made the
+    /// client wait, when there was one.
+    #[error("gave up: the next attempt would pass the deadline of {deadline:?}{}", last.as_ref().map(|e| format!(" (last answer: {e})")).unwrap_or_default())]
+    Deadline {
+        deadline: Duration,
+        last: Option<Box<Error>>,
+    },
+    #[error("could not reach the API: {0}")]
+    Transport(String),
+    #[error("the API answered something unexpected: {0}")]
+    Decode(String),
+    #[error("invalid base URL `{0}`")]
+    BaseUrl(String),
+}
+
+impl Error {
+    /// The API's error code, when the API answered with one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Error::Api(e) => Some(&e.code),
+            Error::Deadline { last: Some(e), .. } => e.code(),
+            _ => None,
+        }
+    }
+}
+
+/// A successful answer: its `Link` header and body.
+struct Answer {
+    link: Option<String>,
+    body: Vec<u8>,
+}
+
+pub struct Client {
+    http: reqwest::Client,
+    /// `scheme://host[:port]`, without a trailing slash.
+    origin: String,
+    key: String,
+    policy: RetryPolicy,
+    limiter: Mutex<Limiter>,
+    last: Mutex<RateState>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Client {
+    /// A client of the API at `base_url` (`http://host:port`, with or without `/v1`) with the
+    /// default [`RetryPolicy`].
+    pub fn new(base_url: &str, api_key: &str) -> Result<Client, Error> {
+        Client::with_policy(base_url, api_key, RetryPolicy::default())
+    }
+
+    pub fn with_policy(
+        base_url: &str,
+        api_key: &str,
+        policy: RetryPolicy,
+    ) -> Result<Client, Error> {
+        let trimmed = base_url.trim().trim_end_matches('/');
+        let origin = trimmed.strip_suffix("/v1").unwrap_or(trimmed);
+        if !(origin.starts_with("http://") || origin.starts_with("https://"))
+            || origin.len() <= "https://".len()
+        {
+            return Err(Error::BaseUrl(base_url.to_owned()));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| Error::Transport(e.to_string()))?;
+        Ok(Client {
+            http,
+            origin: origin.to_owned(),
+            key: api_key.to_owned(),
+            policy,
+            limiter: Mutex::default(),
+            last: Mutex::default(),
+        })
+    }
+
+    /// The rate-limit headers of the latest answer.
+    pub fn rate_state(&self) -> RateState {
+        *lock(&self.last)
+    }
+
+    /// One page of animals, optionally of one `status`.
+    pub async fn list_pets(&self, status: Option<&str>, limit: Option<u32>) -> Result<Page, Error> {
+        let mut query = Vec::new();
+        if let Some(limit) = limit {
+            query.push(format!("limit={limit}"));
+        }
+        if let Some(status) = status {
+            query.push(format!("status={status}"));
+        }
+        let path = if query.is_empty() {
+            "/v1/pets".to_owned()
+        } else {
+            format!("/v1/pets?{}", query.join("&"))
+        };
+        self.page(&path).await
+    }
+
+    /// Every animal (of one `status`), following `Link: rel="next"` page by page.
+    pub async fn list_all(&self, status: Option<&str>) -> Result<Vec<Pet>, Error> {
+        let mut page = self.list_pets(status, Some(100)).await?;
+        let mut pets = std::mem::take(&mut page.pets);
+        while let Some(next) = page.next.take() {
+            page = self.page(&next).await?;
+            pets.append(&mut page.pets);
+        }
+        Ok(pets)
+    }
+
+    pub async fn create_pet(&self, pet: &NewPet) -> Result<Pet, Error> {
+        let body = serde_json::to_vec(pet).map_err(|e| Error::Decode(e.to_string()))?;
+        let answer = self.send(Method::POST, "/v1/pets", Some(body)).await?;
+        decode(&answer.body)
+    }
+
+    pub async fn get_pet(&self, id: i64) -> Result<Pet, Error> {
+        let answer = self
+            .send(Method::GET, &format!("/v1/pets/{id}"), None)
+            .await?;
+        decode(&answer.body)
+    }
+
+    /// Where the quota stands (`GET /v1/rate_limit`, which spends none of it). What it says
+    /// also tells the client-side limiter: a ban, or a window with nothing left.
+    pub async fn quota(&self) -> Result<Quota, Error> {
+        let answer = self.send(Method::GET, "/v1/rate_limit", None).await?;
+        let quota: Quota = decode(&answer.body)?;
+        let mut limiter = lock(&self.limiter);
+        match quota.ban {
+            // During a ban every window reads 0 whatever it holds: the ban's end is what counts.
+            Some(ban) => limiter.block_until(ban.until),
+            None => {
+                for w in [quota.minute, quota.day] {
+                    if w.remaining == 0 {
+                        limiter.block_until(w.reset);
+                    }
+                }
+            }
+        }
+        Ok(quota)
+    }
+
+    async fn page(&self, path: &str) -> Result<Page, Error> {
+        let answer = self.send(Method::GET, path, None).await?;
+        Ok(Page {
+            pets: decode(&answer.body)?,
+            next: answer.link.as_deref().and_then(next_link),
+        })
+    }
+
+    /// One call, with the retry policy: waits the client-side limiter asks for, `Retry-After`
+    /// after a 429, backoff after a gateway 5xx or a lost connection (idempotent requests only),
+    /// all within the policy's deadline.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Answer, Error> {
+        let idempotent = method == Method::GET;
+        let deadline = Instant::now() + self.policy.deadline;
+        let give_up = |last: Option<Error>| Error::Deadline {
+            deadline: self.policy.deadline,
+            last: last.map(Box::new),
+        };
+        let mut attempt = 0u32;
+        let mut last: Option<Error> = None;
+        loop {
+            if self.policy.enabled {
+                let wait = lock(&self.limiter).wait(unix_now());
+                if !wait.is_zero() {
+                    // Whole seconds are what the headers give; a little more makes sure the
+                    // window has turned by the gateway's clock too.
+                    let wait = wait + Duration::from_millis(250);
+                    if Instant::now() + wait > deadline {
+                        return Err(give_up(last));
+                    }
+                    tokio::time::sleep(wait).await;
+                }
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(give_up(last));
+            }
+            let mut request = self
+                .http
+                .request(method.clone(), format!("{}{path}", self.origin))
+                .bearer_auth(&self.key)
+                .timeout(remaining);
+            if let Some(body) = &body {
+                request = request
+                    .header("content-type", "application/json")
+                    .body(body.clone());
+            }
+            let error = match request.send().await {
+                Err(e) => Error::Transport(e.to_string()),
+                Ok(resp) => {
+                    let status = resp.status();
+                    let state = RateState::from_headers(resp.headers());
+                    *lock(&self.last) = state;
+                    if self.policy.enabled {
+                        lock(&self.limiter).observe(&state, unix_now());
+                    }
+                    let link = resp
+                        .headers()
+                        .get("link")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned);
+                    let bytes = resp
+                        .bytes()
+                        .await
+                        .map_err(|e| Error::Transport(e.to_string()))?;
+                    if status.is_success() {
+                        return Ok(Answer {
+                            link,
+                            body: bytes.to_vec(),
+                        });
+                    }
+                    let api = serde_json::from_slice::<ApiError>(&bytes).unwrap_or(ApiError {
+                        code: "unknown".into(),
+                        message: String::from_utf8_lossy(&bytes).chars().take(200).collect(),
+                        status: status.as_u16(),
+                    });
+                    let error = Error::Api(api);
+                    if !self.policy.enabled {
+                        return Err(error);
+                    }
+                    match status.as_u16() {
+                        // The limiter now holds the wait (`Retry-After`, or the ban's end).
+                        429 => {
+                            last = Some(error);
+                            continue;
+                        }
+                        502..=504 if idempotent => error,
+                        _ => return Err(error),
+                    }
+                }
+            };
+            if !self.policy.enabled || !idempotent {
+                return Err(error);
+            }
+            let wait = self.policy.backoff(attempt);
+            attempt = attempt.saturating_add(1);
+            if Instant::now() + wait > deadline {
+                return Err(give_up(Some(error)));
+            }
+            last = Some(error);
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Error> {
+    serde_json::from_slice(body).map_err(|e| Error::Decode(e.to_string()))
+}
+
+/// The target of the `rel="next"` entry of a `Link` header.
+fn next_link(link: &str) -> Option<String> {
+    link.split(',').find_map(|entry| {
+        let (target, params) = entry.trim().split_once(';')?;
+        let is_next = params.split(';').any(|p| {
+            p.trim().trim_start_matches("rel=").trim_matches('"') == "next" && p.contains("rel=")
+        });
+        let target = target.trim().strip_prefix('<')?.strip_suffix('>')?;
+        is_next.then(|| target.to_owned())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_next_link_is_found_among_others() {
+        assert_eq!(
+            next_link("</v1/pets?limit=2&after=2>; rel=\"next\"").as_deref(),
+            Some("/v1/pets?limit=2&after=2")
+        );
+        assert_eq!(
+            next_link("</v1/pets>; rel=\"successor-version\", </v1/pets?after=9>; rel=next")
+                .as_deref(),
+            Some("/v1/pets?after=9")
+        );
+        assert_eq!(next_link("</v1/pets>; rel=\"successor-version\""), None);
+    }
+
+    #[test]
+    fn base_urls_are_checked_and_v1_is_optional() {
+        assert_eq!(
+            Client::new("http://127.0.0.1:8080/v1/", "k")
+                .unwrap()
+                .origin,
+            "http://127.0.0.1:8080"
+        );
+        assert_eq!(
+            Client::new("https://api.example", "k").unwrap().origin,
+            "https://api.example"
+        );
+        assert!(matches!(
+            Client::new("127.0.0.1:8080", "k"),
+            Err(Error::BaseUrl(_))
+        ));
+    }
+}
