@@ -22,15 +22,20 @@ fn document() -> Value {
 }
 
 /// path → method (upper case) → operationId, as the document declares them.
+/// The operations the backend serves: every documented one but those the gateway answers itself
+/// (`x-answered-by: gateway`, such as `GET /rate_limit`).
 fn documented_operations(doc: &Value) -> BTreeMap<String, BTreeMap<String, String>> {
     let paths = doc["paths"].as_object().expect("`paths` is a map");
     paths
         .iter()
         .map(|(path, item)| {
-            let ops = METHODS
+            let ops: BTreeMap<String, String> = METHODS
                 .iter()
                 .filter_map(|m| {
                     let op = item.get(*m)?;
+                    if op["x-answered-by"] == "gateway" {
+                        return None;
+                    }
                     let id = op["operationId"]
                         .as_str()
                         .expect("every operation has an operationId");
@@ -39,6 +44,7 @@ fn documented_operations(doc: &Value) -> BTreeMap<String, BTreeMap<String, Strin
                 .collect();
             (path.clone(), ops)
         })
+        .filter(|(_, ops)| !ops.is_empty())
         .collect()
 }
 
