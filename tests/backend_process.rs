@@ -157,4 +157,13 @@ fn get_pet_answers_410_through_the_gateway_after_a_moved_sunset() {
         stderr.contains("next tuesday") && stderr.contains("RFC 3339"),
         "{stderr}"
     );
+    // Past what an HTTP date can say: refused at start-up, not a panic on the first request.
+    let out = std::process::Command::new(e2e::bin_path("pet-backend"))
+        .args(["--listen", "127.0.0.1:0", "--db"])
+        .arg(s.dir.path().join("other.db"))
+        .args(["--get-pet-sunset", "9999-12-31T23:59:59-23:59"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("past the year 9999"));
 }

@@ -116,3 +116,43 @@ async fn the_trace_runs_from_the_client_through_the_gateway_to_the_backend() {
         );
     }
 }
+
+/// What the backend is sent: a client's `tracestate` travels with a trace the gateway joins and
+/// is dropped with one it replaces; flag bits other than `sampled` are not passed on.
+#[tokio::test]
+async fn tracestate_follows_only_a_joined_trace_and_unknown_flags_stop_at_the_edge() {
+    let s = Fixture::new(60, 1_000);
+    let key = s.issue("free");
+    let echo = e2e::EchoUpstream::start();
+    let gw = GatewayProcess::start(s.dir.path(), &s.spec(echo.addr));
+    let client = reqwest::Client::new();
+    let forwarded = |traceparent: &'static str| {
+        let req = client
+            .get(gw.url("/v1/pets"))
+            .bearer_auth(&key)
+            .header("traceparent", traceparent)
+            .header("tracestate", "vendor=opaque");
+        async move {
+            let resp = req.send().await.unwrap();
+            assert_eq!(resp.status(), 200);
+            resp.text().await.unwrap().to_ascii_lowercase()
+        }
+    };
+    let joined = forwarded("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-ff").await;
+    assert!(joined.contains("tracestate: vendor=opaque"), "{joined}");
+    let tp = joined
+        .lines()
+        .find_map(|l| l.strip_prefix("traceparent: "))
+        .expect("a traceparent is forwarded");
+    assert!(
+        tp.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
+        "{tp}"
+    );
+    assert!(
+        tp.trim_end().ends_with("-01"),
+        "only `sampled` passes: {tp}"
+    );
+    let replaced = forwarded("00-00000000000000000000000000000000-00f067aa0ba902b7-01").await;
+    assert!(!replaced.contains("tracestate"), "{replaced}");
+    assert!(replaced.contains("traceparent: 00-"), "{replaced}");
+}

@@ -109,9 +109,14 @@ where
     };
     let mut response = result.unwrap_or_else(ApiError::into_response);
     if op == Some(Operation::GetPet) {
+        let gone = response.status() == StatusCode::GONE;
         let headers = response.headers_mut();
         headers.insert("deprecation", HeaderValue::from_static(DEPRECATION));
         headers.insert("sunset", settings.sunset_header.clone());
+        if gone {
+            // Gone until the sunset is moved (it can be): no cache may keep the 410.
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        }
         headers.append(header::LINK, HeaderValue::from_static(SUCCESSOR_LINK));
     }
     let route = op.map_or("other", Operation::id);

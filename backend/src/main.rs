@@ -29,6 +29,10 @@ fn parse_instant(text: &str) -> Result<SystemTime, String> {
         format!("`{text}` is not an RFC 3339 instant such as 2030-12-05T00:00:00Z: {e}")
     })?;
     let secs = u64::try_from(at.timestamp()).map_err(|_| format!("`{text}` is before 1970"))?;
+    // The `Sunset` header is an HTTP date, which ends with the year 9999.
+    if secs >= 253_402_300_800 {
+        return Err(format!("`{text}` is past the year 9999"));
+    }
     Ok(UNIX_EPOCH + Duration::from_secs(secs))
 }
 

@@ -546,6 +546,7 @@ async fn get_pet_is_gone_from_its_sunset_on() {
         assert_eq!(h["deprecation"], "@1767225600");
         assert_eq!(h["sunset"], "Tue, 14 Nov 2023 22:13:20 GMT");
         assert_eq!(h["link"], "</v1/pets>; rel=\"successor-version\"");
+        assert_eq!(h["cache-control"], "no-store");
     }
     // The successor still serves.
     let resp = s.client.get(s.url("/v1/pets")).send().await.unwrap();

@@ -118,7 +118,7 @@ impl Error {
     }
 }
 
-/// A successful answer: its `Link` header and body.
+/// A successful answer: its next-page link (`Link: rel="next"`, checked) and body.
 struct Answer {
     link: Option<String>,
     body: Vec<u8>,
@@ -183,7 +183,17 @@ impl Client {
             query.push(format!("limit={limit}"));
         }
         if let Some(status) = status {
-            query.push(format!("status={status}"));
+            let encoded: String = status
+                .bytes()
+                .map(|b| {
+                    if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                        char::from(b).to_string()
+                    } else {
+                        format!("%{b:02X}")
+                    }
+                })
+                .collect();
+            query.push(format!("status={encoded}"));
         }
         let path = if query.is_empty() {
             "/v1/pets".to_owned()
@@ -193,11 +203,19 @@ impl Client {
         self.page(&path).await
     }
 
-    /// Every animal (of one `status`), following `Link: rel="next"` page by page.
+    /// Every animal (of one `status`), following `Link: rel="next"` page by page. A link that
+    /// does not move on (the same page again) ends with an error rather than a loop.
     pub async fn list_all(&self, status: Option<&str>) -> Result<Vec<Pet>, Error> {
         let mut page = self.list_pets(status, Some(100)).await?;
         let mut pets = std::mem::take(&mut page.pets);
+        let mut seen = std::collections::HashSet::new();
         while let Some(next) = page.next.take() {
+            // A million pets of 100 a page: past that the server is not paging, it is looping.
+            if !seen.insert(next.clone()) || seen.len() > MAX_PAGES {
+                return Err(Error::Decode(format!(
+                    "the next-page link `{next}` repeats, or paging passed {MAX_PAGES} pages"
+                )));
+            }
             page = self.page(&next).await?;
             pets.append(&mut page.pets);
         }
@@ -223,13 +241,14 @@ impl Client {
         let answer = self.send(Method::GET, "/v1/rate_limit", None).await?;
         let quota: Quota = decode(&answer.body)?;
         let mut limiter = lock(&self.limiter);
+        let now = unix_now();
         match quota.ban {
             // During a ban every window reads 0 whatever it holds: the ban's end is what counts.
-            Some(ban) => limiter.block_until(ban.until),
+            Some(ban) => limiter.block_until(ban.until, now),
             None => {
                 for w in [quota.minute, quota.day] {
                     if w.remaining == 0 {
-                        limiter.block_until(w.reset);
+                        limiter.block_until(w.reset, now);
                     }
                 }
             }
@@ -241,7 +260,7 @@ impl Client {
         let answer = self.send(Method::GET, path, None).await?;
         Ok(Page {
             pets: decode(&answer.body)?,
-            next: answer.link.as_deref().and_then(next_link),
+            next: answer.link,
         })
     }
 
@@ -255,7 +274,14 @@ impl Client {
         body: Option<Vec<u8>>,
     ) -> Result<Answer, Error> {
         let idempotent = method == Method::GET;
-        let deadline = Instant::now() + self.policy.deadline;
+        // The quota endpoint spends nothing and is how a client learns that a block is over (an
+        // operator lifted the ban, reset the usage): the limiter never holds it back.
+        let limited = path != "/v1/rate_limit";
+        let started = Instant::now();
+        let deadline = started.checked_add(self.policy.deadline);
+        let fits = |wait: Duration| {
+            deadline.is_none_or(|d| Instant::now().checked_add(wait).is_some_and(|t| t <= d))
+        };
         let give_up = |last: Option<Error>| Error::Deadline {
             deadline: self.policy.deadline,
             last: last.map(Box::new),
@@ -263,19 +289,21 @@ impl Client {
         let mut attempt = 0u32;
         let mut last: Option<Error> = None;
         loop {
-            if self.policy.enabled {
+            if self.policy.enabled && limited {
                 let wait = lock(&self.limiter).wait(unix_now());
                 if !wait.is_zero() {
                     // Whole seconds are what the headers give; a little more makes sure the
                     // window has turned by the gateway's clock too.
-                    let wait = wait + Duration::from_millis(250);
-                    if Instant::now() + wait > deadline {
+                    let wait = wait + MARGIN;
+                    if !fits(wait) {
                         return Err(give_up(last));
                     }
                     tokio::time::sleep(wait).await;
                 }
             }
-            let remaining = deadline.saturating_duration_since(Instant::now());
+            let remaining = deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
             if remaining.is_zero() {
                 return Err(give_up(last));
             }
@@ -294,22 +322,31 @@ impl Client {
                 Ok(resp) => {
                     let status = resp.status();
                     let state = RateState::from_headers(resp.headers());
-                    *lock(&self.last) = state;
-                    if self.policy.enabled {
-                        lock(&self.limiter).observe(&state, unix_now());
+                    // Only the plan's headers (those with `RateLimit-Policy`) describe the quota;
+                    // a 401's per-address limit or the quota endpoint's own limit do not.
+                    let plan_headers = resp.headers().contains_key("ratelimit-policy");
+                    if plan_headers {
+                        *lock(&self.last) = state;
+                        if self.policy.enabled {
+                            lock(&self.limiter).observe(&state, unix_now());
+                        }
                     }
-                    let link = resp
-                        .headers()
-                        .get("link")
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_owned);
-                    let bytes = resp
-                        .bytes()
-                        .await
-                        .map_err(|e| Error::Transport(e.to_string()))?;
+                    let link = next_of(resp.headers());
+                    let bytes = match resp.bytes().await {
+                        Ok(b) => b,
+                        Err(e) if idempotent => {
+                            last = Some(Error::Transport(e.to_string()));
+                            if !self.policy.enabled {
+                                return Err(last.take().expect("just set"));
+                            }
+                            self.back_off(&mut attempt, &fits, &mut last).await?;
+                            continue;
+                        }
+                        Err(e) => return Err(Error::Transport(e.to_string())),
+                    };
                     if status.is_success() {
                         return Ok(Answer {
-                            link,
+                            link: link?,
                             body: bytes.to_vec(),
                         });
                     }
@@ -323,9 +360,23 @@ impl Client {
                         return Err(error);
                     }
                     match status.as_u16() {
-                        // The limiter now holds the wait (`Retry-After`, or the ban's end).
                         429 => {
+                            // At least `Retry-After` from now (whole seconds, so a little
+                            // more), and never a quick retry when it is missing or unreadable
+                            // (a 429 from something in front of the gateway): the backoff,
+                            // at least a second.
+                            let told = state.retry_after.map_or(Duration::ZERO, |s| {
+                                Duration::from_secs(s.min(rate::MAX_BLOCK_SECS))
+                            });
+                            let wait = (told + MARGIN)
+                                .max(self.policy.backoff(attempt))
+                                .max(Duration::from_secs(1));
+                            attempt = attempt.saturating_add(1);
+                            if !fits(wait) {
+                                return Err(give_up(Some(error)));
+                            }
                             last = Some(error);
+                            tokio::time::sleep(wait).await;
                             continue;
                         }
                         502..=504 if idempotent => error,
@@ -336,22 +387,74 @@ impl Client {
             if !self.policy.enabled || !idempotent {
                 return Err(error);
             }
-            let wait = self.policy.backoff(attempt);
-            attempt = attempt.saturating_add(1);
-            if Instant::now() + wait > deadline {
-                return Err(give_up(Some(error)));
-            }
             last = Some(error);
-            tokio::time::sleep(wait).await;
+            self.back_off(&mut attempt, &fits, &mut last).await?;
         }
     }
+
+    /// Sleeps the backoff of `attempt` (and counts it), or gives up with `last` when that would
+    /// pass the deadline.
+    async fn back_off(
+        &self,
+        attempt: &mut u32,
+        fits: &impl Fn(Duration) -> bool,
+        last: &mut Option<Error>,
+    ) -> Result<(), Error> {
+        let wait = self.policy.backoff(*attempt);
+        *attempt = attempt.saturating_add(1);
+        if !fits(wait) {
+            return Err(Error::Deadline {
+                deadline: self.policy.deadline,
+                last: last.take().map(Box::new),
+            });
+        }
+        tokio::time::sleep(wait).await;
+        Ok(())
+    }
+}
+
+/// The most pages `list_all` follows.
+const MAX_PAGES: usize = 10_000;
+
+/// Added to waits the headers give in whole seconds, so the window has turned by the gateway's
+/// clock too.
+const MARGIN: Duration = Duration::from_millis(250);
+
+/// The `rel="next"` target among every `Link` header line. `Err` when there is a next page the
+/// client will not follow (another origin): a partial listing must not pass for a whole one.
+fn next_of(headers: &reqwest::header::HeaderMap) -> Result<Option<String>, Error> {
+    for value in headers.get_all("link") {
+        let Ok(text) = value.to_str() else { continue };
+        if let Some(target) = next_link(text) {
+            return Ok(Some(target));
+        }
+        if has_next(text) {
+            return Err(Error::Decode(format!(
+                "the next-page link is not a path on this origin: {text}"
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// Whether a `Link` value has a `rel="next"` entry at all.
+fn has_next(link: &str) -> bool {
+    link.split(',').any(|entry| {
+        entry.split(';').skip(1).any(|p| {
+            p.trim()
+                .strip_prefix("rel=")
+                .is_some_and(|r| r.trim_matches('"').split(' ').any(|r| r == "next"))
+        })
+    })
 }
 
 fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Error> {
     serde_json::from_slice(body).map_err(|e| Error::Decode(e.to_string()))
 }
 
-/// The target of the `rel="next"` entry of a `Link` header.
+/// The target of the `rel="next"` entry of a `Link` header: only a path on the same origin
+/// (`/…`, not `//host/…` nor `@host/…` nor an absolute URL), so that a link can never send the
+/// API key anywhere else.
 fn next_link(link: &str) -> Option<String> {
     link.split(',').find_map(|entry| {
         let (target, params) = entry.trim().split_once(';')?;
@@ -359,7 +462,11 @@ fn next_link(link: &str) -> Option<String> {
             p.trim().trim_start_matches("rel=").trim_matches('"') == "next" && p.contains("rel=")
         });
         let target = target.trim().strip_prefix('<')?.strip_suffix('>')?;
-        is_next.then(|| target.to_owned())
+        let same_origin = target.starts_with('/')
+            && !target.starts_with("//")
+            && !target.contains(['\\', '@'])
+            && !target.bytes().any(|b| b.is_ascii_control() || b == b' ');
+        (is_next && same_origin).then(|| target.to_owned())
     })
 }
 
@@ -379,6 +486,15 @@ mod tests {
             Some("/v1/pets?after=9")
         );
         assert_eq!(next_link("</v1/pets>; rel=\"successor-version\""), None);
+        for elsewhere in [
+            "<http://evil.example/v1/pets>; rel=next",
+            "<//evil.example/v1/pets>; rel=next",
+            "<@evil.example/v1/pets>; rel=next",
+            "</v1/pets@evil.example>; rel=next",
+            "<\\\\evil.example/x>; rel=next",
+        ] {
+            assert_eq!(next_link(elsewhere), None, "{elsewhere}");
+        }
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// A ban or a day window ends within a day and a half.
+pub const MAX_BLOCK_SECS: u64 = 36 * 3_600;
+
 /// Until when the client must not send: the latest instant it knows a request would be refused
 /// until (a window with nothing left, or a ban), as Unix seconds.
 #[derive(Debug, Default)]
@@ -54,18 +57,23 @@ pub struct Limiter {
 impl Limiter {
     /// Learns from a response's headers (any response: 2xx ones tell what is left).
     pub fn observe(&mut self, state: &RateState, now: u64) {
-        if let (Some(0), Some(reset)) = (state.remaining, state.reset) {
-            if reset > now {
-                self.block_until(reset);
-            }
+        match (state.remaining, state.reset) {
+            (Some(0), Some(reset)) if reset > now => self.block_until(reset, now),
+            // The gateway says requests are left: whatever blocked before is over (a ban lifted,
+            // usage reset, a larger plan).
+            (Some(left), _) if left > 0 && state.retry_after.is_none() => self.blocked_until = None,
+            _ => {}
         }
         if let Some(secs) = state.retry_after {
-            self.block_until(now + secs.max(1));
+            self.block_until(now.saturating_add(secs.max(1)), now);
         }
     }
 
-    /// Learns of a ban or a reset from elsewhere (`GET /v1/rate_limit`).
-    pub fn block_until(&mut self, until: u64) {
+    /// Learns of a ban or a reset from elsewhere (`GET /v1/rate_limit`). Never believed further
+    /// than [`MAX_BLOCK_SECS`] ahead: a larger figure is a broken answer, not a reason to stop
+    /// for good.
+    pub fn block_until(&mut self, until: u64, now: u64) {
+        let until = until.min(now.saturating_add(MAX_BLOCK_SECS));
         self.blocked_until = Some(self.blocked_until.map_or(until, |b| b.max(until)));
     }
 
@@ -122,7 +130,33 @@ mod tests {
         limiter.observe(&refused, 1000);
         assert_eq!(limiter.wait(1000), Duration::from_secs(600));
         // A shorter block learned later does not shorten a longer one.
-        limiter.block_until(1010);
+        limiter.block_until(1010, 1000);
         assert_eq!(limiter.wait(1000), Duration::from_secs(600));
+        // Requests left, by the gateway's word, end it.
+        limiter.observe(&left, 1001);
+        assert_eq!(limiter.wait(1001), Duration::ZERO);
+    }
+
+    #[test]
+    fn absurd_figures_block_for_a_day_and_a_half_at_most() {
+        let mut limiter = Limiter::default();
+        limiter.observe(
+            &RateState {
+                retry_after: Some(u64::MAX),
+                ..RateState::default()
+            },
+            1000,
+        );
+        assert_eq!(limiter.wait(1000), Duration::from_secs(MAX_BLOCK_SECS));
+        let mut limiter = Limiter::default();
+        limiter.observe(
+            &RateState {
+                remaining: Some(0),
+                reset: Some(u64::MAX),
+                ..RateState::default()
+            },
+            1000,
+        );
+        assert_eq!(limiter.wait(1000), Duration::from_secs(MAX_BLOCK_SECS));
     }
 }

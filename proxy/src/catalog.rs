@@ -45,7 +45,9 @@ impl Snapshot {
     /// not fatal: a registry node's snapshot holds keys issued on other hosts.
     fn load_lenient(keys_file: &Path, plans_dir: &Path) -> Result<Snapshot, CatalogError> {
         let plans = Plans::load_dir(plans_dir)?;
-        let (keys, skipped) = KeysFile::load(keys_file)?.index_for(&plans);
+        let file = KeysFile::load(keys_file)?;
+        let (keys, skipped) = file.index_for(&plans);
+        count_keys(&file, skipped.len());
         if !skipped.is_empty() {
             tracing::error!(count = skipped.len(), first = ?&skipped[..skipped.len().min(20)],
                 "keys naming a plan this node lacks were skipped (they get 401)");
@@ -197,6 +199,22 @@ impl Catalog {
 
     pub fn snapshot(&self) -> arc_swap::Guard<Arc<Snapshot>> {
         self.current.load()
+    }
+
+    /// Keys expire with no change to any file: `pet_gateway_keys{status="active"|"expired"}` are
+    /// counted again from the index in force (the reloader does it every minute).
+    pub fn recount_expiry(&self, now: u64) {
+        let snapshot = self.snapshot();
+        let expired = snapshot.keys.keys().filter(|k| k.expired(now)).count();
+        let active = snapshot.keys.len() - expired;
+        METRICS
+            .keys
+            .with_label_values(&["active"])
+            .set(active as i64);
+        METRICS
+            .keys
+            .with_label_values(&["expired"])
+            .set(expired as i64);
     }
 
     /// Reloads what changed since the last attempt (everything, when `force`, as on SIGHUP).

@@ -307,6 +307,10 @@ impl ProxyHttp for Gateway {
             // The backend's parent is this gateway's span; an invalid `traceparent` from the
             // client is replaced, never passed on.
             upstream.insert_header("traceparent", trace.traceparent())?;
+            if trace.parent_id.is_none() {
+                // A new trace: the client's `tracestate` belonged to no valid trace.
+                upstream.remove_header("tracestate");
+            }
         }
         Ok(())
     }

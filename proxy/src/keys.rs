@@ -395,8 +395,6 @@ impl KeysFile {
             .sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
     }
 
-    /// The index of the active keys whose plan is in `plans`, and `id (plan)` of those skipped
-    /// for naming another.
     /// How many records are active, expired and revoked at `now` (for `pet_gateway_keys`).
     pub fn status_counts(&self, now: u64) -> [(&'static str, usize); 3] {
         let revoked = self.keys.iter().filter(|k| k.revoked_at.is_some()).count();
@@ -412,6 +410,8 @@ impl KeysFile {
         ]
     }
 
+    /// The index of the active keys whose plan is in `plans`, and `id (plan)` of those skipped
+    /// for naming another.
     pub fn index_for(&self, plans: &Plans) -> (KeyIndex, Vec<String>) {
         let skipped: Vec<String> = self
             .active()

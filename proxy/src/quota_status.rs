@@ -15,6 +15,7 @@ use pingora::proxy::Session;
 use serde::Serialize;
 
 use crate::keys::KeyInfo;
+use crate::metrics::METRICS;
 use crate::quota::{self, Limits, RateView, Verdict};
 use crate::resilience::Resilience;
 use crate::responses::{json_head, refuse, RateHeaders, Refusal, SimpleLimit};
@@ -127,9 +128,38 @@ impl QuotaStatus {
             refuse(session, request_id, refusal).await;
             return None;
         }
-        // A store the breaker has given up on is not asked: the answer would be a deadline.
-        let usage = if self.resilience.breaker.allows() {
-            self.store.usage(quota_id).await.ok()
+        // A ban this node knows of is answered from its cache, like a request would be; a store
+        // the breaker has given up on is not asked (the answer would be a deadline).
+        let now = crate::clock::unix_now();
+        let store_up = self.resilience.breaker.allows();
+        let usage = if let Some(until) = self
+            .resilience
+            .ban_cache
+            .banned_until(quota_id, now, store_up)
+        {
+            Some(Usage {
+                now,
+                minute: 0,
+                day: 0,
+                refused_today: 0,
+                last_admitted: 0,
+                ban_until: until,
+            })
+        } else if store_up {
+            let started = std::time::Instant::now();
+            let result = self.store.usage(quota_id).await;
+            METRICS
+                .store_duration
+                .observe(started.elapsed().as_secs_f64());
+            match result {
+                Ok(usage) => Some(usage),
+                Err(e) => {
+                    // Counted like any store failure, so an outage shows however it is met.
+                    METRICS.store_errors.with_label_values(&[e.kind()]).inc();
+                    tracing::warn!(error = %e, "quota store call for GET /v1/rate_limit failed");
+                    None
+                }
+            }
         } else {
             None
         };

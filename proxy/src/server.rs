@@ -292,6 +292,7 @@ impl BackgroundService for Reloader {
                 self.quota_status.sweep();
                 self.resilience.local.sweep();
                 self.resilience.ban_cache.sweep(crate::clock::unix_now());
+                self.catalog.recount_expiry(crate::clock::unix_now());
             }
         }
     }

@@ -27,7 +27,8 @@ impl TraceContext {
                 trace_id,
                 parent_id: Some(parent_id),
                 span_id,
-                flags,
+                // Only `sampled` is defined; other bits are not passed on from the edge.
+                flags: flags & 0x01,
             },
             None => TraceContext {
                 trace_id: nonzero(rand::random()),
@@ -130,6 +131,10 @@ mod tests {
         assert_eq!(t.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(t.parent_id_hex().as_deref(), Some("00f067aa0ba902b7"));
         assert_eq!(t.flags, 1);
+        let odd = TraceContext::from_header(Some(
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-ff".as_slice(),
+        ));
+        assert_eq!(odd.flags, 1, "unknown flag bits are not passed on");
         let forwarded = t.traceparent();
         assert_eq!(forwarded.len(), 55);
         assert!(forwarded.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
