@@ -102,6 +102,10 @@ impl GatewayProcess {
         if let Some(url) = &spec.redis_url {
             toml.push_str(&format!("redis_url = \"{url}\"\n"));
         }
+        // In the test's own directory: the default under /tmp is named by environment and port,
+        // and a port is reused by later tests.
+        let upgrade_sock = dir.join(format!("upgrade-{}.sock", addr.port()));
+        toml.push_str(&format!("upgrade_sock = \"{}\"\n", upgrade_sock.display()));
         toml.push_str(&spec.extra);
         let config = dir.join(format!("gateway-{}.toml", addr.port()));
         std::fs::write(&config, toml).expect("write gateway config");
@@ -127,9 +131,16 @@ impl GatewayProcess {
         }
     }
 
-    /// Starts a second gateway on this one's config with `--upgrade`: it waits to receive the
-    /// listening sockets, which the running one hands over on SIGQUIT.
+    /// Starts a second gateway on this one's config with `--upgrade` and returns once it waits
+    /// to receive the listening sockets (its upgrade socket exists), which the running one
+    /// hands over on SIGQUIT. A SIGQUIT sent earlier would find no one to take the sockets: the
+    /// old gateway would close them, and the port would be free for any other process.
     pub fn start_upgrade(&self) -> GatewayProcess {
+        let upgrade_sock = self
+            .config
+            .parent()
+            .expect("config in a directory")
+            .join(format!("upgrade-{}.sock", self.addr.port()));
         let log = self.log.with_extension("upgrade.log");
         let log_file = std::fs::File::create(&log).expect("gateway log file");
         let process = Process::spawn(
@@ -143,6 +154,15 @@ impl GatewayProcess {
                 .stdout(Stdio::null())
                 .stderr(log_file),
         );
+        let started = std::time::Instant::now();
+        while !upgrade_sock.exists() {
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "the upgrading gateway never listened on {}",
+                upgrade_sock.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         GatewayProcess {
             addr: self.addr,
             admin: self.admin,
