@@ -189,28 +189,29 @@ impl<'a> Refusal<'a> {
     /// 429 for a key asking `GET /v1/rate_limit` more often than that endpoint allows; its
     /// headers are that endpoint's own limit, not the plan's.
     pub fn quota_status_limited(limit: SimpleLimit, retry_after: u64) -> Refusal<'a> {
-        Refusal {
-            rate: RateHeaders::Simple(limit),
-            retry_after: Some(retry_after),
-            ..Refusal::new(
-                429,
-                ErrorCode::RateLimited,
-                "GET /v1/rate_limit answers a key once a second on average (10 at once); it never \
-                 counts against the plan",
-            )
-        }
+        Refusal::limited_apart(
+            limit,
+            retry_after,
+            "GET /v1/rate_limit answers a key once a second on average (10 at once); it never \
+             counts against the plan",
+        )
     }
 
     /// 429 for an address that sent too many requests without a valid key.
     pub fn unauthenticated_flood(limit: SimpleLimit, retry_after: u64) -> Refusal<'a> {
+        Refusal::limited_apart(
+            limit,
+            retry_after,
+            "too many requests without a valid API key from this address",
+        )
+    }
+
+    /// 429 `rate_limited` under a limit of its own, not a plan's: its headers are that limit.
+    fn limited_apart(limit: SimpleLimit, retry_after: u64, message: &'static str) -> Refusal<'a> {
         Refusal {
             rate: RateHeaders::Simple(limit),
             retry_after: Some(retry_after),
-            ..Refusal::new(
-                429,
-                ErrorCode::RateLimited,
-                "too many requests without a valid API key from this address",
-            )
+            ..Refusal::new(429, ErrorCode::RateLimited, message)
         }
     }
 
