@@ -129,43 +129,36 @@ impl Backend {
 
     /// With further command-line arguments.
     pub fn start_with(addr: SocketAddr, db: &Path, args: &[&str]) -> Backend {
-        let process = Process::spawn(
-            "pet-backend",
-            Command::new(bin_path("pet-backend"))
-                .arg("--listen")
-                .arg(addr.to_string())
-                .arg("--db")
-                .arg(db)
-                .args(args)
-                .env("RUST_LOG", "warn"),
-        );
-        wait_for_listener(addr, Duration::from_secs(10));
-        Backend {
-            addr,
-            process,
-            log: None,
-        }
+        Self::spawn(addr, db, args, None)
     }
 
     /// With its access log (`RUST_LOG=info`) written to `log`.
     pub fn start_logged(db: &Path, log: &Path) -> Backend {
-        let addr = free_addr();
-        let file = std::fs::File::create(log).expect("backend log file");
-        let process = Process::spawn(
-            "pet-backend",
-            Command::new(bin_path("pet-backend"))
-                .arg("--listen")
-                .arg(addr.to_string())
-                .arg("--db")
-                .arg(db)
-                .env("RUST_LOG", "info")
-                .stderr(file),
-        );
+        Self::spawn(free_addr(), db, &[], Some(log))
+    }
+
+    fn spawn(addr: SocketAddr, db: &Path, args: &[&str], log: Option<&Path>) -> Backend {
+        let mut cmd = Command::new(bin_path("pet-backend"));
+        cmd.arg("--listen")
+            .arg(addr.to_string())
+            .arg("--db")
+            .arg(db)
+            .args(args);
+        match log {
+            Some(path) => {
+                let file = std::fs::File::create(path).expect("backend log file");
+                cmd.env("RUST_LOG", "info").stderr(file);
+            }
+            None => {
+                cmd.env("RUST_LOG", "warn");
+            }
+        }
+        let process = Process::spawn("pet-backend", &mut cmd);
         wait_for_listener(addr, Duration::from_secs(10));
         Backend {
             addr,
             process,
-            log: Some(log.to_owned()),
+            log: log.map(Path::to_owned),
         }
     }
 
