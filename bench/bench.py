@@ -58,6 +58,14 @@ class Procs:
         self.procs.append(p)
         return p
 
+    def stop(self, p):
+        """Stops one (its process group) before the run ends."""
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+
     def stop_all(self):
         for p in reversed(self.procs):
             try:
@@ -69,6 +77,39 @@ class Procs:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
+
+
+def start_nginx(procs, nginx_bin, folder, port, http, workers=1, cpus=None):
+    """nginx with `workers` workers serving the `http` block's servers (listening on `port`)."""
+    folder.mkdir(exist_ok=True)
+    (folder / "nginx.conf").write_text(
+        f"worker_processes {workers}; pid {folder}/nginx.pid; error_log {folder}/error.log;\n"
+        "events { worker_connections 4096; }\n"
+        "http { access_log off; keepalive_requests 1000000;\n" + http + " }\n")
+    p = procs.start(pinned(cpus, [nginx_bin, "-p", str(folder), "-c", str(folder / "nginx.conf"),
+                                  "-g", "daemon off;"]),
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(port)
+    return p
+
+
+def nginx_proxy(static, port, limit_req=False):
+    """The `http` block of nginx proxying to `static` with upstream keep-alive, optionally with
+    `limit_req` keyed on the Authorization header."""
+    zone = "  limit_req_zone $http_authorization zone=keys:64m rate=100000r/s;\n" if limit_req else ""
+    limit = "limit_req zone=keys burst=100000 nodelay; " if limit_req else ""
+    return (zone + f"  upstream up {{ server 127.0.0.1:{static}; keepalive 64; }}\n"
+            f"  server {{ listen 127.0.0.1:{port};\n"
+            f"    location / {{ {limit}proxy_pass http://up;\n"
+            "      proxy_http_version 1.1; proxy_set_header Connection \"\"; } }")
+
+
+def start_redis(procs):
+    port = free_port()
+    p = procs.start(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                     "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    wait_port(port)
+    return p, port
 
 
 def cpu_seconds(pids):
@@ -225,16 +266,9 @@ def main():
     try:
         # The static upstream: nginx answering [] to everything.
         static = free_port()
-        sdir = work / "static"
-        sdir.mkdir()
-        (sdir / "nginx.conf").write_text(
-            f"worker_processes 1; pid {sdir}/nginx.pid; error_log {sdir}/error.log;\n"
-            "events { worker_connections 4096; }\n"
-            "http { access_log off; keepalive_requests 1000000;\n"
-            f"  server {{ listen 127.0.0.1:{static}; location / {{ default_type application/json; return 200 '[]'; }} }} }}\n")
-        procs.start([nginx_bin, "-p", str(sdir), "-c", str(sdir / "nginx.conf"), "-g", "daemon off;"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_port(static)
+        start_nginx(procs, nginx_bin, work / "static", static,
+                    f"  server {{ listen 127.0.0.1:{static}; location / {{ default_type application/json; "
+                    "return 200 '[]'; } }")
 
         # pet-backend with a page of pets.
         backend = free_port()
@@ -247,20 +281,7 @@ def main():
 
         # nginx as the proxy: upstream keep-alive, limit_req keyed on Authorization.
         ng = free_port()
-        ndir = work / "nginx"
-        ndir.mkdir()
-        (ndir / "nginx.conf").write_text(
-            f"worker_processes 1; pid {ndir}/nginx.pid; error_log {ndir}/error.log;\n"
-            "events { worker_connections 4096; }\n"
-            "http { access_log off; keepalive_requests 1000000;\n"
-            "  limit_req_zone $http_authorization zone=keys:64m rate=100000r/s;\n"
-            f"  upstream up {{ server 127.0.0.1:{static}; keepalive 64; }}\n"
-            f"  server {{ listen 127.0.0.1:{ng};\n"
-            "    location / { limit_req zone=keys burst=100000 nodelay; proxy_pass http://up;\n"
-            "      proxy_http_version 1.1; proxy_set_header Connection \"\"; } } }\n")
-        nginx = procs.start([nginx_bin, "-p", str(ndir), "-c", str(ndir / "nginx.conf"), "-g", "daemon off;"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_port(ng)
+        nginx = start_nginx(procs, nginx_bin, work / "nginx", ng, nginx_proxy(static, ng, limit_req=True))
 
         # HAProxy: a stick table keyed on Authorization tracking http_req_rate.
         hp = free_port()
@@ -280,10 +301,7 @@ def main():
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_port(hp)
 
-        redis_port = free_port()
-        procs.start(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                     "--appendonly", "no"], stdout=subprocess.DEVNULL)
-        wait_port(redis_port)
+        _, redis_port = start_redis(procs)
 
         # Plans and keys for the gateways.
         plans = work / "plans"
@@ -443,10 +461,7 @@ def redis_decisions(procs, seconds):
     out = []
     for keys in (1, 10_000):
         for batch in (128, 1):
-            port = free_port()
-            p = procs.start(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL)
-            wait_port(port)
+            p, port = start_redis(procs)
             res = subprocess.run([str(BIN / "store-load"), "--redis", f"redis://127.0.0.1:{port}/",
                                   "--keys", str(keys), "--batch-max", str(batch), "--concurrency", "512",
                                   "--seconds", str(seconds)], capture_output=True, text=True, check=True)
@@ -460,8 +475,7 @@ def redis_decisions(procs, seconds):
                   f"{row['script_us']:.2f} µs script, {row['redis_cpu_us']:.2f} µs Redis CPU per decision",
                   file=sys.stderr, flush=True)
             out.append(row)
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+            procs.stop(p)
     return out
 
 
@@ -489,20 +503,9 @@ def thread_scaling(procs, gateway, passthrough, nginx_bin, static, work, seconds
     wrk_cpus = "0-1" if pin else None
     out = []
     for n in counts:
-        ndir = work / f"nginx-{n}"
-        ndir.mkdir(exist_ok=True)
         port = free_port()
-        (ndir / "nginx.conf").write_text(
-            f"worker_processes {n}; pid {ndir}/nginx.pid; error_log {ndir}/error.log;\n"
-            "events { worker_connections 4096; }\n"
-            "http { access_log off; keepalive_requests 1000000;\n"
-            f"  upstream up {{ server 127.0.0.1:{static}; keepalive 64; }}\n"
-            f"  server {{ listen 127.0.0.1:{port};\n"
-            "    location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\"; } } }\n")
-        ng = procs.start(pinned(proxy_cpus(n), [nginx_bin, "-p", str(ndir), "-c", str(ndir / "nginx.conf"),
-                                                "-g", "daemon off;"]),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_port(port)
+        ng = start_nginx(procs, nginx_bin, work / f"nginx-{n}", port, nginx_proxy(static, port),
+                         workers=n, cpus=proxy_cpus(n))
         targets = [("nginx", ng, port, lambda p: [p.pid] + children(p.pid))]
         p, pp = passthrough(f"pt-{n}", threads=n, cpus=proxy_cpus(n))
         targets.append(("pingora pass-through", p, pp, lambda p: [p.pid]))
@@ -515,8 +518,7 @@ def thread_scaling(procs, gateway, passthrough, nginx_bin, static, work, seconds
                         headers=(f"Authorization: Bearer {key}",), connections=32 * n, cpus=wrk_cpus)
             r["proxy"], r["threads"] = name, n
             out.append(r)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            procs.stop(proc)
     return out
 
 
