@@ -38,7 +38,8 @@ fn script_runs(redis: &RedisServer) -> u64 {
 }
 
 /// Sends `keys.len()` decisions at once, in that order, while Redis is paused for `pause`, and
-/// returns each one's verdict in the same order.
+/// returns each one's verdict in the same order, and how many script runs Redis executed for
+/// them all.
 async fn burst_while_paused(
     redis: &RedisServer,
     store: &Arc<RedisStore>,
@@ -46,7 +47,8 @@ async fn burst_while_paused(
     limits: Limits,
     ban: BanPolicy,
     pause: Duration,
-) -> Vec<Verdict> {
+) -> (Vec<Verdict>, u64) {
+    let before = script_runs(redis);
     assert_eq!(
         redis.cli(&["CLIENT", "PAUSE", &pause.as_millis().to_string(), "ALL"]),
         "OK"
@@ -65,7 +67,7 @@ async fn burst_while_paused(
     for t in tasks {
         verdicts.push(t.await.unwrap().expect("the store answers"));
     }
-    verdicts
+    (verdicts, script_runs(redis) - before)
 }
 
 fn store(redis: &RedisServer, timeout: Duration) -> Arc<RedisStore> {
@@ -98,8 +100,7 @@ async fn mixed_keys_in_batches_are_each_counted_exactly() {
         per_day: 1_000,
     };
     let keys: Vec<&str> = (0..300).map(|i| ["a", "b", "c"][i % 3]).collect();
-    let before = script_runs(&redis);
-    let verdicts = burst_while_paused(
+    let (verdicts, runs) = burst_while_paused(
         &redis,
         &store,
         &keys,
@@ -108,7 +109,6 @@ async fn mixed_keys_in_batches_are_each_counted_exactly() {
         Duration::from_millis(300),
     )
     .await;
-    let runs = script_runs(&redis) - before;
     // One run held by the pause, then the 299 queued behind it in runs of at most 128.
     assert!(runs <= 4, "{runs} script runs for 300 decisions");
 
@@ -146,8 +146,7 @@ async fn one_hot_key_admits_exactly_the_limit_in_arrival_order() {
         per_day: 1_000,
     };
     let keys = vec!["hot"; 500];
-    let before = script_runs(&redis);
-    let verdicts = burst_while_paused(
+    let (verdicts, runs) = burst_while_paused(
         &redis,
         &store,
         &keys,
@@ -156,7 +155,6 @@ async fn one_hot_key_admits_exactly_the_limit_in_arrival_order() {
         Duration::from_millis(300),
     )
     .await;
-    let runs = script_runs(&redis) - before;
     assert!(runs <= 5, "{runs} script runs for 500 decisions");
     let outcomes: Vec<Outcome> = verdicts.iter().map(|v| v.outcome).collect();
     assert_eq!(outcomes[..60], [Outcome::Admitted; 60]);
@@ -189,8 +187,7 @@ async fn a_ban_starting_inside_a_batch_refuses_the_rest_of_it() {
     let keys: Vec<&str> = (0..100)
         .map(|i| if i % 12 == 11 { "calm" } else { "loud" })
         .collect();
-    let before = script_runs(&redis);
-    let verdicts = burst_while_paused(
+    let (verdicts, runs) = burst_while_paused(
         &redis,
         &store,
         &keys,
@@ -199,7 +196,6 @@ async fn a_ban_starting_inside_a_batch_refuses_the_rest_of_it() {
         Duration::from_millis(300),
     )
     .await;
-    let runs = script_runs(&redis) - before;
     // Two batches, and the ban index's own call when the ban starts.
     assert!(runs <= 3, "{runs} script runs for 100 decisions");
     let loud: Vec<&Verdict> = keys
