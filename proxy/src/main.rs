@@ -9,5 +9,5 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    proxy::commands::run(proxy::cli::Cli::parse())
+    proxy::ops::commands::run(proxy::ops::cli::Cli::parse())
 }

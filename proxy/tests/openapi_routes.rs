@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use proxy::routes::Route;
+use proxy::http::routes::Route;
 use serde_json::Value;
 
 const METHODS: [&str; 8] = [

@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use proxy::auth::{bearer_token, MAX_TOKEN_LEN};
-use proxy::quota::{BanPolicy, KeyState, Limits, Outcome, RateView, DAY_SECS, MINUTE_SECS};
+use proxy::http::auth::{bearer_token, MAX_TOKEN_LEN};
+use proxy::keys::plans::Limits;
+use proxy::quota::rules::{BanPolicy, KeyState, Outcome, RateView, DAY_SECS, MINUTE_SECS};
 
 proptest! {
     #[test]

@@ -5,16 +5,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::RedisServer;
-use proxy::keys::{self, KeyStore, KeysError};
-use proxy::registry::Registry;
+use proxy::keys::record::KeysError;
+use proxy::keys::registry::Registry;
+use proxy::keys::service::KeyStore;
+use proxy::keys::{record, service};
 
-fn plans(dir: &std::path::Path) -> proxy::plans::Plans {
+fn plans(dir: &std::path::Path) -> proxy::keys::plans::Plans {
     std::fs::write(
         dir.join("free.toml"),
         "requests_per_minute = 60\nrequests_per_day = 1000\n",
     )
     .unwrap();
-    proxy::plans::Plans::load_dir(dir).unwrap()
+    proxy::keys::plans::Plans::load_dir(dir).unwrap()
 }
 
 /// A revocation that lands between another writer's read and write (here: a rotation of the
@@ -26,7 +28,7 @@ fn a_revocation_racing_a_rotation_is_never_undone() {
     let store = KeyStore::Registry(Arc::clone(&registry));
     let dir = tempfile::tempdir().unwrap();
     let plans = plans(dir.path());
-    let (record, _) = keys::issue(
+    let (record, _) = service::issue(
         &store,
         &plans,
         "free",
@@ -40,7 +42,7 @@ fn a_revocation_racing_a_rotation_is_never_undone() {
     let rotated = registry.modify(|file| {
         if std::mem::take(&mut first) {
             // Another writer revokes the key after this one read it.
-            keys::revoke(KeyStore::Registry(Arc::clone(&registry)), &record.id).unwrap();
+            service::revoke(KeyStore::Registry(Arc::clone(&registry)), &record.id).unwrap();
         }
         let k = file.keys.iter_mut().find(|k| k.id == record.id).unwrap();
         if k.revoked_at.is_some() {
@@ -66,7 +68,7 @@ fn a_second_import_adds_only_what_is_missing() {
     let dir = tempfile::tempdir().unwrap();
     let plans = plans(dir.path());
     let path = dir.path().join("keys.toml");
-    let (a, _) = keys::issue(
+    let (a, _) = service::issue(
         &path,
         &plans,
         "free",
@@ -75,10 +77,10 @@ fn a_second_import_adds_only_what_is_missing() {
         &Default::default(),
     )
     .unwrap();
-    let file = keys::KeysFile::load(&path).unwrap();
+    let file = record::KeysFile::load(&path).unwrap();
     assert_eq!(registry.import(&file.keys).unwrap(), (1, 0));
-    keys::revoke(KeyStore::Registry(Arc::clone(&registry)), &a.id).unwrap();
-    keys::issue(
+    service::revoke(KeyStore::Registry(Arc::clone(&registry)), &a.id).unwrap();
+    service::issue(
         &path,
         &plans,
         "free",
@@ -87,7 +89,7 @@ fn a_second_import_adds_only_what_is_missing() {
         &Default::default(),
     )
     .unwrap();
-    let file = keys::KeysFile::load(&path).unwrap();
+    let file = record::KeysFile::load(&path).unwrap();
     assert_eq!(registry.import(&file.keys).unwrap(), (1, 1));
     let (all, _) = registry.load().unwrap();
     assert_eq!(all.keys.len(), 2);
@@ -107,7 +109,7 @@ fn the_registry_works_on_a_redis_cluster() {
     let store = KeyStore::Registry(Arc::clone(&registry));
     let dir = tempfile::tempdir().unwrap();
     let plans = plans(dir.path());
-    let (a, _) = keys::issue(
+    let (a, _) = service::issue(
         &store,
         &plans,
         "free",
@@ -116,7 +118,7 @@ fn the_registry_works_on_a_redis_cluster() {
         &Default::default(),
     )
     .unwrap();
-    keys::issue(
+    service::issue(
         &store,
         &plans,
         "free",
@@ -125,7 +127,7 @@ fn the_registry_works_on_a_redis_cluster() {
         &Default::default(),
     )
     .unwrap();
-    keys::revoke(store.clone(), &a.id).unwrap();
+    service::revoke(store.clone(), &a.id).unwrap();
     let (file, position) = registry.load().unwrap();
     assert_eq!(file.keys.len(), 2);
     assert!(file

@@ -9,12 +9,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e::{fresh_minute, RedisServer};
-use proxy::admission::{self, Admission};
-use proxy::config::OnStoreError;
-use proxy::keys::{KeyInfo, Overrides};
-use proxy::quota::{BanPolicy, Limits, Outcome, Verdict};
-use proxy::resilience::Resilience;
-use proxy::store::{QuotaStore, RedisStore};
+use proxy::keys::index::{KeyInfo, Overrides};
+use proxy::keys::plans::Limits;
+use proxy::quota::admission::OnStoreError;
+use proxy::quota::admission::{self, Admission};
+use proxy::quota::resilience::Resilience;
+use proxy::quota::rules::{BanPolicy, Outcome, Verdict};
+use proxy::quota::store::redis::RedisStore;
+use proxy::quota::store::QuotaStore;
 
 const NO_BANS: fn() -> BanPolicy = || BanPolicy {
     strikes: u64::MAX / 2,

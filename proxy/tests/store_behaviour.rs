@@ -10,9 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::{fresh_minute, RedisCluster, RedisServer};
-use proxy::clock::Clock;
-use proxy::quota::{BanPolicy, Limits, Outcome, RateView};
-use proxy::store::{MemoryStore, QuotaStore, RedisStore};
+use proxy::base::clock::Clock;
+use proxy::keys::plans::Limits;
+use proxy::quota::rules::{BanPolicy, Outcome, RateView};
+use proxy::quota::store::memory::MemoryStore;
+use proxy::quota::store::redis::RedisStore;
+use proxy::quota::store::QuotaStore;
 
 /// A store under test, with whatever keeps it alive (the Redis process) and, for the memory
 /// store, the clock it reads.
@@ -356,7 +359,7 @@ async fn lifting_a_ban_ends_it_now(subject: &Subject) {
     };
     assert_eq!(outcome(store, "lift", limits, &ban).await, Outcome::Banned);
     assert_eq!(outcome(store, "other", limits, &ban).await, Outcome::Banned);
-    let listed = |bans: Vec<proxy::store::Ban>| {
+    let listed = |bans: Vec<proxy::quota::store::Ban>| {
         let mut ids: Vec<String> = bans.into_iter().map(|b| b.key_id).collect();
         ids.sort();
         ids
@@ -579,7 +582,7 @@ async fn redis_state_of_the_previous_version_is_carried_over() {
     fresh_minute(Duration::from_secs(10));
     let server = RedisServer::start();
     let store = RedisStore::new(&server.url(), "pet:prod", Duration::from_millis(500)).unwrap();
-    let now = proxy::clock::unix_now();
+    let now = proxy::base::clock::unix_now();
     let (mw, dw) = ((now / 60).to_string(), (now / 86_400).to_string());
     let until = (now + 600).to_string();
     let hset = |key: &str, fields: &[&str]| {

@@ -13,8 +13,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use proxy::quota::{BanPolicy, Limits};
-use proxy::store::{QuotaStore, RedisStore};
+use proxy::keys::plans::Limits;
+use proxy::quota::rules::BanPolicy;
+use proxy::quota::store::redis::RedisStore;
+use proxy::quota::store::QuotaStore;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -32,7 +34,7 @@ fn args() -> Result<Args, String> {
     let mut a = Args {
         redis: "redis://127.0.0.1:6379/".into(),
         keys: 10_000,
-        batch_max: proxy::store::DEFAULT_BATCH_MAX,
+        batch_max: proxy::quota::store::redis::DEFAULT_BATCH_MAX,
         concurrency: 512,
         seconds: 5,
         threads: 1,

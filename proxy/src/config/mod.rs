@@ -21,20 +21,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub use self::flags::{Env, Overrides};
-use crate::quota::BanPolicy;
-use crate::unauth::UnauthSettings;
-
-/// What to do when the quota store cannot answer in time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum OnStoreError {
-    /// Count on this node alone at the plan's per-minute rate; the day quota pauses.
-    Local,
-    /// Admit every authenticated request.
-    Open,
-    /// Refuse with 503.
-    Closed,
-}
+use crate::quota::admission::OnStoreError;
+use crate::quota::rules::BanPolicy;
+use crate::quota::unauth::UnauthSettings;
 
 /// Where the API keys live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
@@ -489,7 +478,9 @@ fn validate(l: &Layers) -> Result<Config, ConfigError> {
                             || matches!(b, b'-' | b'.' | b'_' | b'~' | b'+' | b'/')
                     });
                 let distinct = t.bytes().collect::<std::collections::HashSet<u8>>().len();
-                if (16..=crate::auth::MAX_TOKEN_LEN).contains(&t.len()) && token68 && distinct >= 8
+                if (16..=crate::http::auth::MAX_TOKEN_LEN).contains(&t.len())
+                    && token68
+                    && distinct >= 8
                 {
                     Ok(t)
                 } else {
@@ -521,7 +512,7 @@ fn validate(l: &Layers) -> Result<Config, ConfigError> {
         })?;
     let redis_url = match l.get(&REDIS_URL, |l| &l.redis_url) {
         Some(url) if !url.value.trim().is_empty() => Some(url.parse(|u| {
-            crate::store::RedisTarget::parse(&u)
+            crate::base::redis::RedisTarget::parse(&u)
                 .map(|_| u)
                 .map_err(|e| format!("not a usable Redis URL: {e}"))
         })?),
@@ -543,10 +534,10 @@ fn validate(l: &Layers) -> Result<Config, ConfigError> {
         .or(
             &API_KEY_PREFIX,
             |l| &l.api_key_prefix,
-            crate::key_format::default_prefix(&environment).to_owned(),
+            crate::keys::format::default_prefix(&environment).to_owned(),
         )
         .parse(|p| {
-            if crate::key_format::valid_prefix(&p) {
+            if crate::keys::format::valid_prefix(&p) {
                 Ok(p)
             } else {
                 Err("must be 2 to 16 of a-z, 0-9 and '_', ending in '_' (`acme_`)".to_owned())
@@ -643,7 +634,7 @@ fn validate(l: &Layers) -> Result<Config, ConfigError> {
             .or(
                 &STORE_BATCH_MAX,
                 |l| &l.store_batch_max,
-                crate::store::DEFAULT_BATCH_MAX,
+                crate::quota::store::redis::DEFAULT_BATCH_MAX,
             )
             .parse(|n| {
                 if (1..=MAX_STORE_BATCH).contains(&n) {

@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use crate::keys::KeyRecord;
+use crate::keys::record::KeyRecord;
 
 #[derive(Debug, thiserror::Error)]
 #[error("audit log {path}: {source}")]
@@ -34,7 +34,7 @@ pub fn os_user() -> String {
 /// The line for `action` on `key` by `who`.
 pub fn line(action: &str, key: &KeyRecord, who: &str) -> String {
     let mut entry = serde_json::json!({
-        "time": crate::clock::rfc3339_now(),
+        "time": crate::base::clock::rfc3339_now(),
         "action": action,
         "key_id": key.id,
         "plan": key.plan,

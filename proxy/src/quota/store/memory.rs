@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use super::{Ban, QuotaStore, StoreError, Usage};
-use crate::clock::Clock;
-use crate::quota::{BanPolicy, KeyState, Limits, Verdict, MINUTE_SECS};
+use crate::base::clock::Clock;
+use crate::keys::plans::Limits;
+use crate::quota::rules::{BanPolicy, KeyState, Verdict, MINUTE_SECS};
 
 const SHARDS: usize = 64;
 

@@ -7,12 +7,7 @@
 pub const MINUTE_SECS: u64 = 60;
 pub const DAY_SECS: u64 = 86_400;
 
-/// A plan's quotas.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    pub per_minute: u64,
-    pub per_day: u64,
-}
+use crate::keys::plans::Limits;
 
 /// When a key that keeps sending after its 429s is banned, and for how long.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -418,6 +413,15 @@ impl RateView {
             self.day_reset - self.now
         )
     }
+}
+
+/// The `X-RateLimit-*` triple as numbers, for responses that are not about a key's plan (the
+/// per-IP limit on unauthenticated requests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimpleLimit {
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset: u64,
 }
 
 /// Seconds until a per-minute GCRA allowance (governor) that lacks `missing` of its `per_minute`

@@ -10,8 +10,8 @@ use std::sync::LazyLock;
 
 use prometheus::{Histogram, IntCounter};
 
-use crate::metrics::METRICS;
-use crate::routes::Route;
+use crate::base::metrics::METRICS;
+use crate::http::routes::Route;
 
 const ROUTES: [Route; 6] = [
     Route::ListPets,

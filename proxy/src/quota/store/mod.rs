@@ -1,12 +1,11 @@
 //! Where quota counters and bans live. One trait, two implementations with identical
 //! behaviour (the suite in `tests/store_behaviour.rs` runs the same tests against both):
 //!
-//! - [`MemoryStore`]: in this process; the embedded default for a single node.
-//! - [`RedisStore`]: in Redis, so that every gateway node shares one exact count.
+//! - [`memory::MemoryStore`]: in this process; the embedded default for a single node.
+//! - [`redis::RedisStore`]: in Redis, so that every gateway node shares one exact count.
 
-mod batch;
-mod memory;
-mod redis;
+pub mod memory;
+pub mod redis;
 pub mod scripts;
 
 use std::sync::Arc;
@@ -14,9 +13,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-pub use self::memory::MemoryStore;
-pub use self::redis::{RedisStore, RedisTarget, DEFAULT_BATCH_MAX};
-use crate::quota::{BanPolicy, Limits, Verdict};
+use crate::keys::plans::Limits;
+use crate::quota::rules::{BanPolicy, Verdict};
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -33,6 +31,12 @@ pub enum StoreError {
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("invalid Redis URL: {0}")]
 pub struct StoreConfigError(pub String);
+
+impl From<crate::base::redis::RedisUrlError> for StoreConfigError {
+    fn from(e: crate::base::redis::RedisUrlError) -> StoreConfigError {
+        StoreConfigError(e.0)
+    }
+}
 
 impl StoreError {
     /// For the `kind` label of `pet_gateway_store_errors_total`.

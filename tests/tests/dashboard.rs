@@ -283,7 +283,7 @@ async fn every_panel_and_alert_works_on_a_real_prometheus() {
             checked += 1;
         }
     }
-    let shipped = include_str!("../deploy/prometheus/alerts.yml")
+    let shipped = include_str!("../../deploy/prometheus/alerts.yml")
         .matches("- alert:")
         .count();
     assert_eq!(checked, shipped, "every shipped alert rule evaluated");

@@ -7,117 +7,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use tokio::sync::OnceCell;
 
-use super::batch::{policy_args, Batches};
-use super::{scripts, Ban, QuotaStore, StoreConfigError, StoreError, Usage};
-use crate::quota::{BanPolicy, Limits, Outcome, Verdict};
+mod acquire;
+mod batch;
+mod link;
 
-/// Where the store's Redis is: one server, or the seed nodes of a cluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RedisTarget {
-    Single(String),
-    Cluster(Vec<String>),
-}
-
-impl RedisTarget {
-    /// `redis://host:port/db` (also `rediss://`, `unix://`) is one server;
-    /// `redis+cluster://host:port,host:port` or a comma-separated list of `redis://` URLs is a
-    /// cluster, given by some of its nodes.
-    pub fn parse(url: &str) -> Result<RedisTarget, StoreConfigError> {
-        let url = url.trim();
-        let nodes: Vec<String> = if let Some(rest) = url.strip_prefix("redis+cluster://") {
-            rest.trim_end_matches('/')
-                .split(',')
-                .map(|n| format!("redis://{}", n.trim()))
-                .collect()
-        } else if url.contains(',') {
-            url.split(',').map(|n| n.trim().to_owned()).collect()
-        } else {
-            redis::Client::open(url).map_err(|e| StoreConfigError(e.to_string()))?;
-            return Ok(RedisTarget::Single(url.to_owned()));
-        };
-        for node in &nodes {
-            redis::Client::open(node.as_str())
-                .map_err(|e| StoreConfigError(format!("cluster node `{node}`: {e}")))?;
-        }
-        Ok(RedisTarget::Cluster(nodes))
-    }
-}
-
-enum Client {
-    Single(redis::Client),
-    Cluster(Box<ClusterClient>),
-}
-
-#[derive(Clone)]
-enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-/// The connection every call goes through, and the deadline each one runs under. Shared by the
-/// store and its batches' drain tasks.
-pub(super) struct Link {
-    client: Client,
-    /// Created on first use, inside the runtime that serves requests, so the connection's
-    /// driver task lives where its callers do.
-    conn: OnceCell<Conn>,
-    timeout: Duration,
-}
-
-/// `ACQUIRE`'s five integers for one decision.
-pub(super) type RawVerdict = [i64; 5];
-
-/// The Redis key holding all of `key_id`'s state.
-pub(super) fn quota_key(prefix: &str, key_id: &str) -> String {
-    format!("{prefix}:state:{{{key_id}}}")
-}
-
-/// The sorted set indexing an environment's active bans.
-pub(super) fn ban_index(prefix: &str) -> String {
-    format!("{prefix}:bans")
-}
-
-/// Records (or, with `until` 0, removes) a ban in the index. A failure is logged, not
-/// returned: the ban itself is in force either way; only `bans list` would miss it.
-pub(super) async fn index_ban(
-    link: Arc<Link>,
-    script: redis::Script,
-    index: String,
-    key_id: Arc<str>,
-    until: u64,
-) {
-    let mut invocation = script.key(index);
-    invocation.arg(&*key_id).arg(until);
-    if let Err(e) = link.run::<i64>(&invocation).await {
-        tracing::warn!(error = %e, key_id = %key_id, "could not update the ban index; `bans list` may miss this change");
-    }
-}
-
-/// One `ACQUIRE` run deciding `decisions` (key id and limits each) under the ban policy's
-/// arguments `policy` (`batch::policy_args`).
-pub(super) fn acquire_invocation<'a, 'k>(
-    script: &'a redis::Script,
-    prefix: &str,
-    policy: &[u64],
-    decisions: impl Iterator<Item = (&'k str, Limits)> + Clone,
-) -> redis::ScriptInvocation<'a> {
-    let mut invocation = script.prepare_invoke();
-    for (key_id, _) in decisions.clone() {
-        invocation.key(quota_key(prefix, key_id));
-    }
-    for a in policy {
-        invocation.arg(*a);
-    }
-    for (_, limits) in decisions {
-        invocation.arg(limits.per_minute).arg(limits.per_day);
-    }
-    invocation
-}
+use self::acquire::{acquire_invocation, ban_index, index_ban, policy_args, quota_key, RawVerdict};
+use self::batch::Batches;
+use self::link::{Client, Link};
+use crate::base::redis::RedisTarget;
+use crate::keys::plans::Limits;
+use crate::quota::rules::{BanPolicy, Outcome, Verdict};
+use crate::quota::store::{scripts, Ban, QuotaStore, StoreConfigError, StoreError, Usage};
 
 pub struct RedisStore {
     link: Arc<Link>,
@@ -156,11 +58,7 @@ impl RedisStore {
             )),
         };
         let store = RedisStore {
-            link: Arc::new(Link {
-                client,
-                conn: OnceCell::new(),
-                timeout,
-            }),
+            link: Arc::new(Link::new(client, timeout)),
             prefix: Arc::from(prefix),
             batches: None,
             acquire: redis::Script::new(scripts::ACQUIRE),
@@ -178,7 +76,7 @@ impl RedisStore {
     /// several in flight at once (the behaviour before group commit, kept for comparison).
     pub fn with_batch_max(mut self, max: usize) -> RedisStore {
         self.batches = (max > 1).then(|| {
-            let per_slot = matches!(self.link.client, Client::Cluster(_));
+            let per_slot = self.link.is_cluster();
             Batches::new(
                 Arc::clone(&self.link),
                 Arc::clone(&self.prefix),
@@ -239,88 +137,6 @@ impl RedisStore {
     }
 }
 
-impl Link {
-    pub(super) fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    async fn conn(&self) -> Result<Conn, StoreError> {
-        self.conn
-            .get_or_try_init(|| async {
-                match &self.client {
-                    Client::Single(client) => {
-                        let config = ConnectionManagerConfig::new()
-                            .set_connection_timeout(Some(self.timeout))
-                            .set_response_timeout(Some(self.timeout))
-                            .set_number_of_retries(1)
-                            .set_max_delay(Duration::from_millis(500));
-                        ConnectionManager::new_lazy_with_config(client.clone(), config)
-                            .map(Conn::Single)
-                            .map_err(|e| StoreError::Unavailable(e.to_string()))
-                    }
-                    // Learning the cluster's slots takes a round trip to a seed node; bounded
-                    // like any call, and retried by the next request when it fails.
-                    Client::Cluster(client) => {
-                        match tokio::time::timeout(self.timeout * 4, client.get_async_connection())
-                            .await
-                        {
-                            Err(_) => Err(StoreError::Timeout(self.timeout * 4)),
-                            Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
-                            Ok(Ok(c)) => Ok(Conn::Cluster(c)),
-                        }
-                    }
-                }
-            })
-            .await
-            .cloned()
-    }
-
-    /// Runs one plain command under the deadline.
-    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
-        let call = async {
-            let result = match self.conn().await? {
-                Conn::Single(mut c) => cmd.query_async::<T>(&mut c).await,
-                Conn::Cluster(mut c) => cmd.query_async::<T>(&mut c).await,
-            };
-            result.map_err(|e| StoreError::Unavailable(e.to_string()))
-        };
-        match tokio::time::timeout(self.timeout, call).await {
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
-            Ok(result) => result,
-        }
-    }
-
-    /// Runs one script invocation under the deadline.
-    pub(super) async fn run<T: redis::FromRedisValue>(
-        &self,
-        invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<T, StoreError> {
-        let call = async {
-            match self.conn().await? {
-                Conn::Single(mut c) => invoke_on(invocation, &mut c).await,
-                Conn::Cluster(mut c) => invoke_on(invocation, &mut c).await,
-            }
-        };
-        match tokio::time::timeout(self.timeout, call).await {
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
-            Ok(result) => result,
-        }
-    }
-}
-
-async fn invoke_on<T: redis::FromRedisValue>(
-    invocation: &redis::ScriptInvocation<'_>,
-    conn: &mut (impl ConnectionLike + Send),
-) -> Result<T, StoreError> {
-    invocation.invoke_async(conn).await.map_err(|e| {
-        if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_cluster_error() {
-            StoreError::Unavailable(e.to_string())
-        } else {
-            StoreError::Protocol(e.to_string())
-        }
-    })
-}
-
 #[async_trait]
 impl QuotaStore for RedisStore {
     async fn acquire(
@@ -374,7 +190,7 @@ impl QuotaStore for RedisStore {
         // are left out by their score.
         let mut cmd = redis::cmd("ZRANGEBYSCORE");
         cmd.arg(ban_index(&self.prefix))
-            .arg(format!("({}", crate::clock::unix_now()))
+            .arg(format!("({}", crate::base::clock::unix_now()))
             .arg("+inf")
             .arg("WITHSCORES");
         let listed: Vec<(String, u64)> = self.link.query(&cmd).await?;

@@ -18,8 +18,8 @@ use std::time::Instant;
 
 use ipnet::IpNet;
 
-use crate::quota::{gcra_refill_secs, retry_after_secs};
-use crate::responses::SimpleLimit;
+use crate::quota::rules::SimpleLimit;
+use crate::quota::rules::{gcra_refill_secs, retry_after_secs};
 
 /// The limiter's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,9 +12,10 @@ use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 
-use crate::keys::{KeyIndex, KeysError, KeysFile};
-use crate::metrics::METRICS;
-use crate::plans::{PlanError, Plans};
+use crate::base::metrics::METRICS;
+use crate::keys::index::KeyIndex;
+use crate::keys::plans::{PlanError, Plans};
+use crate::keys::record::{KeysError, KeysFile};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
@@ -68,7 +69,7 @@ fn load_keys(keys_file: &Path, plans: &Plans) -> Result<KeyIndex, KeysError> {
 
 /// `pet_gateway_keys{status}` for the keys now in force.
 fn count_keys(keys: &KeysFile, skipped: usize) {
-    for (status, n) in keys.status_counts(crate::clock::unix_now()) {
+    for (status, n) in keys.status_counts(crate::base::clock::unix_now()) {
         let n = if status == "active" {
             n - skipped.min(n)
         } else {
@@ -378,7 +379,7 @@ fn mark_loaded(part: Part) {
     METRICS
         .catalog_last_reload
         .with_label_values(&[part.as_str()])
-        .set(crate::clock::unix_now() as i64);
+        .set(crate::base::clock::unix_now() as i64);
 }
 
 fn fingerprint(paths: &[PathBuf]) -> Fingerprint {
@@ -443,7 +444,7 @@ mod tests {
     fn a_broken_plan_file_does_not_hold_back_a_key_change() {
         let (_dir, keys, plans_dir, catalog) = setup();
         let plans = Plans::load_dir(&plans_dir).unwrap();
-        let (record, key) = crate::keys::issue(
+        let (record, key) = crate::keys::service::issue(
             &keys,
             &plans,
             "free",
@@ -456,7 +457,7 @@ mod tests {
         assert!(catalog.snapshot().keys.lookup(&key).is_some());
 
         std::fs::write(plans_dir.join("pro.toml"), "requests_per_minute = oops").unwrap();
-        crate::keys::revoke(&keys, &record.id).unwrap();
+        crate::keys::service::revoke(&keys, &record.id).unwrap();
         let report = catalog.reload(false);
         assert!(matches!(report.plans, Reload::Refused(ref r) if r.contains("pro.toml")));
         assert_eq!(report.keys, Reload::Applied);
@@ -470,9 +471,15 @@ mod tests {
         std::fs::write(plans_dir.join("pro.toml"), FREE).unwrap();
         catalog.reload(false);
         let plans = Plans::load_dir(&plans_dir).unwrap();
-        let (_, key) =
-            crate::keys::issue(&keys, &plans, "pro", None, "pet_test_", &Default::default())
-                .unwrap();
+        let (_, key) = crate::keys::service::issue(
+            &keys,
+            &plans,
+            "pro",
+            None,
+            "pet_test_",
+            &Default::default(),
+        )
+        .unwrap();
         catalog.reload(false);
         std::fs::remove_file(plans_dir.join("pro.toml")).unwrap();
         let report = catalog.reload(false);
@@ -488,7 +495,7 @@ mod tests {
         std::fs::write(plans_dir.join("pro.toml"), FREE).unwrap();
         catalog.reload(false);
         let plans = Plans::load_dir(&plans_dir).unwrap();
-        let (free, free_key) = crate::keys::issue(
+        let (free, free_key) = crate::keys::service::issue(
             &keys,
             &plans,
             "free",
@@ -497,9 +504,15 @@ mod tests {
             &Default::default(),
         )
         .unwrap();
-        let (pro, _) =
-            crate::keys::issue(&keys, &plans, "pro", None, "pet_test_", &Default::default())
-                .unwrap();
+        let (pro, _) = crate::keys::service::issue(
+            &keys,
+            &plans,
+            "pro",
+            None,
+            "pet_test_",
+            &Default::default(),
+        )
+        .unwrap();
         catalog.reload(false);
 
         // The rename is refused: a key still uses `pro`.
@@ -507,7 +520,7 @@ mod tests {
         assert!(matches!(catalog.reload(false).plans, Reload::Refused(_)));
         // A key on the new name: skipped for now, the rest of the file applies.
         let plans = Plans::load_dir(&plans_dir).unwrap();
-        let (_, pro2_key) = crate::keys::issue(
+        let (_, pro2_key) = crate::keys::service::issue(
             &keys,
             &plans,
             "pro2",
@@ -519,11 +532,11 @@ mod tests {
         assert_eq!(catalog.reload(false).keys, Reload::Applied);
         assert!(catalog.snapshot().keys.lookup(&pro2_key).is_none());
         // A revocation applies regardless.
-        crate::keys::revoke(&keys, &free.id).unwrap();
+        crate::keys::service::revoke(&keys, &free.id).unwrap();
         assert_eq!(catalog.reload(false).keys, Reload::Applied);
         assert!(catalog.snapshot().keys.lookup(&free_key).is_none());
         // Once no key uses `pro`, the refused plans are tried again with the keys edit.
-        crate::keys::revoke(&keys, &pro.id).unwrap();
+        crate::keys::service::revoke(&keys, &pro.id).unwrap();
         let report = catalog.reload(false);
         assert_eq!(
             (report.plans, report.keys),
@@ -537,7 +550,7 @@ mod tests {
     fn an_edit_keeping_size_and_mtime_is_still_noticed() {
         let (_dir, keys, plans_dir, catalog) = setup();
         let plans = Plans::load_dir(&plans_dir).unwrap();
-        let (record, key) = crate::keys::issue(
+        let (record, key) = crate::keys::service::issue(
             &keys,
             &plans,
             "free",
@@ -550,8 +563,8 @@ mod tests {
         let before = std::fs::read_to_string(&keys).unwrap();
         let mtime = std::fs::metadata(&keys).unwrap().modified().unwrap();
         // Swap the key for another hash of the same length, in place, and set mtime back.
-        let other = hex::encode(crate::keys::sha256("pet_other"));
-        let after = before.replace(&hex::encode(crate::keys::sha256(&key)), &other);
+        let other = hex::encode(crate::keys::index::sha256("pet_other"));
+        let after = before.replace(&hex::encode(crate::keys::index::sha256(&key)), &other);
         assert_eq!(after.len(), before.len());
         std::fs::write(&keys, after).unwrap();
         std::fs::File::options()

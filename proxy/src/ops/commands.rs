@@ -3,14 +3,15 @@
 
 use std::process::ExitCode;
 
-use crate::admin::{AdminClient, Bans};
-use crate::catalog::Snapshot;
-use crate::cli::{
+use crate::config::{Config, Env, KeysSource, LogFormat, Overrides};
+use crate::keys::catalog::Snapshot;
+use crate::keys::plans::Plans;
+use crate::keys::record::KeysFile;
+use crate::keys::{record, service};
+use crate::ops::admin::{AdminClient, Bans};
+use crate::ops::cli::{
     AdminArgs, BansCommand, Cli, Command, ConfigArgs, KeyFiles, KeysCommand, ServeArgs,
 };
-use crate::config::{Config, Env, KeysSource, LogFormat, Overrides};
-use crate::keys::{self, KeysFile};
-use crate::plans::Plans;
 
 pub fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
@@ -55,7 +56,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
-    crate::server::run(
+    crate::ops::server::run(
         config,
         args.upgrade,
         Box::new(pingora::server::UnixShutdownSignalWatch),
@@ -121,17 +122,17 @@ fn key_config(files: &KeyFiles, admin_listen: Option<&str>) -> Result<Config, St
 
 /// Where the `keys` commands read and write: the keys file, or the registry
 /// (`keys_source = "store"`).
-fn key_store(config: &Config) -> Result<keys::KeyStore, String> {
+fn key_store(config: &Config) -> Result<service::KeyStore, String> {
     match (config.keys_source, &config.redis_url) {
-        (KeysSource::Store, Some(url)) => Ok(keys::KeyStore::Registry(std::sync::Arc::new(
-            crate::registry::Registry::new(
+        (KeysSource::Store, Some(url)) => Ok(service::KeyStore::Registry(std::sync::Arc::new(
+            crate::keys::registry::Registry::new(
                 url,
                 &config.key_prefix,
                 std::time::Duration::from_secs(2),
             )
             .map_err(|e| e.to_string())?,
         ))),
-        _ => Ok(keys::KeyStore::File(config.keys_file.clone())),
+        _ => Ok(service::KeyStore::File(config.keys_file.clone())),
     }
 }
 
@@ -148,13 +149,13 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
         } => {
             let config = key_config(&files, None)?;
             let plans = Plans::load_dir(&config.plans_dir).map_err(|e| e.to_string())?;
-            let own = keys::KeyRecordOptions::checked(
+            let own = record::KeyRecordOptions::checked(
                 expires_in.as_deref(),
                 expires_at.as_deref(),
                 per_minute,
                 per_day,
             )?;
-            let (record, key) = keys::issue(
+            let (record, key) = service::issue(
                 &key_store(&config)?,
                 &plans,
                 &plan,
@@ -186,7 +187,7 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
                 Ok(bans) => (Some(bans), None),
                 Err(e) => (None, Some(format!("note: ban status unknown: {e}"))),
             };
-            let now = crate::clock::unix_now();
+            let now = crate::base::clock::unix_now();
             if json {
                 let admin = AdminClient::of(&config);
                 // Usage from the running gateway (one call per key still in use), when it
@@ -255,7 +256,10 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             let record = file.get(&id).map_err(|e| e.to_string())?;
             let admin = AdminClient::of(&config);
             let bans = fetch_bans(&admin).ok();
-            let status = record.status(ban_of(bans.as_ref(), &record.id), crate::clock::unix_now());
+            let status = record.status(
+                ban_of(bans.as_ref(), &record.id),
+                crate::base::clock::unix_now(),
+            );
             let mut shown = record.to_json(&status, bans.is_some());
             // What the running gateway knows: the limits in force and the usage.
             let live =
@@ -338,7 +342,7 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
         }
         KeysCommand::Import { files, from } => {
             let config = key_config(&files, None)?;
-            let crate::keys::KeyStore::Registry(registry) = key_store(&config)? else {
+            let crate::keys::service::KeyStore::Registry(registry) = key_store(&config)? else {
                 return Err(
                     "keys import copies a keys file into the key registry: run it with \
                      keys_source = \"store\" (and redis_url) in the config or \
@@ -362,10 +366,10 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
         }
         KeysCommand::Rotate { files, overlap, id } => {
             let config = key_config(&files, None)?;
-            let overlap =
-                crate::clock::parse_duration(&overlap).map_err(|e| format!("--overlap: {e}"))?;
+            let overlap = crate::base::clock::parse_duration(&overlap)
+                .map_err(|e| format!("--overlap: {e}"))?;
             let (old, new, key) =
-                keys::rotate(&key_store(&config)?, &id, overlap, &config.api_key_prefix)
+                service::rotate(&key_store(&config)?, &id, overlap, &config.api_key_prefix)
                     .map_err(|e| e.to_string())?;
             println!(
                 "rotated {} to {} (plan {}, one quota); {} works until {}; the new key is \
@@ -385,7 +389,7 @@ fn keys_command(cmd: KeysCommand) -> Result<(), String> {
             id,
         } => {
             let config = key_config(&files, admin_listen.as_deref())?;
-            let record = keys::revoke(&key_store(&config)?, &id).map_err(|e| e.to_string())?;
+            let record = service::revoke(&key_store(&config)?, &id).map_err(|e| e.to_string())?;
             audit(&config, "revoke", &record)?;
             println!(
                 "revoked {} (plan {}) in {} at {}",
@@ -428,9 +432,9 @@ fn ban_of<'a>(bans: Option<&'a Bans>, id: &str) -> Option<&'a str> {
 }
 
 /// Logs a key change; the change is made already, so a failure says so.
-fn audit(config: &Config, action: &str, record: &keys::KeyRecord) -> Result<(), String> {
-    let line = crate::audit::line(action, record, &crate::audit::os_user());
-    crate::audit::write(config.audit_log.as_deref(), &line).map_err(|e| {
+fn audit(config: &Config, action: &str, record: &record::KeyRecord) -> Result<(), String> {
+    let line = crate::keys::audit::line(action, record, &crate::keys::audit::os_user());
+    crate::keys::audit::write(config.audit_log.as_deref(), &line).map_err(|e| {
         format!(
             "{action} of {} is done, but it could not be written to the audit log: {e}",
             record.id

@@ -12,16 +12,19 @@ use pingora::server::{RunArgs, Server, ShutdownSignalWatch, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 
-use crate::admin::Admin;
-use crate::catalog::{Catalog, CatalogError};
-use crate::config::{Config, OnStoreError};
-use crate::gateway::Gateway;
-use crate::head_deadline::HeadDeadline;
-use crate::metrics::METRICS;
-use crate::resilience::{Resilience, BAN_RECHECK};
-use crate::store::{MemoryStore, QuotaStore, RedisStore, StoreConfigError};
-use crate::tls::{CertResolver, TlsError};
-use crate::unauth::UnauthLimiter;
+use crate::base::metrics::METRICS;
+use crate::config::Config;
+use crate::http::gateway::Gateway;
+use crate::http::head_deadline::HeadDeadline;
+use crate::http::tls::{CertResolver, TlsError};
+use crate::keys::catalog::{Catalog, CatalogError};
+use crate::ops::admin::Admin;
+use crate::quota::admission::OnStoreError;
+use crate::quota::resilience::{Resilience, BAN_RECHECK};
+use crate::quota::store::memory::MemoryStore;
+use crate::quota::store::redis::RedisStore;
+use crate::quota::store::{QuotaStore, StoreConfigError};
+use crate::quota::unauth::UnauthLimiter;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -129,10 +132,14 @@ pub fn run(
     let (key_store, registry_state) = match (config.keys_source, &config.redis_url) {
         (crate::config::KeysSource::Store, Some(url)) => {
             let registry = Arc::new(
-                crate::registry::Registry::new(url, &config.key_prefix, Duration::from_secs(1))
-                    .map_err(|e| ServeError::Registry(e.to_string()))?,
+                crate::keys::registry::Registry::new(
+                    url,
+                    &config.key_prefix,
+                    Duration::from_secs(1),
+                )
+                .map_err(|e| ServeError::Registry(e.to_string()))?,
             );
-            let state = Arc::new(crate::registry::SyncState::default());
+            let state = Arc::new(crate::keys::replica::SyncState::default());
             if config.keys_file.exists() {
                 state.snapshot_only();
                 tracing::info!(snapshot = %config.keys_file.display(),
@@ -140,16 +147,22 @@ pub fn run(
             }
             server.add_service(background_service(
                 "key registry",
-                RegistrySync(Arc::new(crate::registry::Sync {
+                RegistrySync(Arc::new(crate::keys::replica::Sync {
                     registry: Arc::clone(&registry),
                     snapshot: config.keys_file.clone(),
                     catalog: Arc::clone(&catalog),
                     state: Arc::clone(&state),
                 })),
             ));
-            (crate::keys::KeyStore::Registry(registry), Some(state))
+            (
+                crate::keys::service::KeyStore::Registry(registry),
+                Some(state),
+            )
         }
-        _ => (crate::keys::KeyStore::File(config.keys_file.clone()), None),
+        _ => (
+            crate::keys::service::KeyStore::File(config.keys_file.clone()),
+            None,
+        ),
     };
 
     let resilience = Resilience::default();
@@ -190,7 +203,7 @@ pub fn run(
         upstreams: config.upstreams.clone(),
         store_optional: config.redis_url.is_none() || config.on_store_error != OnStoreError::Closed,
         token: config.admin_token.clone(),
-        key_files: crate::admin::KeyFiles {
+        key_files: crate::ops::admin::KeyFiles {
             store: key_store.clone(),
             api_key_prefix: config.api_key_prefix.clone(),
             audit_log: config.audit_log.clone(),
@@ -240,7 +253,7 @@ struct Reloader {
     certs: Option<Arc<CertResolver>>,
     unauth: Arc<UnauthLimiter>,
     resilience: Resilience,
-    quota_status: Arc<crate::quota_status::QuotaStatus>,
+    quota_status: Arc<crate::http::quota_status::QuotaStatus>,
     interval: Duration,
 }
 
@@ -291,8 +304,10 @@ impl BackgroundService for Reloader {
                 self.unauth.sweep();
                 self.quota_status.sweep();
                 self.resilience.local.sweep();
-                self.resilience.ban_cache.sweep(crate::clock::unix_now());
-                self.catalog.recount_expiry(crate::clock::unix_now());
+                self.resilience
+                    .ban_cache
+                    .sweep(crate::base::clock::unix_now());
+                self.catalog.recount_expiry(crate::base::clock::unix_now());
             }
         }
     }
@@ -350,7 +365,7 @@ impl BackgroundService for StoreProbe {
 
 /// Runs the registry sync on a thread of its own (its calls block, with deadlines) until
 /// shutdown.
-struct RegistrySync(Arc<crate::registry::Sync>);
+struct RegistrySync(Arc<crate::keys::replica::Sync>);
 
 #[async_trait]
 impl BackgroundService for RegistrySync {

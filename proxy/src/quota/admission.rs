@@ -10,13 +10,25 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::clock::unix_now;
-use crate::config::OnStoreError;
-use crate::keys::KeyInfo;
-use crate::metrics::METRICS;
-use crate::quota::{self, BanPolicy, Limits, RateView};
-use crate::resilience::Resilience;
-use crate::store::QuotaStore;
+use crate::base::clock::unix_now;
+use crate::base::metrics::METRICS;
+use crate::keys::index::KeyInfo;
+use crate::keys::plans::Limits;
+use crate::quota::resilience::Resilience;
+use crate::quota::rules::{self, BanPolicy, RateView};
+use crate::quota::store::QuotaStore;
+
+/// What to do when the quota store cannot answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum OnStoreError {
+    /// Count on this node alone at the plan's per-minute rate; the day quota pauses.
+    Local,
+    /// Admit every authenticated request.
+    Open,
+    /// Refuse with 503.
+    Closed,
+}
 
 /// What happens to the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,12 +43,12 @@ pub enum Outcome {
     StoreUnavailable,
 }
 
-impl From<quota::Outcome> for Outcome {
-    fn from(o: quota::Outcome) -> Outcome {
+impl From<rules::Outcome> for Outcome {
+    fn from(o: rules::Outcome) -> Outcome {
         match o {
-            quota::Outcome::Admitted => Outcome::Admitted,
-            quota::Outcome::Limited => Outcome::Limited,
-            quota::Outcome::Banned => Outcome::Banned,
+            rules::Outcome::Admitted => Outcome::Admitted,
+            rules::Outcome::Limited => Outcome::Limited,
+            rules::Outcome::Banned => Outcome::Banned,
         }
     }
 }
@@ -110,7 +122,7 @@ impl Admission {
                 Ok(v) => {
                     r.breaker.success();
                     METRICS.store_fallback.set(0);
-                    if v.outcome == quota::Outcome::Banned {
+                    if v.outcome == rules::Outcome::Banned {
                         r.ban_cache.remember(quota, v.ban_until);
                     } else if !r.ban_cache.is_empty() {
                         // The store says no ban (lifted, perhaps on another node): a stale

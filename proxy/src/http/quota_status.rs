@@ -14,12 +14,14 @@ use governor::{Quota, RateLimiter};
 use pingora::proxy::Session;
 use serde::Serialize;
 
-use crate::keys::KeyInfo;
-use crate::metrics::METRICS;
-use crate::quota::{self, Limits, RateView, Verdict};
-use crate::resilience::Resilience;
-use crate::responses::{json_head, refuse, RateHeaders, Refusal, SimpleLimit};
-use crate::store::{QuotaStore, Usage};
+use crate::base::metrics::METRICS;
+use crate::http::responses::{json_head, refuse, RateHeaders, Refusal};
+use crate::keys::index::KeyInfo;
+use crate::keys::plans::Limits;
+use crate::quota::resilience::Resilience;
+use crate::quota::rules::SimpleLimit;
+use crate::quota::rules::{self, RateView, Verdict};
+use crate::quota::store::{QuotaStore, Usage};
 
 /// Requests a key may make to this endpoint: one a second on average, ten at once.
 const PER_SECOND: u32 = 1;
@@ -60,9 +62,9 @@ fn status(plan: &str, limits: Limits, usage: &Usage) -> (Bytes, RateView) {
     let view = RateView::new(
         &Verdict {
             outcome: if banned {
-                quota::Outcome::Banned
+                rules::Outcome::Banned
             } else {
-                quota::Outcome::Admitted
+                rules::Outcome::Admitted
             },
             now: usage.now,
             minute_count: usage.minute,
@@ -115,8 +117,8 @@ impl QuotaStatus {
         let quota_id = key.quota_id();
         if let Err(not_until) = self.limiter.check_key(quota_id) {
             let wait = not_until.wait_time_from(DefaultClock::default().now());
-            let retry_after = quota::retry_after_secs(wait);
-            let now = crate::clock::unix_now();
+            let retry_after = rules::retry_after_secs(wait);
+            let now = crate::base::clock::unix_now();
             let refusal = Refusal::quota_status_limited(
                 SimpleLimit {
                     limit: u64::from(BURST),
@@ -130,7 +132,7 @@ impl QuotaStatus {
         }
         // A ban this node knows of is answered from its cache, like a request would be; a store
         // the breaker has given up on is not asked (the answer would be a deadline).
-        let now = crate::clock::unix_now();
+        let now = crate::base::clock::unix_now();
         let store_up = self.resilience.breaker.allows();
         let usage = if let Some(until) = self
             .resilience

@@ -19,15 +19,12 @@
 //! Redis returns.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use redis::ConnectionLike;
 
-use crate::keys::{KeyRecord, KeysError, KeysFile};
-use crate::store::RedisTarget;
+use crate::base::redis::RedisTarget;
+use crate::keys::record::{KeyRecord, KeysError, KeysFile};
 
 /// How often a node asks the change feed for news: a change reaches every node within this
 /// plus a reload.
@@ -72,13 +69,13 @@ pub struct Registry {
     timeout: Duration,
 }
 
-enum Conn {
+pub(crate) enum Conn {
     Single(redis::Connection),
     Cluster(Box<redis::cluster::ClusterConnection>),
 }
 
 impl Conn {
-    fn as_mut(&mut self) -> &mut dyn ConnectionLike {
+    pub(crate) fn as_mut(&mut self) -> &mut dyn ConnectionLike {
         match self {
             Conn::Single(c) => c,
             Conn::Cluster(c) => &mut **c,
@@ -111,7 +108,7 @@ impl Registry {
 
     /// A blocking connection with the deadline on every read and write. (The registry is
     /// used off the request path: by the CLI, and by the sync task in a blocking thread.)
-    fn connect(&self) -> Result<Conn, KeysError> {
+    pub(crate) fn connect(&self) -> Result<Conn, KeysError> {
         match &self.target {
             RedisTarget::Single(url) => {
                 let client = redis::Client::open(url.as_str()).map_err(err)?;
@@ -146,7 +143,10 @@ impl Registry {
         self.load_on(conn.as_mut())
     }
 
-    fn load_on(&self, conn: &mut dyn ConnectionLike) -> Result<(KeysFile, String), KeysError> {
+    pub(crate) fn load_on(
+        &self,
+        conn: &mut dyn ConnectionLike,
+    ) -> Result<(KeysFile, String), KeysError> {
         let (file, position, _) = self.load_raw(conn)?;
         Ok((file, position))
     }
@@ -320,7 +320,7 @@ impl Registry {
 fn parse_record(id: &str, json: &str) -> Result<KeyRecord, KeysError> {
     // The id becomes a Redis hash tag and a header value: a record written into Redis by hand
     // gets no further than one in a keys file would.
-    if !crate::keys::valid_key_id(id) {
+    if !crate::keys::record::valid_key_id(id) {
         return Err(KeysError::Registry(format!(
             "record `{}`: not a key id (1 to 64 of A-Z, a-z, 0-9, `_`, `-`)",
             id.escape_debug()
@@ -363,137 +363,6 @@ fn max_deleted(info: &redis::Value) -> Option<(u64, u64)> {
 fn stream_id(id: &str) -> (u64, u64) {
     let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
     (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
-}
-
-/// Where a node's keys come from right now, for `/readyz` and the log.
-#[derive(Debug, Default)]
-pub struct SyncState(AtomicU8);
-
-/// 0: nothing yet; then one of these.
-impl SyncState {
-    const SNAPSHOT: u8 = 1;
-    const SYNCED: u8 = 2;
-
-    pub fn snapshot_only(&self) {
-        self.0.store(Self::SNAPSHOT, Ordering::Relaxed)
-    }
-
-    /// `Ok(how)` when the node may serve: from the registry, or from its snapshot while the
-    /// registry is unreachable; `Err` when it has neither.
-    pub fn readiness(&self) -> Result<&'static str, &'static str> {
-        match self.0.load(Ordering::Relaxed) {
-            Self::SYNCED => Ok("registry"),
-            Self::SNAPSHOT => {
-                Ok("snapshot (the registry is unreachable; catching up when it returns)")
-            }
-            _ => Err("no snapshot and the registry is unreachable"),
-        }
-    }
-}
-
-/// Keeps this node's replica in step with the registry: a full load, then the change feed;
-/// each applied change is written to the snapshot and reloaded into the catalog.
-pub struct Sync {
-    pub registry: Arc<Registry>,
-    pub snapshot: PathBuf,
-    pub catalog: Arc<crate::catalog::Catalog>,
-    pub state: Arc<SyncState>,
-}
-
-impl Sync {
-    /// Runs until `stop` says so (checked between polls). Blocking: run it on its own thread.
-    pub fn run(&self, stop: &dyn Fn() -> bool) {
-        let mut replica: Option<(BTreeMap<String, KeyRecord>, String)> = None;
-        let mut conn: Option<Conn> = None;
-        let mut failing = false;
-        // Records are never deleted (a revoked key keeps its record): a full load with fewer
-        // than this node already holds means the registry lost data (flushed, evicted, a
-        // wrong prefix, not imported yet), and applying it would wipe keys fleet-wide.
-        let mut known = KeysFile::load(&self.snapshot).map_or(0, |f| f.keys.len());
-        while !stop() {
-            let result = (|| -> Result<(), KeysError> {
-                let c = match &mut conn {
-                    Some(c) => c,
-                    None => conn.insert(self.registry.connect()?),
-                };
-                match &mut replica {
-                    None => {
-                        let (file, position) = self.registry.load_on(c.as_mut())?;
-                        if file.keys.len() < known {
-                            return Err(KeysError::Registry(format!(
-                                "it holds {} key record(s), fewer than the {known} this node \
-                                 has: refusing to apply it (flushed, evicted, another \
-                                 key_prefix, or not imported yet: `pet-gateway keys import`)",
-                                file.keys.len()
-                            )));
-                        }
-                        let map: BTreeMap<String, KeyRecord> =
-                            file.keys.into_iter().map(|k| (k.id.clone(), k)).collect();
-                        known = map.len();
-                        self.apply(&map);
-                        replica = Some((map, position));
-                    }
-                    Some((map, position)) => match self.registry.changes(c.as_mut(), position)? {
-                        Changes::None => {}
-                        Changes::Trimmed => {
-                            tracing::warn!("the key change feed was trimmed past this node's position: reloading every key");
-                            replica = None;
-                        }
-                        Changes::Some(records, next) => {
-                            for r in records {
-                                map.insert(r.id.clone(), r);
-                            }
-                            known = map.len();
-                            self.apply(map);
-                            *position = next;
-                        }
-                    },
-                }
-                Ok(())
-            })();
-            match result {
-                Ok(()) => {
-                    if failing {
-                        tracing::info!("key registry reachable again: caught up");
-                    }
-                    failing = false;
-                    if replica.is_some() {
-                        self.state.0.store(SyncState::SYNCED, Ordering::Relaxed);
-                    }
-                }
-                Err(e) => {
-                    if !failing {
-                        tracing::error!(error = %e, "key registry: cannot sync; serving the keys last synced (snapshot) and retrying");
-                    }
-                    failing = true;
-                    // A new connection next time; the replica and its feed position stay,
-                    // so the feed catches up on what was missed.
-                    conn = None;
-                    if self.state.0.load(Ordering::Relaxed) == SyncState::SYNCED {
-                        self.state.snapshot_only();
-                    }
-                }
-            }
-            // Poll quickly while in step, back off while failing.
-            std::thread::sleep(if failing { POLL * 5 } else { POLL });
-        }
-    }
-
-    /// Writes the replica to the snapshot and reloads the catalog from it. A snapshot that
-    /// cannot be written is logged (the catalog keeps its keys; the next change tries again),
-    /// never a reason to stop following the feed.
-    fn apply(&self, map: &BTreeMap<String, KeyRecord>) {
-        let mut file = KeysFile {
-            keys: map.values().cloned().collect(),
-        };
-        file.sort();
-        if let Err(e) = crate::keys::write_snapshot(&self.snapshot, &file) {
-            tracing::error!(error = %e, snapshot = %self.snapshot.display(),
-                "key registry: cannot write this node's snapshot; its keys stay as they were");
-            return;
-        }
-        self.catalog.reload(false);
-    }
 }
 
 #[cfg(test)]

@@ -28,12 +28,12 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::Catalog;
-use crate::clock::rfc3339;
-use crate::keys::KeyInfo;
-use crate::resilience::BanCache;
-use crate::responses::{error_body, ErrorCode};
-use crate::store::QuotaStore;
+use crate::base::clock::rfc3339;
+use crate::http::responses::{error_body, ErrorCode};
+use crate::keys::catalog::Catalog;
+use crate::keys::index::KeyInfo;
+use crate::quota::resilience::BanCache;
+use crate::quota::store::QuotaStore;
 
 pub struct Admin {
     pub catalog: Arc<Catalog>,
@@ -49,14 +49,14 @@ pub struct Admin {
     /// Where the key API writes: the keys file, the prefix of new keys, the audit log.
     pub key_files: KeyFiles,
     /// With `keys_source = "store"`: where this node's keys come from right now.
-    pub registry: Option<Arc<crate::registry::SyncState>>,
+    pub registry: Option<Arc<crate::keys::replica::SyncState>>,
 }
 
 /// What the key endpoints need beyond the catalog.
 #[derive(Clone)]
 pub struct KeyFiles {
     /// Where changes go: the keys file, or the registry.
-    pub store: crate::keys::KeyStore,
+    pub store: crate::keys::service::KeyStore,
     pub api_key_prefix: String,
     pub audit_log: Option<std::path::PathBuf>,
 }
@@ -181,7 +181,7 @@ impl Admin {
             Err(e) => return error(500, ErrorCode::Internal, &e.to_string()),
         };
         let bans = self.bans().await.ok();
-        let now = crate::clock::unix_now();
+        let now = crate::base::clock::unix_now();
         let list: Vec<serde_json::Value> = file
             .keys
             .iter()
@@ -201,7 +201,10 @@ impl Admin {
     async fn change_keys<T: Send + 'static>(
         &self,
         action: &'static str,
-        change: impl FnOnce(&KeyFiles) -> Result<(T, crate::keys::KeyRecord), crate::keys::KeysError>
+        change: impl FnOnce(
+                &KeyFiles,
+            )
+                -> Result<(T, crate::keys::record::KeyRecord), crate::keys::record::KeysError>
             + Send
             + 'static,
     ) -> Result<T, Response<Vec<u8>>> {
@@ -209,22 +212,22 @@ impl Admin {
         let catalog = Arc::clone(&self.catalog);
         let done = tokio::task::spawn_blocking(move || {
             let (out, record) = change(&files)?;
-            let line = crate::audit::line(action, &record, "admin");
-            if let Err(e) = crate::audit::write(files.audit_log.as_deref(), &line) {
+            let line = crate::keys::audit::line(action, &record, "admin");
+            if let Err(e) = crate::keys::audit::write(files.audit_log.as_deref(), &line) {
                 tracing::error!(error = %e, action, key_id = %record.id, "audit log not written");
             }
             catalog.reload(false);
-            Ok::<T, crate::keys::KeysError>(out)
+            Ok::<T, crate::keys::record::KeysError>(out)
         })
         .await;
         match done {
             Ok(Ok(out)) => Ok(out),
-            Ok(Err(e @ crate::keys::KeysError::NoSuchKey(_))) => {
+            Ok(Err(e @ crate::keys::record::KeysError::NoSuchKey(_))) => {
                 Err(error(404, ErrorCode::NotFound, &e.to_string()))
             }
             Ok(Err(
-                e @ (crate::keys::KeysError::UnknownPlan { .. }
-                | crate::keys::KeysError::NotActive(_)),
+                e @ (crate::keys::record::KeysError::UnknownPlan { .. }
+                | crate::keys::record::KeysError::NotActive(_)),
             )) => Err(error(400, ErrorCode::InvalidRequest, &e.to_string())),
             Ok(Err(e)) => Err(error(500, ErrorCode::Internal, &e.to_string())),
             Err(e) => Err(error(500, ErrorCode::Internal, &e.to_string())),
@@ -245,7 +248,7 @@ impl Admin {
                 "give expires_in or expires_at, not both",
             );
         }
-        let own = crate::keys::KeyRecordOptions::checked(
+        let own = crate::keys::record::KeyRecordOptions::checked(
             body.expires_in.as_deref(),
             body.expires_at.as_deref(),
             body.per_minute,
@@ -259,7 +262,7 @@ impl Admin {
         let plans = Arc::clone(&self.catalog.snapshot().plans);
         let issued = self
             .change_keys("issue", move |files| {
-                let (record, key) = crate::keys::issue(
+                let (record, key) = crate::keys::service::issue(
                     &files.store,
                     &plans,
                     &plan,
@@ -274,7 +277,7 @@ impl Admin {
             Ok((record, key)) => {
                 let in_force = self.settle(&record.id, true).await;
                 let mut answer =
-                    record.to_json(&record.status(None, crate::clock::unix_now()), false);
+                    record.to_json(&record.status(None, crate::base::clock::unix_now()), false);
                 answer["in_force"] = serde_json::json!(in_force);
                 answer["key"] = serde_json::json!(key);
                 json_response(201, answer.to_string().into_bytes())
@@ -288,7 +291,7 @@ impl Admin {
         let target = id.clone();
         let revoked = self
             .change_keys("revoke", move |files| {
-                let record = crate::keys::revoke(&files.store, &target)?;
+                let record = crate::keys::service::revoke(&files.store, &target)?;
                 Ok((record.clone(), record))
             })
             .await;
@@ -317,21 +320,25 @@ impl Admin {
             Err(e) => return error(400, ErrorCode::InvalidRequest, &format!("body: {e}")),
         };
         let overlap = body.overlap.as_deref().unwrap_or("24h");
-        let overlap = match crate::clock::parse_duration(overlap) {
+        let overlap = match crate::base::clock::parse_duration(overlap) {
             Ok(o) => o,
             Err(e) => return error(400, ErrorCode::InvalidRequest, &format!("overlap: {e}")),
         };
         let rotated = self
             .change_keys("rotate", move |files| {
-                let (old, new, key) =
-                    crate::keys::rotate(&files.store, &id, overlap, &files.api_key_prefix)?;
+                let (old, new, key) = crate::keys::service::rotate(
+                    &files.store,
+                    &id,
+                    overlap,
+                    &files.api_key_prefix,
+                )?;
                 Ok(((old.clone(), new, key), old))
             })
             .await;
         match rotated {
             Ok((old, new, key)) => {
                 self.settle(&new.id, true).await;
-                let now = crate::clock::unix_now();
+                let now = crate::base::clock::unix_now();
                 let mut successor = new.to_json(&new.status(None, now), false);
                 successor["key"] = serde_json::json!(key);
                 let answer = serde_json::json!({
@@ -351,8 +358,8 @@ impl Admin {
         let id = id.to_owned();
         let _ = tokio::task::spawn_blocking(move || {
             let record = store.load().ok()?.get(&id).ok()?.clone();
-            let line = crate::audit::line(action, &record, "admin");
-            if let Err(e) = crate::audit::write(audit_log.as_deref(), &line) {
+            let line = crate::keys::audit::line(action, &record, "admin");
+            if let Err(e) = crate::keys::audit::write(audit_log.as_deref(), &line) {
                 tracing::error!(error = %e, action, key_id = %record.id, "audit log not written");
             }
             Some(())
@@ -379,12 +386,12 @@ impl Admin {
 
     /// The key with this id while this gateway accepts it (not expired), and the limits it is
     /// held to (none when its plan is missing).
-    fn active_key(&self, id: &str) -> Option<(KeyInfo, Option<crate::quota::Limits>)> {
+    fn active_key(&self, id: &str) -> Option<(KeyInfo, Option<crate::keys::plans::Limits>)> {
         let snapshot = self.catalog.snapshot();
         let key = snapshot
             .keys
             .by_id(id)
-            .filter(|k| !k.expired(crate::clock::unix_now()))
+            .filter(|k| !k.expired(crate::base::clock::unix_now()))
             .cloned()?;
         let limits = snapshot.plans.get(&key.plan).map(|p| key.limits(p.limits));
         Some((key, limits))
@@ -424,7 +431,7 @@ impl Admin {
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         if let Some(token) = &self.token {
-            let given = crate::auth::bearer_token(
+            let given = crate::http::auth::bearer_token(
                 session
                     .req_header()
                     .headers
@@ -452,7 +459,7 @@ impl ServeHttp for Admin {
             "/healthz" if get => json_response(200, br#"{"status":"ok"}"#.to_vec()),
             "/readyz" if get => self.readyz().await,
             "/metrics" if get => {
-                let body = crate::metrics::render();
+                let body = crate::base::metrics::render();
                 Response::builder()
                     .status(200)
                     .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
@@ -601,7 +608,7 @@ impl ServeHttp for Admin {
 fn lift_target(path: &str) -> Option<&str> {
     path.strip_prefix("/bans/")?
         .strip_suffix("/lift")
-        .filter(|id| crate::keys::valid_key_id(id))
+        .filter(|id| crate::keys::record::valid_key_id(id))
 }
 
 /// The key id of `/keys/{key id}/reset-usage`.
@@ -614,13 +621,13 @@ fn action_target<'a>(path: &'a str, action: &str) -> Option<&'a str> {
     path.strip_prefix("/keys/")?
         .strip_suffix(action)?
         .strip_suffix('/')
-        .filter(|id| crate::keys::valid_key_id(id))
+        .filter(|id| crate::keys::record::valid_key_id(id))
 }
 
 /// The key id of `/keys/{key id}`.
 fn key_target(path: &str) -> Option<&str> {
     path.strip_prefix("/keys/")
-        .filter(|id| crate::keys::valid_key_id(id))
+        .filter(|id| crate::keys::record::valid_key_id(id))
 }
 
 /// A running gateway's admin listener, as the command line reaches it.

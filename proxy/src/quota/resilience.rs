@@ -22,8 +22,9 @@ use governor::middleware::StateInformationMiddleware;
 use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota, RateLimiter};
 
-use crate::quota::{
-    gcra_refill_secs, retry_after_secs, Limits, Outcome, RateView, Window, DAY_SECS,
+use crate::keys::plans::Limits;
+use crate::quota::rules::{
+    gcra_refill_secs, retry_after_secs, Outcome, RateView, Window, DAY_SECS,
 };
 
 /// The gateway's fault handling as one thing, passed whole: admission decides with it, the admin
@@ -216,7 +217,7 @@ impl BanCache {
     /// this cache its only source. It never marks an entry as freshly checked: the list is an
     /// index kept beside the bans, and only the key's own state may vouch for a ban, so a stale
     /// index entry cannot keep a lifted ban alive.
-    pub fn keep_only(&self, active: &[crate::store::Ban]) {
+    pub fn keep_only(&self, active: &[crate::quota::store::Ban]) {
         let listed: HashMap<&str, u64> = active
             .iter()
             .map(|b| (b.key_id.as_str(), b.until))

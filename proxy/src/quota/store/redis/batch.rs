@@ -20,10 +20,12 @@ use std::time::{Duration, Instant};
 use redis::cluster_routing::Slot;
 use tokio::sync::oneshot;
 
-use super::redis::{acquire_invocation, index_ban, Link, RawVerdict};
-use super::StoreError;
-use crate::metrics::METRICS;
-use crate::quota::{BanPolicy, Limits};
+use super::acquire::{acquire_invocation, index_ban, policy_args, policy_matches, RawVerdict};
+use super::link::Link;
+use crate::base::metrics::METRICS;
+use crate::keys::plans::Limits;
+use crate::quota::rules::BanPolicy;
+use crate::quota::store::StoreError;
 
 /// The batched half of the Redis store's `acquire`.
 pub(super) struct Batches {
@@ -91,7 +93,7 @@ impl Batches {
     ) -> Arc<Batches> {
         Arc::new(Batches {
             link,
-            script: redis::Script::new(super::scripts::ACQUIRE),
+            script: redis::Script::new(crate::quota::store::scripts::ACQUIRE),
             prefix: Arc::clone(&prefix),
             max: max.max(1),
             lanes: if per_slot {
@@ -100,8 +102,8 @@ impl Batches {
                 Lanes::One(Arc::default())
             },
             policy: Mutex::new(Arc::from(policy_args(&BanPolicy::default()))),
-            index_script: redis::Script::new(super::scripts::INDEX_BAN),
-            ban_index: super::redis::ban_index(&prefix),
+            index_script: redis::Script::new(crate::quota::store::scripts::INDEX_BAN),
+            ban_index: super::acquire::ban_index(&prefix),
         })
     }
 
@@ -160,7 +162,7 @@ impl Batches {
         match &self.lanes {
             Lanes::One(lane) => Arc::clone(lane),
             Lanes::PerSlot(lanes) => {
-                let slot = Slot::for_key(super::redis::quota_key(&self.prefix, key_id));
+                let slot = Slot::for_key(super::acquire::quota_key(&self.prefix, key_id));
                 Arc::clone(lock(lanes).entry(slot).or_default())
             }
         }
@@ -300,31 +302,6 @@ impl Drop for Draining {
             }
         }
     }
-}
-
-/// `ACQUIRE`'s `ARGV[1..3+n]` for `ban`.
-pub(super) fn policy_args(ban: &BanPolicy) -> Vec<u64> {
-    let lengths: &[u64] = if ban.durations.is_empty() {
-        &[60]
-    } else {
-        &ban.durations
-    };
-    let mut args = Vec::with_capacity(3 + lengths.len());
-    args.extend([ban.strikes, ban.decay_secs, lengths.len() as u64]);
-    args.extend_from_slice(lengths);
-    args
-}
-
-fn policy_matches(args: &[u64], ban: &BanPolicy) -> bool {
-    let lengths: &[u64] = if ban.durations.is_empty() {
-        &[60]
-    } else {
-        &ban.durations
-    };
-    args.len() == 3 + lengths.len()
-        && args[0] == ban.strikes
-        && args[1] == ban.decay_secs
-        && args[3..] == *lengths
 }
 
 #[cfg(test)]

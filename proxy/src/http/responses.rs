@@ -11,7 +11,7 @@ use pingora::proxy::Session;
 use pingora::{Error, ErrorSource, ErrorType};
 use serde::Serialize;
 
-use crate::quota::RateView;
+use crate::quota::rules::{RateView, SimpleLimit};
 
 /// The Error `code` values the gateway emits (the backend emits the rest of the design's list).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,15 +61,6 @@ pub fn error_body(status: u16, code: ErrorCode, message: &str) -> Bytes {
     .unwrap_or_else(|_| {
         Bytes::from_static(br#"{"code":"internal","message":"error","status":500}"#)
     })
-}
-
-/// The `X-RateLimit-*` triple as numbers, for responses that are not about a key's plan (the
-/// per-IP limit on unauthenticated requests).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SimpleLimit {
-    pub limit: u64,
-    pub remaining: u64,
-    pub reset: u64,
 }
 
 /// Which rate-limit headers a response carries.
@@ -156,16 +147,16 @@ impl<'a> Refusal<'a> {
     /// An HTTP/2 request body that stalled (408) or was too large (413); the request was
     /// admitted, so its rate-limit headers go with it. The connection's other streams go on.
     pub fn unread_body(
-        why: crate::request::BodyRefusal,
+        why: crate::http::request::BodyRefusal,
         rate: Option<&'a RateView>,
     ) -> Refusal<'a> {
         let (status, code, message) = match why {
-            crate::request::BodyRefusal::Stalled => (
+            crate::http::request::BodyRefusal::Stalled => (
                 408,
                 ErrorCode::InvalidRequest,
                 "the request body did not arrive in time",
             ),
-            crate::request::BodyRefusal::TooLarge => (
+            crate::http::request::BodyRefusal::TooLarge => (
                 413,
                 ErrorCode::PayloadTooLarge,
                 "request body exceeds 65536 bytes",

@@ -6,7 +6,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::quota::Limits;
+/// A plan's quotas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub per_minute: u64,
+    pub per_day: u64,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {

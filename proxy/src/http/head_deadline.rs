@@ -30,7 +30,7 @@ use pingora::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-use crate::metrics::METRICS;
+use crate::base::metrics::METRICS;
 
 /// Wraps a [`ServerApp`] so that every HTTP/1.x request head must arrive within `limit`.
 pub struct HeadDeadline<A> {

@@ -13,25 +13,25 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, Result};
 
-use crate::admission::{Admission, Outcome};
-use crate::auth::{bearer_token, AuthFailure};
-use crate::catalog::Catalog;
-use crate::clock::unix_now;
+use crate::base::clock::unix_now;
+use crate::base::metrics::METRICS;
 use crate::config::Config;
-use crate::key_format;
-use crate::keys::KeyInfo;
-use crate::metric_handles;
-use crate::metrics::METRICS;
-use crate::quota::RateView;
-use crate::quota_status::QuotaStatus;
-use crate::request::{read_h2_body, refuse_shape, request_id};
-use crate::resilience::Resilience;
-use crate::responses::{insert_rate_headers, refuse, RateHeaders, Refusal};
-use crate::routes::Route;
-use crate::store::QuotaStore;
-use crate::trace::TraceContext;
-use crate::unauth::{UnauthDecision, UnauthLimiter};
-use crate::upstreams::Upstreams;
+use crate::http::auth::{bearer_token, AuthFailure};
+use crate::http::metric_handles;
+use crate::http::quota_status::QuotaStatus;
+use crate::http::request::{read_h2_body, refuse_shape, request_id};
+use crate::http::responses::{insert_rate_headers, refuse, RateHeaders, Refusal};
+use crate::http::routes::Route;
+use crate::http::trace::TraceContext;
+use crate::http::upstreams::Upstreams;
+use crate::keys::catalog::Catalog;
+use crate::keys::format;
+use crate::keys::index::KeyInfo;
+use crate::quota::admission::{Admission, Outcome};
+use crate::quota::resilience::Resilience;
+use crate::quota::rules::RateView;
+use crate::quota::store::QuotaStore;
+use crate::quota::unauth::{UnauthDecision, UnauthLimiter};
 
 /// Per-request state, carried from phase to phase.
 pub struct Ctx {
@@ -171,7 +171,7 @@ impl ProxyHttp for Gateway {
                 .map(|v| v.as_bytes()),
         )
         .and_then(|t| {
-            if key_format::plausible(t, &self.api_key_prefix) {
+            if format::plausible(t, &self.api_key_prefix) {
                 Ok(t)
             } else {
                 Err(AuthFailure::Checksum)

@@ -1,0 +1,11 @@
+//! The base layer: what several wings share and nothing else. It imports no other wing.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`clock`] | the wall clock, a hand-moved clock for tests, RFC 3339 dates, durations |
+//! | [`metrics`] | every Prometheus metric, registered once in the registry pingora serves |
+//! | [`redis`] | where the fleet's Redis is (one server or a cluster): the store and the registry use it |
+
+pub mod clock;
+pub mod metrics;
+pub mod redis;

@@ -1,0 +1,156 @@
+//! The index of the keys in force, for the hot path: a key's SHA-256 to what the gateway needs
+//! to know about it ([`KeyInfo`]), in as little memory as a million keys allow. Built from a
+//! keys file by [`crate::keys::record`]; read on every request.
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use crate::keys::plans::Limits;
+
+/// What the gateway needs to know about a valid key on the hot path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyInfo {
+    pub id: Arc<str>,
+    pub plan: Arc<str>,
+    /// Per-key settings, 4 bytes each (a million keys carry them).
+    pub overrides: Overrides,
+    /// The id counts and bans are kept under when it is not `id` (a rotation's successor).
+    pub quota: Option<Arc<str>>,
+}
+
+/// A key's own limits and expiry; `None` where the plan's apply or it never expires.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Overrides {
+    pub per_minute: Option<NonZeroU32>,
+    pub per_day: Option<NonZeroU32>,
+    /// Unix seconds (fits until 2106).
+    pub expires_at: Option<NonZeroU32>,
+}
+
+impl KeyInfo {
+    /// The id of the quota this key counts against.
+    pub fn quota_id(&self) -> &Arc<str> {
+        self.quota.as_ref().unwrap_or(&self.id)
+    }
+
+    /// Whether the key has expired at `now` (Unix seconds).
+    pub fn expired(&self, now: u64) -> bool {
+        self.overrides
+            .expires_at
+            .is_some_and(|at| now >= u64::from(at.get()))
+    }
+
+    /// The limits this key is held to: its plan's, with its own in their place.
+    pub fn limits(&self, plan: Limits) -> Limits {
+        Limits {
+            per_minute: self
+                .overrides
+                .per_minute
+                .map_or(plan.per_minute, |n| u64::from(n.get())),
+            per_day: self
+                .overrides
+                .per_day
+                .map_or(plan.per_day, |n| u64::from(n.get())),
+        }
+    }
+}
+
+/// Active (not revoked) keys by the SHA-256 of the key. The entries sit in one vector and the
+/// table maps a hash to a 32-bit position in it: a hash table keeps a good part of its slots
+/// empty, and an empty slot of 20 bytes costs far less than one of a whole entry (a million keys:
+/// about 40 MB of table instead of 170).
+#[derive(Debug, Clone, Default)]
+pub struct KeyIndex {
+    /// By the first 16 bytes of the key's SHA-256: finding another key with the same 128 bits is
+    /// as hard as a second preimage of them (2^128 work).
+    slots: HashMap<[u8; 16], u32, BuildHasherDefault<HashPrefix>>,
+    keys: Vec<KeyInfo>,
+}
+
+/// The table's hasher: the keys are already SHA-256 output, uniformly spread and chosen by no
+/// one (only issued keys are inserted; a lookup cannot add one), so their first bytes are the
+/// hash.
+#[derive(Debug, Default)]
+pub struct HashPrefix(u64);
+
+impl std::hash::Hasher for HashPrefix {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut word = [0u8; 8];
+        let n = bytes.len().min(8);
+        word[..n].copy_from_slice(&bytes[..n]);
+        self.0 = self.0.rotate_left(5) ^ u64::from_le_bytes(word);
+    }
+}
+
+impl KeyIndex {
+    /// `capacity`: how many entries there are, at most (the table and the vector are sized once).
+    pub(crate) fn from_entries(
+        capacity: usize,
+        entries: impl IntoIterator<Item = ([u8; 16], KeyInfo)>,
+    ) -> KeyIndex {
+        let mut index = KeyIndex {
+            slots: HashMap::with_capacity_and_hasher(capacity, Default::default()),
+            keys: Vec::with_capacity(capacity),
+        };
+        for (hash, info) in entries {
+            // At most u32::MAX keys (a keys file that large could not be loaded anyway).
+            let Ok(at) = u32::try_from(index.keys.len()) else {
+                break;
+            };
+            match index.slots.entry(hash) {
+                std::collections::hash_map::Entry::Occupied(e) => {
+                    // The same key twice: the later record wins, as it did in a map.
+                    index.keys[*e.get() as usize] = info;
+                }
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(at);
+                    index.keys.push(info);
+                }
+            }
+        }
+        index.keys.shrink_to_fit();
+        index
+    }
+
+    pub fn lookup(&self, token: &str) -> Option<&KeyInfo> {
+        let at = *self.slots.get(&index_hash(&sha256(token)))?;
+        self.keys.get(at as usize)
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Every active key.
+    pub fn keys(&self) -> impl Iterator<Item = &KeyInfo> {
+        self.keys.iter()
+    }
+
+    /// The key with this id (a scan: the index is by hash; for the admin side only).
+    pub fn by_id(&self, id: &str) -> Option<&KeyInfo> {
+        self.keys.iter().find(|k| &*k.id == id)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+pub fn sha256(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// The part of a key's SHA-256 the index is keyed by.
+pub(crate) fn index_hash(sha: &[u8; 32]) -> [u8; 16] {
+    let mut h = [0u8; 16];
+    h.copy_from_slice(&sha[..16]);
+    h
+}

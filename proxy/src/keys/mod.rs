@@ -1,0 +1,26 @@
+//! The keys wing: which API keys exist and which plans are in force. It may import [`crate::base`]
+//! only; the quota, HTTP and operations wings import it.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`format`] | the API key format: environment prefix, random part, checksum |
+//! | [`plans`] | the plan files and a plan's [`plans::Limits`] |
+//! | [`index`] | the hot-path index: a key's hash to its [`index::KeyInfo`] |
+//! | [`record`] | a key's record, the keys file's model, validation and status |
+//! | [`file`] | the keys file on disk: locked, atomic writes that keep owner and mode |
+//! | [`registry`] | the fleet-wide key registry in Redis (records and change feed) |
+//! | [`catalog`] | the keys and plans in force on this node, reloaded on edits |
+//! | [`replica`] | each node's replica of the registry: follows the feed into the catalog |
+//! | [`audit`] | the audit log of key changes |
+//! | [`service`] | the one key service (issue, rotate, revoke) that the CLI and admin API call |
+
+pub mod audit;
+pub mod catalog;
+pub mod file;
+pub mod format;
+pub mod index;
+pub mod plans;
+pub mod record;
+pub mod registry;
+pub mod replica;
+pub mod service;

@@ -1,0 +1,360 @@
+//! The key service: issue, rotate and revoke, on whichever store holds the keys (the keys file,
+//! or the fleet-wide registry). The `keys` commands and the admin API both call it, so a change
+//! means the same whichever door it came through.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rand::RngCore;
+
+use crate::base::clock::{parse_rfc3339, rfc3339_now};
+use crate::keys::file::modify;
+use crate::keys::index::sha256;
+use crate::keys::plans::Plans;
+use crate::keys::record::{KeyRecord, KeyRecordOptions, KeysError, KeysFile};
+
+/// Where the keys live: the keys file, or the fleet-wide registry in Redis
+/// (`keys_source = "store"`). Every change goes through [`KeyStore::modify`].
+#[derive(Clone)]
+pub enum KeyStore {
+    File(PathBuf),
+    Registry(Arc<crate::keys::registry::Registry>),
+}
+
+impl KeyStore {
+    /// Every key record.
+    pub fn load(&self) -> Result<KeysFile, KeysError> {
+        match self {
+            KeyStore::File(path) => KeysFile::load(path),
+            KeyStore::Registry(registry) => registry.load().map(|(file, _)| file),
+        }
+    }
+
+    /// Runs `change` on the key records and saves what it changed: the file under its lock;
+    /// in the registry, the changed records and one change-feed entry each.
+    pub fn modify<T>(
+        &self,
+        change: impl FnMut(&mut KeysFile) -> Result<T, KeysError>,
+    ) -> Result<T, KeysError> {
+        match self {
+            KeyStore::File(path) => modify(path, change),
+            KeyStore::Registry(registry) => registry.modify(change),
+        }
+    }
+}
+
+impl From<&Path> for KeyStore {
+    fn from(path: &Path) -> KeyStore {
+        KeyStore::File(path.to_owned())
+    }
+}
+
+impl From<&PathBuf> for KeyStore {
+    fn from(path: &PathBuf) -> KeyStore {
+        KeyStore::File(path.clone())
+    }
+}
+
+impl From<&KeyStore> for KeyStore {
+    fn from(store: &KeyStore) -> KeyStore {
+        store.clone()
+    }
+}
+
+/// Creates a key for `plan`; returns its record and the key itself (to be shown once).
+pub fn issue(
+    store: impl Into<KeyStore>,
+    plans: &Plans,
+    plan: &str,
+    name: Option<&str>,
+    key_prefix: &str,
+    own: &KeyRecordOptions,
+) -> Result<(KeyRecord, String), KeysError> {
+    if !plans.contains(plan) {
+        return Err(KeysError::UnknownPlan {
+            plan: plan.to_owned(),
+            known: plans.names().join(", "),
+        });
+    }
+    store.into().modify(|file| {
+        let mut rng = rand::rng();
+        let key = crate::keys::format::generate(key_prefix);
+        let id = new_id(file, &mut rng);
+        let record = KeyRecord {
+            id,
+            name: name.map(str::to_owned),
+            plan: plan.to_owned(),
+            sha256: hex::encode(sha256(&key)),
+            created_at: rfc3339_now(),
+            revoked_at: None,
+            expires_at: own.expires_at.map(crate::base::clock::rfc3339),
+            per_minute: own.per_minute,
+            per_day: own.per_day,
+            quota_of: None,
+            rotated_to: None,
+        };
+        file.keys.push(record.clone());
+        Ok((record, key))
+    })
+}
+
+fn new_id(file: &KeysFile, rng: &mut impl RngCore) -> String {
+    loop {
+        let mut raw = [0u8; 6];
+        rng.fill_bytes(&mut raw);
+        let id = format!("key_{}", hex::encode(raw));
+        if file.keys.iter().all(|k| k.id != id) {
+            return id;
+        }
+    }
+}
+
+/// Replaces the key `id` with a successor: same plan, name, limits and expiry, and the same
+/// quota (counts and bans; rotating never doubles a quota). The old key keeps working for
+/// `overlap_secs` more (or until its own expiry, if sooner), then gets 401. Returns the old
+/// record, the new one and the new key (to be shown once).
+pub fn rotate(
+    store: impl Into<KeyStore>,
+    id: &str,
+    overlap_secs: u64,
+    key_prefix: &str,
+) -> Result<(KeyRecord, KeyRecord, String), KeysError> {
+    store.into().modify(|file| {
+        let now = crate::base::clock::unix_now();
+        let old = file.get(id)?;
+        if old.revoked_at.is_some() || old.expired(now) {
+            return Err(KeysError::NotActive(id.to_owned()));
+        }
+        if let Some(successor) = &old.rotated_to {
+            return Err(KeysError::AlreadyRotated(id.to_owned(), successor.clone()));
+        }
+        let mut rng = rand::rng();
+        let key = crate::keys::format::generate(key_prefix);
+        let successor = KeyRecord {
+            id: new_id(file, &mut rng),
+            sha256: hex::encode(sha256(&key)),
+            created_at: rfc3339_now(),
+            revoked_at: None,
+            quota_of: Some(old.quota_of.clone().unwrap_or_else(|| old.id.clone())),
+            rotated_to: None,
+            ..old.clone()
+        };
+        let old = file.get_mut(id)?;
+        let end = now.saturating_add(overlap_secs);
+        if end > u64::from(u32::MAX) {
+            return Err(KeysError::Invalid {
+                path: PathBuf::from(id),
+                message: "the overlap would end after 2106".into(),
+            });
+        }
+        let current_end = old.expires_at.as_deref().and_then(parse_rfc3339);
+        old.expires_at = Some(crate::base::clock::rfc3339(
+            current_end.map_or(end, |c| c.min(end)),
+        ));
+        old.rotated_to = Some(successor.id.clone());
+        let old = old.clone();
+        file.keys.push(successor.clone());
+        Ok((old, successor, key))
+    })
+}
+
+/// Marks a key revoked (the record stays, for the audit trail); the gateway refuses it from its
+/// next reload on.
+pub fn revoke(store: impl Into<KeyStore>, id: &str) -> Result<KeyRecord, KeysError> {
+    store.into().modify(|file| {
+        let record = file.get_mut(id)?;
+        if record.revoked_at.is_none() {
+            record.revoked_at = Some(rfc3339_now());
+        }
+        Ok(record.clone())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::record::valid_key_id;
+
+    fn plans(dir: &Path) -> Plans {
+        std::fs::write(
+            dir.join("free.toml"),
+            "requests_per_minute = 60\nrequests_per_day = 1000\n",
+        )
+        .unwrap();
+        Plans::load_dir(dir).unwrap()
+    }
+
+    #[test]
+    fn issued_keys_are_found_by_hash_and_never_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let plans = plans(dir.path());
+        let path = dir.path().join("keys.toml");
+        let (record, key) = issue(
+            &path,
+            &plans,
+            "free",
+            Some("demo"),
+            "pet_test_",
+            &KeyRecordOptions::default(),
+        )
+        .unwrap();
+        assert!(key.starts_with("pet_test_") && crate::keys::format::plausible(&key, ""));
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            !text.contains(&key["pet_test_".len()..]),
+            "the key itself is not stored"
+        );
+        assert!(text.contains(&record.sha256));
+        let file = KeysFile::load(&path).unwrap();
+        let found = file.index().lookup(&key).cloned().unwrap();
+        assert_eq!((&*found.id, &*found.plan), (record.id.as_str(), "free"));
+        assert!(file.index().lookup("pet_not-a-key").is_none());
+    }
+
+    #[test]
+    fn revoked_keys_leave_the_index_but_stay_on_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let plans = plans(dir.path());
+        let path = dir.path().join("keys.toml");
+        let (a, key_a) = issue(
+            &path,
+            &plans,
+            "free",
+            None,
+            "pet_test_",
+            &KeyRecordOptions::default(),
+        )
+        .unwrap();
+        let (_, key_b) = issue(
+            &path,
+            &plans,
+            "free",
+            None,
+            "pet_test_",
+            &KeyRecordOptions::default(),
+        )
+        .unwrap();
+        revoke(&path, &a.id).unwrap();
+        let file = KeysFile::load(&path).unwrap();
+        assert_eq!(file.keys.len(), 2);
+        assert!(file.keys[0].revoked_at.is_some());
+        assert!(file.index().lookup(&key_a).is_none());
+        assert!(file.index().lookup(&key_b).is_some());
+        assert!(matches!(
+            revoke(&path, "key_nope"),
+            Err(KeysError::NoSuchKey(_))
+        ));
+    }
+
+    #[test]
+    fn key_ids_that_would_break_a_header_a_hash_tag_or_a_url_are_refused_on_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.toml");
+        let hash = "ab".repeat(32);
+        for bad in ["has space", "br}ace", "sl/ash", "", &"x".repeat(65)] {
+            std::fs::write(
+                &path,
+                format!(
+                    "[[key]]\nid = \"{bad}\"\nplan = \"free\"\nsha256 = \"{hash}\"\n\
+                     created_at = \"2026-01-01T00:00:00Z\"\n"
+                ),
+            )
+            .unwrap();
+            let err = KeysFile::load(&path).unwrap_err().to_string();
+            assert!(
+                err.contains("keys.toml") && err.contains("field `id`"),
+                "{bad:?}: {err}"
+            );
+        }
+        assert!(valid_key_id("key_0123abcd") && valid_key_id("Acme-2"));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_rewritten_keys_file_keeps_the_owner_group_and_mode_of_the_old_one() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let plans = plans(dir.path());
+        let path = dir.path().join("keys.toml");
+        issue(
+            &path,
+            &plans,
+            "free",
+            None,
+            "pet_test_",
+            &KeyRecordOptions::default(),
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        // As root (CI), hand the file to another user as a service account would own it.
+        let root = std::fs::metadata(&path).unwrap().uid() == 0;
+        if root {
+            std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+        }
+        let before = std::fs::metadata(&path).unwrap();
+        issue(
+            &path,
+            &plans,
+            "free",
+            None,
+            "pet_test_",
+            &KeyRecordOptions::default(),
+        )
+        .unwrap();
+        let after = std::fs::metadata(&path).unwrap();
+        assert_ne!(before.ino(), after.ino(), "replaced by rename");
+        assert_eq!(after.mode() & 0o7777, 0o640);
+        assert_eq!((after.uid(), after.gid()), (before.uid(), before.gid()));
+        assert_eq!(KeysFile::load(&path).unwrap().keys.len(), 2);
+    }
+
+    #[test]
+    fn rotation_refuses_a_second_successor_and_an_overlap_past_2106() {
+        let dir = tempfile::tempdir().unwrap();
+        let plans = plans(dir.path());
+        let path = dir.path().join("keys.toml");
+        let (a, _) = issue(
+            &path,
+            &plans,
+            "free",
+            None,
+            "pet_test_",
+            &KeyRecordOptions::default(),
+        )
+        .unwrap();
+        assert!(matches!(
+            rotate(&path, &a.id, u64::MAX / 2, "pet_test_"),
+            Err(KeysError::Invalid { .. })
+        ));
+        KeysFile::load(&path).expect("nothing unloadable was written");
+        let (_, b, _) = rotate(&path, &a.id, 60, "pet_test_").unwrap();
+        assert_eq!(b.quota_of.as_deref(), Some(a.id.as_str()));
+        assert!(matches!(
+            rotate(&path, &a.id, 60, "pet_test_"),
+            Err(KeysError::AlreadyRotated(..))
+        ));
+        let (_, c, _) = rotate(&path, &b.id, 60, "pet_test_").unwrap();
+        assert_eq!(
+            c.quota_of.as_deref(),
+            Some(a.id.as_str()),
+            "one quota down the chain"
+        );
+    }
+
+    #[test]
+    fn unknown_plans_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let plans = plans(dir.path());
+        let err = issue(
+            &dir.path().join("keys.toml"),
+            &plans,
+            "gold",
+            None,
+            "pet_test_",
+            &KeyRecordOptions::default(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("gold"), "{err}");
+        assert!(!dir.path().join("keys.toml").exists());
+    }
+}

@@ -1,0 +1,14 @@
+//! The operations wing: what runs the gateway and what operators use. It may import every other
+//! wing; none imports it.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`server`] | assembling and running it all: proxy, admin listener, reloader, store probe |
+//! | [`admin`] | the admin listener |
+//! | [`cli`] | the command line (a stable contract operators script against) |
+//! | [`commands`] | what each command does |
+
+pub mod admin;
+pub mod cli;
+pub mod commands;
+pub mod server;

@@ -1,0 +1,17 @@
+//! The quota wing: deciding whether an authenticated request may go, and where counts live. It
+//! may import [`crate::keys`] (a key's limits) and [`crate::base`]; only the HTTP and operations
+//! wings import it.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`rules`] | the window, strike and ban arithmetic; the rate-limit header numbers |
+//! | [`store`] | where counts live: the `QuotaStore` trait, memory, Redis, group commit, scripts |
+//! | [`resilience`] | circuit breaker, per-node fallback limiter, ban cache |
+//! | [`admission`] | ban cache → breaker → store → `on_store_error`: one [`admission::Decision`] |
+//! | [`unauth`] | the per-client limit on requests without a valid key (IPv6 /64, trusted proxies) |
+
+pub mod admission;
+pub mod resilience;
+pub mod rules;
+pub mod store;
+pub mod unauth;
