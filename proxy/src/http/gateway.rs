@@ -1,9 +1,10 @@
 //! The pingora phases and nothing else, following pingora's own examples: every decision in
-//! `request_filter` (the work itself in `request`, `auth`, `admission`), headers on the way in
+//! `request_filter` (the steps of `pipeline`, the work in `request`, `auth`, `admission`),
+//! headers on the way in
 //! (`upstream_request_filter`) and out (`response_filter`), error bodies in `fail_to_proxy`
 //! (`responses`), metrics and the access log in `logging`.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,112 +14,70 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, Result};
 
-use crate::base::clock::unix_now;
 use crate::base::metrics::METRICS;
-use crate::config::Config;
-use crate::http::auth::{bearer_token, AuthFailure};
+use crate::http::auth::AuthFailure;
+use crate::http::context::Ctx;
 use crate::http::metric_handles;
+use crate::http::pipeline::{Pipeline, Stop};
 use crate::http::quota_status::QuotaStatus;
-use crate::http::request::{read_h2_body, refuse_shape, request_id};
 use crate::http::responses::{insert_rate_headers, refuse, RateHeaders, Refusal};
-use crate::http::routes::Route;
-use crate::http::trace::TraceContext;
 use crate::http::upstreams::Upstreams;
 use crate::keys::catalog::Catalog;
-use crate::keys::format;
-use crate::keys::index::KeyInfo;
-use crate::quota::admission::{Admission, Outcome};
+use crate::quota::admission::{Admission, OnStoreError};
 use crate::quota::resilience::Resilience;
-use crate::quota::rules::RateView;
+use crate::quota::rules::BanPolicy;
 use crate::quota::store::QuotaStore;
-use crate::quota::unauth::{UnauthDecision, UnauthLimiter};
+use crate::quota::unauth::UnauthLimiter;
 
-/// Per-request state, carried from phase to phase.
-pub struct Ctx {
-    started: Instant,
-    request_id: String,
-    /// This request's place in its W3C trace (joined or started in `request_filter`).
-    trace: Option<TraceContext>,
-    route: Route,
-    key: Option<KeyInfo>,
-    rate: Option<RateView>,
-    auth_failure: Option<AuthFailure>,
-    store_time: Option<Duration>,
-    store_degraded: bool,
-    upstream: Option<SocketAddr>,
-    upstream_tries: usize,
-    upstream_started: Option<Instant>,
-    upstream_time: Option<Duration>,
+/// What the request path takes from the config; the assembly (`ops::server`) fills it in.
+pub struct Settings {
+    pub environment: String,
+    pub upstreams: Vec<SocketAddr>,
+    pub upstream_connect_timeout: Duration,
+    pub upstream_read_timeout: Duration,
+    pub client_read_timeout: Duration,
+    pub api_key_prefix: String,
+    pub on_store_error: OnStoreError,
+    pub ban: BanPolicy,
 }
 
 pub struct Gateway {
     env: String,
-    catalog: Arc<Catalog>,
-    admission: Admission,
-    unauth: Arc<UnauthLimiter>,
+    pipeline: Pipeline,
     upstreams: Upstreams,
     connect_timeout: Duration,
     read_timeout: Duration,
-    client_read_timeout: Duration,
-    api_key_prefix: String,
-    /// `GET /v1/rate_limit`, answered here.
-    quota_status: Arc<QuotaStatus>,
 }
 
 impl Gateway {
     pub fn new(
-        config: &Config,
+        settings: Settings,
         catalog: Arc<Catalog>,
         store: Arc<dyn QuotaStore>,
         unauth: Arc<UnauthLimiter>,
         resilience: Resilience,
     ) -> Gateway {
+        let quota_status = Arc::new(QuotaStatus::new(Arc::clone(&store), resilience.clone()));
+        let admission = Admission::new(store, resilience, settings.on_store_error, settings.ban);
         Gateway {
-            env: config.environment.clone(),
-            catalog,
-            quota_status: Arc::new(QuotaStatus::new(Arc::clone(&store), resilience.clone())),
-            admission: Admission::new(store, resilience, config.on_store_error, config.ban.clone()),
-            unauth,
-            upstreams: Upstreams::new(config.upstreams.clone()),
-            connect_timeout: config.upstream_connect_timeout,
-            read_timeout: config.upstream_read_timeout,
-            client_read_timeout: config.client_read_timeout,
-            api_key_prefix: config.api_key_prefix.clone(),
+            env: settings.environment,
+            pipeline: Pipeline {
+                catalog,
+                admission,
+                unauth,
+                quota_status,
+                api_key_prefix: settings.api_key_prefix,
+                client_read_timeout: settings.client_read_timeout,
+            },
+            upstreams: Upstreams::new(settings.upstreams),
+            connect_timeout: settings.upstream_connect_timeout,
+            read_timeout: settings.upstream_read_timeout,
         }
     }
 
     /// The `GET /v1/rate_limit` answerer, for the reloader to sweep.
     pub fn quota_status(&self) -> Arc<QuotaStatus> {
-        Arc::clone(&self.quota_status)
-    }
-
-    /// 401, or 429 once the client's address has sent too many requests without a valid key.
-    async fn refuse_unauthenticated(&self, session: &mut Session, ctx: &mut Ctx, why: AuthFailure) {
-        ctx.auth_failure = Some(why);
-        METRICS
-            .auth_failures
-            .with_label_values(&[why.as_str()])
-            .inc();
-        let peer = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map(SocketAddr::ip)
-            .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-        let forwarded: Vec<&[u8]> = session
-            .req_header()
-            .headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .map(|v| v.as_bytes())
-            .collect();
-        let client = self.unauth.client(peer, &forwarded);
-        let refusal = match self.unauth.check(client, unix_now()) {
-            UnauthDecision::Allowed(limit) => Refusal::unauthorized(why.message(), limit),
-            UnauthDecision::Refused { limit, retry_after } => {
-                Refusal::unauthenticated_flood(limit, retry_after)
-            }
-        };
-        refuse(session, &ctx.request_id, refusal).await;
+        Arc::clone(&self.pipeline.quota_status)
     }
 }
 
@@ -127,133 +86,20 @@ impl ProxyHttp for Gateway {
     type CTX = Ctx;
 
     fn new_ctx(&self) -> Ctx {
-        Ctx {
-            started: Instant::now(),
-            request_id: String::new(),
-            trace: None,
-            route: Route::Other,
-            key: None,
-            rate: None,
-            auth_failure: None,
-            store_time: None,
-            store_degraded: false,
-            upstream: None,
-            upstream_tries: 0,
-            upstream_started: None,
-            upstream_time: None,
-        }
+        Ctx::new()
     }
 
+    /// Every decision, as the pipeline's steps; a refusal is written here, the one exit.
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
-        // A client that stalls while sending its body is cut off, not waited on.
-        session.set_read_timeout(Some(self.client_read_timeout));
-        let req = session.req_header();
-        ctx.request_id = request_id(req);
-        ctx.trace = Some(TraceContext::from_header(
-            req.headers.get("traceparent").map(|v| v.as_bytes()),
-        ));
-        ctx.route = Route::of(&req.method, req.uri.path());
-        if let Some((status, message)) = refuse_shape(req) {
-            refuse(
-                session,
-                &ctx.request_id,
-                Refusal::bad_shape(status, message),
-            )
-            .await;
-            return Ok(true);
-        }
-        // A token shaped like one of our keys must carry a valid checksum: a typo or a made-up
-        // key is refused as malformed before it is hashed or looked up.
-        let token = bearer_token(
-            req.headers
-                .get_all("authorization")
-                .iter()
-                .map(|v| v.as_bytes()),
-        )
-        .and_then(|t| {
-            if format::plausible(t, &self.api_key_prefix) {
-                Ok(t)
-            } else {
-                Err(AuthFailure::Checksum)
+        match self.pipeline.run(session, ctx).await {
+            Ok(()) => Ok(false),
+            Err(Stop::Answered) => Ok(true),
+            Err(Stop::Refuse(refusal)) => {
+                refuse(session, &ctx.request_id, refusal).await;
+                Ok(true)
             }
-        });
-
-        // Read what this request needs from the current keys and plans, then let go of the
-        // snapshot before awaiting anything.
-        let found = {
-            let snapshot = self.catalog.snapshot();
-            token.and_then(|t| {
-                let key = snapshot.keys.lookup(t).ok_or(AuthFailure::Unknown)?;
-                if key.expired(unix_now()) {
-                    return Err(AuthFailure::Expired);
-                }
-                let limits = snapshot.plans.get(&key.plan).map(|p| key.limits(p.limits));
-                Ok((key.clone(), limits))
-            })
-        };
-        let (key, limits) = match found {
-            Ok(found) => found,
-            Err(why) => {
-                self.refuse_unauthenticated(session, ctx, why).await;
-                return Ok(true);
-            }
-        };
-        ctx.key = Some(key.clone());
-        // Only the versioned API is forwarded: the backend's operational endpoints (such as its
-        // /metrics) are not for API clients.
-        if !session.req_header().uri.path().starts_with("/v1/") {
-            refuse(session, &ctx.request_id, Refusal::not_found()).await;
-            return Ok(true);
+            Err(Stop::Failed(e)) => Err(e),
         }
-        let Some(limits) = limits else {
-            tracing::error!(key_id = %key.id, plan = %key.plan, "key's plan is missing");
-            refuse(session, &ctx.request_id, Refusal::plan_missing()).await;
-            return Ok(true);
-        };
-        // Where the quota stands, without spending any of it.
-        if ctx.route == Route::RateLimit {
-            ctx.rate = self
-                .quota_status
-                .answer(session, &ctx.request_id, &key, limits)
-                .await;
-            return Ok(true);
-        }
-        if session.req_header().uri.path() == "/v1/rate_limit" {
-            refuse(session, &ctx.request_id, Refusal::get_only()).await;
-            return Ok(true);
-        }
-
-        let decision = self.admission.decide(&key, limits).await;
-        ctx.store_time = decision.store_time;
-        ctx.store_degraded = decision.degraded;
-        ctx.rate = decision.view;
-        let plan = &*key.plan;
-        if decision.ban_started {
-            METRICS.bans.with_label_values(&[plan]).inc();
-        }
-        let refusal = match (decision.outcome, ctx.rate.as_ref()) {
-            (Outcome::Admitted, _) => {
-                return match read_h2_body(session, self.client_read_timeout).await? {
-                    Ok(()) => Ok(false),
-                    Err(why) => {
-                        let refusal = Refusal::unread_body(why, ctx.rate.as_ref());
-                        refuse(session, &ctx.request_id, refusal).await;
-                        Ok(true)
-                    }
-                };
-            }
-            (Outcome::Limited, Some(view)) => Refusal::rate_limited(view),
-            (Outcome::Banned, Some(view)) => Refusal::banned(view),
-            (Outcome::StoreUnavailable, _) | (_, None) => Refusal::store_unavailable(),
-        };
-        if let RateHeaders::Plan(view) = refusal.rate {
-            METRICS
-                .rate_limited
-                .with_label_values(&[plan, view.binding.as_str()])
-                .inc();
-        }
-        refuse(session, &ctx.request_id, refusal).await;
-        Ok(true)
     }
 
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
@@ -323,7 +169,7 @@ impl ProxyHttp for Gateway {
     ) -> Result<()> {
         ctx.upstream_time = ctx.upstream_started.map(|t| t.elapsed());
         if let Some(view) = &ctx.rate {
-            insert_rate_headers(upstream_response, RateHeaders::Plan(view));
+            insert_rate_headers(upstream_response, RateHeaders::Plan(*view));
         }
         upstream_response.insert_header("x-request-id", &ctx.request_id)?;
         Ok(())

@@ -4,6 +4,8 @@
 //! | module | owns |
 //! |---|---|
 //! | [`gateway`] | the pingora phases, each thin |
+//! | [`pipeline`] | the request path as ordered steps: continue, a refusal, or an answer |
+//! | [`context`] | a request's state from phase to phase |
 //! | [`request`] | a request's shape limits, its request id, an HTTP/2 body under a deadline |
 //! | [`head_deadline`] | the deadline on a whole HTTP/1.x request head (slow clients) |
 //! | [`routes`] | the operation a request is for (the route label) |
@@ -16,9 +18,11 @@
 //! | [`trace`] | W3C trace context: join or start a trace, the gateway's span |
 
 pub mod auth;
+pub mod context;
 pub mod gateway;
 pub mod head_deadline;
 pub mod metric_handles;
+pub mod pipeline;
 pub mod quota_status;
 pub mod request;
 pub mod responses;

@@ -170,7 +170,7 @@ impl QuotaStatus {
             return None;
         };
         let (body, view) = status(&key.plan, limits, &usage);
-        let head = json_head(200, body.len(), request_id, RateHeaders::Plan(&view));
+        let head = json_head(200, body.len(), request_id, RateHeaders::Plan(view));
         if let Err(e) = session.write_response_header(Box::new(head), false).await {
             tracing::debug!(error = %e, "client went away before the response head");
         } else if let Err(e) = session.write_response_body(Some(body), true).await {

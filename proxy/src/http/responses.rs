@@ -65,13 +65,14 @@ pub fn error_body(status: u16, code: ErrorCode, message: &str) -> Bytes {
 
 /// Which rate-limit headers a response carries.
 #[derive(Debug, Clone, Copy)]
-pub enum RateHeaders<'a> {
-    Plan(&'a RateView),
+pub enum RateHeaders {
+    /// By value: a refusal carries it out of the request's context (it is `Copy`, and small).
+    Plan(RateView),
     Simple(SimpleLimit),
     None,
 }
 
-pub fn insert_rate_headers(resp: &mut ResponseHeader, rate: RateHeaders<'_>) {
+pub fn insert_rate_headers(resp: &mut ResponseHeader, rate: RateHeaders) {
     let (limit, remaining, reset) = match rate {
         RateHeaders::Plan(v) => {
             let _ = resp.insert_header("ratelimit-policy", v.policy_header());
@@ -92,7 +93,7 @@ pub fn json_head(
     status: u16,
     body_len: usize,
     request_id: &str,
-    rate: RateHeaders<'_>,
+    rate: RateHeaders,
 ) -> ResponseHeader {
     let mut resp = match ResponseHeader::build(status, Some(10)) {
         Ok(r) => r,
@@ -110,11 +111,11 @@ pub fn json_head(
 
 /// A response the gateway answers itself instead of forwarding.
 #[derive(Debug, Clone, Copy)]
-pub struct Refusal<'a> {
+pub struct Refusal {
     pub status: u16,
     pub code: ErrorCode,
     pub message: &'static str,
-    pub rate: RateHeaders<'a>,
+    pub rate: RateHeaders,
     /// Whole seconds for `Retry-After`.
     pub retry_after: Option<u64>,
     pub extra_headers: &'static [(&'static str, &'static str)],
@@ -123,8 +124,8 @@ pub struct Refusal<'a> {
     pub close: bool,
 }
 
-impl<'a> Refusal<'a> {
-    fn new(status: u16, code: ErrorCode, message: &'static str) -> Refusal<'a> {
+impl Refusal {
+    fn new(status: u16, code: ErrorCode, message: &'static str) -> Refusal {
         Refusal {
             status,
             code,
@@ -137,7 +138,7 @@ impl<'a> Refusal<'a> {
     }
 
     /// A request refused for its shape (oversized headers, smuggling-prone framing).
-    pub fn bad_shape(status: u16, message: &'static str) -> Refusal<'a> {
+    pub fn bad_shape(status: u16, message: &'static str) -> Refusal {
         Refusal {
             close: true,
             ..Refusal::new(status, ErrorCode::InvalidRequest, message)
@@ -146,10 +147,7 @@ impl<'a> Refusal<'a> {
 
     /// An HTTP/2 request body that stalled (408) or was too large (413); the request was
     /// admitted, so its rate-limit headers go with it. The connection's other streams go on.
-    pub fn unread_body(
-        why: crate::http::request::BodyRefusal,
-        rate: Option<&'a RateView>,
-    ) -> Refusal<'a> {
+    pub fn unread_body(why: crate::http::request::BodyRefusal, rate: Option<&RateView>) -> Refusal {
         let (status, code, message) = match why {
             crate::http::request::BodyRefusal::Stalled => (
                 408,
@@ -163,13 +161,13 @@ impl<'a> Refusal<'a> {
             ),
         };
         Refusal {
-            rate: rate.map_or(RateHeaders::None, RateHeaders::Plan),
+            rate: rate.map_or(RateHeaders::None, |v| RateHeaders::Plan(*v)),
             ..Refusal::new(status, code, message)
         }
     }
 
     /// 401 for a missing, malformed, unknown or revoked key; reports the per-IP limit.
-    pub fn unauthorized(message: &'static str, limit: SimpleLimit) -> Refusal<'a> {
+    pub fn unauthorized(message: &'static str, limit: SimpleLimit) -> Refusal {
         Refusal {
             rate: RateHeaders::Simple(limit),
             extra_headers: &[("www-authenticate", "Bearer")],
@@ -179,7 +177,7 @@ impl<'a> Refusal<'a> {
 
     /// 429 for a key asking `GET /v1/rate_limit` more often than that endpoint allows; its
     /// headers are that endpoint's own limit, not the plan's.
-    pub fn quota_status_limited(limit: SimpleLimit, retry_after: u64) -> Refusal<'a> {
+    pub fn quota_status_limited(limit: SimpleLimit, retry_after: u64) -> Refusal {
         Refusal::limited_apart(
             limit,
             retry_after,
@@ -189,7 +187,7 @@ impl<'a> Refusal<'a> {
     }
 
     /// 429 for an address that sent too many requests without a valid key.
-    pub fn unauthenticated_flood(limit: SimpleLimit, retry_after: u64) -> Refusal<'a> {
+    pub fn unauthenticated_flood(limit: SimpleLimit, retry_after: u64) -> Refusal {
         Refusal::limited_apart(
             limit,
             retry_after,
@@ -198,7 +196,7 @@ impl<'a> Refusal<'a> {
     }
 
     /// 429 `rate_limited` under a limit of its own, not a plan's: its headers are that limit.
-    fn limited_apart(limit: SimpleLimit, retry_after: u64, message: &'static str) -> Refusal<'a> {
+    fn limited_apart(limit: SimpleLimit, retry_after: u64, message: &'static str) -> Refusal {
         Refusal {
             rate: RateHeaders::Simple(limit),
             retry_after: Some(retry_after),
@@ -208,7 +206,7 @@ impl<'a> Refusal<'a> {
 
     /// 404 for anything outside the versioned API (the backend's own endpoints included).
     /// 405 for a method other than GET on an endpoint the gateway answers itself.
-    pub fn get_only() -> Refusal<'a> {
+    pub fn get_only() -> Refusal {
         Refusal {
             extra_headers: &[("allow", "GET")],
             ..Refusal::new(
@@ -219,17 +217,17 @@ impl<'a> Refusal<'a> {
         }
     }
 
-    pub fn not_found() -> Refusal<'a> {
+    pub fn not_found() -> Refusal {
         Refusal::new(404, ErrorCode::NotFound, "no such resource")
     }
 
     /// 500 for a key whose plan is missing: reloads refuse such keys, so this is a bug.
-    pub fn plan_missing() -> Refusal<'a> {
+    pub fn plan_missing() -> Refusal {
         Refusal::new(500, ErrorCode::Internal, "the key's plan is not configured")
     }
 
     /// 503 when the store fails and `on_store_error = "closed"`.
-    pub fn store_unavailable() -> Refusal<'a> {
+    pub fn store_unavailable() -> Refusal {
         Refusal {
             retry_after: Some(1),
             ..Refusal::new(
@@ -241,9 +239,9 @@ impl<'a> Refusal<'a> {
     }
 
     /// 429 `rate_limited`: a window of the key's plan is full.
-    pub fn rate_limited(view: &'a RateView) -> Refusal<'a> {
+    pub fn rate_limited(view: &RateView) -> Refusal {
         Refusal {
-            rate: RateHeaders::Plan(view),
+            rate: RateHeaders::Plan(*view),
             retry_after: Some(view.retry_after.unwrap_or(1)),
             ..Refusal::new(
                 429,
@@ -254,9 +252,9 @@ impl<'a> Refusal<'a> {
     }
 
     /// 429 `api_key_banned`.
-    pub fn banned(view: &'a RateView) -> Refusal<'a> {
+    pub fn banned(view: &RateView) -> Refusal {
         Refusal {
-            rate: RateHeaders::Plan(view),
+            rate: RateHeaders::Plan(*view),
             retry_after: Some(view.retry_after.unwrap_or(1)),
             ..Refusal::new(
                 429,
@@ -268,7 +266,7 @@ impl<'a> Refusal<'a> {
 
     /// What a failed proxy attempt tells the client; `None` when the client itself went away
     /// and there is nobody to tell.
-    pub fn for_proxy_error(e: &Error, rate: Option<&'a RateView>) -> Option<Refusal<'a>> {
+    pub fn for_proxy_error(e: &Error, rate: Option<&RateView>) -> Option<Refusal> {
         use ErrorType::*;
         let (status, code, message) = match (e.esource(), e.etype()) {
             (_, HTTPStatus(status)) if *status >= 400 && *status < 500 => (
@@ -304,7 +302,7 @@ impl<'a> Refusal<'a> {
             ),
         };
         Some(Refusal {
-            rate: rate.map_or(RateHeaders::None, RateHeaders::Plan),
+            rate: rate.map_or(RateHeaders::None, |v| RateHeaders::Plan(*v)),
             // Pingora closes the client connection after a failed proxy attempt; say so in
             // the response, or a client would reuse the connection and lose its next request.
             close: true,
@@ -315,7 +313,7 @@ impl<'a> Refusal<'a> {
 
 /// Writes `refusal` as the whole response. A client that went away meanwhile is not an error
 /// worth more than a debug line.
-pub async fn refuse(session: &mut Session, request_id: &str, refusal: Refusal<'_>) {
+pub async fn refuse(session: &mut Session, request_id: &str, refusal: Refusal) {
     if refusal.close {
         session.set_keepalive(None);
     }

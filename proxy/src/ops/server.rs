@@ -14,7 +14,7 @@ use pingora::services::listening::Service;
 
 use crate::base::metrics::METRICS;
 use crate::config::Config;
-use crate::http::gateway::Gateway;
+use crate::http::gateway::{self, Gateway};
 use crate::http::head_deadline::HeadDeadline;
 use crate::http::tls::{CertResolver, TlsError};
 use crate::keys::catalog::{Catalog, CatalogError};
@@ -167,7 +167,7 @@ pub fn run(
 
     let resilience = Resilience::default();
     let gateway = Gateway::new(
-        &config,
+        gateway_settings(&config),
         Arc::clone(&catalog),
         store,
         Arc::clone(&unauth),
@@ -379,5 +379,19 @@ impl BackgroundService for RegistrySync {
         let _ = shutdown.changed().await;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = worker.await;
+    }
+}
+
+/// What the request path takes from the config.
+fn gateway_settings(config: &Config) -> gateway::Settings {
+    gateway::Settings {
+        environment: config.environment.clone(),
+        upstreams: config.upstreams.clone(),
+        upstream_connect_timeout: config.upstream_connect_timeout,
+        upstream_read_timeout: config.upstream_read_timeout,
+        client_read_timeout: config.client_read_timeout,
+        api_key_prefix: config.api_key_prefix.clone(),
+        on_store_error: config.on_store_error,
+        ban: config.ban.clone(),
     }
 }

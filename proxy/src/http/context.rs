@@ -1,0 +1,58 @@
+//! A request's state, carried from phase to phase and from step to step: what the request path
+//! learned (its id, trace, route, key, limits) and what the access log and metrics report.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use crate::http::auth::AuthFailure;
+use crate::http::routes::Route;
+use crate::http::trace::TraceContext;
+use crate::keys::index::KeyInfo;
+use crate::keys::plans::Limits;
+use crate::quota::rules::RateView;
+
+pub struct Ctx {
+    pub started: Instant,
+    pub request_id: String,
+    /// This request's place in its W3C trace (joined or started by the first step).
+    pub trace: Option<TraceContext>,
+    pub route: Route,
+    pub key: Option<KeyInfo>,
+    /// The key's limits in force: its own, else its plan's; `None` while its plan is missing.
+    pub limits: Option<Limits>,
+    pub rate: Option<RateView>,
+    pub auth_failure: Option<AuthFailure>,
+    pub store_time: Option<Duration>,
+    pub store_degraded: bool,
+    pub upstream: Option<SocketAddr>,
+    pub upstream_tries: usize,
+    pub upstream_started: Option<Instant>,
+    pub upstream_time: Option<Duration>,
+}
+
+impl Ctx {
+    pub fn new() -> Ctx {
+        Ctx {
+            started: Instant::now(),
+            request_id: String::new(),
+            trace: None,
+            route: Route::Other,
+            key: None,
+            limits: None,
+            rate: None,
+            auth_failure: None,
+            store_time: None,
+            store_degraded: false,
+            upstream: None,
+            upstream_tries: 0,
+            upstream_started: None,
+            upstream_time: None,
+        }
+    }
+}
+
+impl Default for Ctx {
+    fn default() -> Ctx {
+        Ctx::new()
+    }
+}

@@ -1,0 +1,241 @@
+//! The request path as an ordered list of steps: shape, key, versioned API, plan, the quota
+//! status endpoint, admission, body. Each step returns `Ok(())` to go on, or stops the request
+//! with a [`Refusal`] (written by the one exit, [`Pipeline::run`]'s caller), an answer the step
+//! wrote itself ([`Stop::Answered`], `GET /v1/rate_limit`), or pingora's error. A new refusal
+//! reason is one step (or one line in a step) and one constructor in `responses`.
+//!
+//! The steps are plain methods called in order, not boxed trait objects: the list costs
+//! nothing per request.
+
+// See `Step`: its large `Err` is moved, never boxed, on purpose.
+#![allow(clippy::result_large_err)]
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use pingora::proxy::Session;
+use pingora::Error;
+
+use crate::base::clock::unix_now;
+use crate::base::metrics::METRICS;
+use crate::http::auth::{bearer_token, AuthFailure};
+use crate::http::context::Ctx;
+use crate::http::quota_status::QuotaStatus;
+use crate::http::request::{read_h2_body, refuse_shape, request_id};
+use crate::http::responses::{RateHeaders, Refusal};
+use crate::http::routes::Route;
+use crate::http::trace::TraceContext;
+use crate::keys::catalog::Catalog;
+use crate::keys::format;
+use crate::quota::admission::{Admission, Outcome};
+use crate::quota::unauth::{UnauthDecision, UnauthLimiter};
+
+/// Why the request path stopped before forwarding.
+pub enum Stop {
+    /// Answer with this Error response; nothing is forwarded.
+    Refuse(Refusal),
+    /// The gateway has written the whole answer itself.
+    Answered,
+    /// pingora failed (the client went away mid-body, say).
+    Failed(Box<Error>),
+}
+
+/// What one step decides: `Ok(())` goes on to the next step. The `Err` is large (a refusal
+/// carries its rate-limit numbers) but moves once per stopped request; boxing it would
+/// allocate on every refusal, the path a flood of 429s takes.
+pub type Step = Result<(), Stop>;
+
+/// What the steps need: the keys and plans in force, the quota decision, the limit on
+/// unauthenticated clients and the quota status endpoint.
+pub struct Pipeline {
+    pub catalog: Arc<Catalog>,
+    pub admission: Admission,
+    pub unauth: Arc<UnauthLimiter>,
+    pub quota_status: Arc<QuotaStatus>,
+    pub api_key_prefix: String,
+    pub client_read_timeout: Duration,
+}
+
+impl Pipeline {
+    /// The steps, in order.
+    pub async fn run(&self, session: &mut Session, ctx: &mut Ctx) -> Step {
+        self.begin(session, ctx);
+        shape(session)?;
+        self.authenticate(session, ctx)?;
+        versioned_only(session)?;
+        plan_in_force(ctx)?;
+        self.quota_status(session, ctx).await?;
+        self.admit(ctx).await?;
+        self.body(session, ctx).await
+    }
+
+    /// Names the request (id, trace, route); never stops it.
+    fn begin(&self, session: &mut Session, ctx: &mut Ctx) {
+        // A client that stalls while sending its body is cut off, not waited on.
+        session.set_read_timeout(Some(self.client_read_timeout));
+        let req = session.req_header();
+        ctx.request_id = request_id(req);
+        ctx.trace = Some(TraceContext::from_header(
+            req.headers.get("traceparent").map(|v| v.as_bytes()),
+        ));
+        ctx.route = Route::of(&req.method, req.uri.path());
+    }
+
+    /// The bearer token, its checksum, the key it names and the key's expiry; the key and its
+    /// limits go into `ctx`. 401 (or 429 for a flood from one client) otherwise.
+    fn authenticate(&self, session: &Session, ctx: &mut Ctx) -> Step {
+        let req = session.req_header();
+        // A token shaped like one of our keys must carry a valid checksum: a typo or a made-up
+        // key is refused as malformed before it is hashed or looked up.
+        let token = bearer_token(
+            req.headers
+                .get_all("authorization")
+                .iter()
+                .map(|v| v.as_bytes()),
+        )
+        .and_then(|t| {
+            if format::plausible(t, &self.api_key_prefix) {
+                Ok(t)
+            } else {
+                Err(AuthFailure::Checksum)
+            }
+        });
+        // Read what this request needs from the current keys and plans, then let go of the
+        // snapshot before awaiting anything.
+        let found = {
+            let snapshot = self.catalog.snapshot();
+            token.and_then(|t| {
+                let key = snapshot.keys.lookup(t).ok_or(AuthFailure::Unknown)?;
+                if key.expired(unix_now()) {
+                    return Err(AuthFailure::Expired);
+                }
+                let limits = snapshot.plans.get(&key.plan).map(|p| key.limits(p.limits));
+                Ok((key.clone(), limits))
+            })
+        };
+        match found {
+            Ok((key, limits)) => {
+                ctx.key = Some(key);
+                ctx.limits = limits;
+                Ok(())
+            }
+            Err(why) => Err(Stop::Refuse(self.unauthenticated(session, ctx, why))),
+        }
+    }
+
+    /// 401, or 429 once the client's address has sent too many requests without a valid key.
+    fn unauthenticated(&self, session: &Session, ctx: &mut Ctx, why: AuthFailure) -> Refusal {
+        ctx.auth_failure = Some(why);
+        METRICS
+            .auth_failures
+            .with_label_values(&[why.as_str()])
+            .inc();
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(SocketAddr::ip)
+            .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        let forwarded: Vec<&[u8]> = session
+            .req_header()
+            .headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect();
+        let client = self.unauth.client(peer, &forwarded);
+        match self.unauth.check(client, unix_now()) {
+            UnauthDecision::Allowed(limit) => Refusal::unauthorized(why.message(), limit),
+            UnauthDecision::Refused { limit, retry_after } => {
+                Refusal::unauthenticated_flood(limit, retry_after)
+            }
+        }
+    }
+
+    /// `GET /v1/rate_limit`: where the key's quota stands, answered here without spending any
+    /// of it; any other method there is 405.
+    async fn quota_status(&self, session: &mut Session, ctx: &mut Ctx) -> Step {
+        let (Some(key), Some(limits)) = (&ctx.key, ctx.limits) else {
+            return Ok(());
+        };
+        if ctx.route == Route::RateLimit {
+            ctx.rate = self
+                .quota_status
+                .answer(session, &ctx.request_id, key, limits)
+                .await;
+            return Err(Stop::Answered);
+        }
+        if session.req_header().uri.path() == "/v1/rate_limit" {
+            return Err(Stop::Refuse(Refusal::get_only()));
+        }
+        Ok(())
+    }
+
+    /// The quota decision: admitted, or 429 (`rate_limited`, `api_key_banned`), or 503 when the
+    /// store failed and `on_store_error = "closed"`.
+    async fn admit(&self, ctx: &mut Ctx) -> Step {
+        let (Some(key), Some(limits)) = (&ctx.key, ctx.limits) else {
+            return Ok(());
+        };
+        let decision = self.admission.decide(key, limits).await;
+        ctx.store_time = decision.store_time;
+        ctx.store_degraded = decision.degraded;
+        ctx.rate = decision.view;
+        let plan = &*key.plan;
+        if decision.ban_started {
+            METRICS.bans.with_label_values(&[plan]).inc();
+        }
+        let refusal = match (decision.outcome, ctx.rate.as_ref()) {
+            (Outcome::Admitted, _) => return Ok(()),
+            (Outcome::Limited, Some(view)) => Refusal::rate_limited(view),
+            (Outcome::Banned, Some(view)) => Refusal::banned(view),
+            (Outcome::StoreUnavailable, _) | (_, None) => Refusal::store_unavailable(),
+        };
+        if let RateHeaders::Plan(view) = refusal.rate {
+            METRICS
+                .rate_limited
+                .with_label_values(&[plan, view.binding.as_str()])
+                .inc();
+        }
+        Err(Stop::Refuse(refusal))
+    }
+
+    /// An admitted HTTP/2 request's body, read whole under the client read timeout (pingora
+    /// applies none to HTTP/2 bodies): 408 when it stalls, 413 when it is too large.
+    async fn body(&self, session: &mut Session, ctx: &Ctx) -> Step {
+        match read_h2_body(session, self.client_read_timeout).await {
+            Err(e) => Err(Stop::Failed(e)),
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(why)) => Err(Stop::Refuse(Refusal::unread_body(why, ctx.rate.as_ref()))),
+        }
+    }
+}
+
+/// Oversized or smuggling-prone requests, refused before anything else is read.
+fn shape(session: &Session) -> Step {
+    match refuse_shape(session.req_header()) {
+        Some((status, message)) => Err(Stop::Refuse(Refusal::bad_shape(status, message))),
+        None => Ok(()),
+    }
+}
+
+/// Only the versioned API is forwarded: the backend's operational endpoints (such as its
+/// /metrics) are not for API clients.
+fn versioned_only(session: &Session) -> Step {
+    if session.req_header().uri.path().starts_with("/v1/") {
+        Ok(())
+    } else {
+        Err(Stop::Refuse(Refusal::not_found()))
+    }
+}
+
+/// A key whose plan is missing: reloads refuse such keys, so this is a bug, logged as one.
+fn plan_in_force(ctx: &Ctx) -> Step {
+    match (&ctx.key, ctx.limits) {
+        (Some(key), None) => {
+            tracing::error!(key_id = %key.id, plan = %key.plan, "key's plan is missing");
+            Err(Stop::Refuse(Refusal::plan_missing()))
+        }
+        _ => Ok(()),
+    }
+}
