@@ -170,6 +170,84 @@ pub fn revoke(store: impl Into<KeyStore>, id: &str) -> Result<KeyRecord, KeysErr
     })
 }
 
+/// The key service: both doors to a key change (the `keys` commands and the admin API) go
+/// through it, so a change and its audit line are the same whichever door it came through.
+#[derive(Clone)]
+pub struct KeyService {
+    pub store: KeyStore,
+    /// What new keys start with.
+    pub api_key_prefix: String,
+    /// Where changes are logged; `None`: standard error.
+    pub audit_log: Option<PathBuf>,
+    /// Who changes keys, for the audit log: the OS user at the command line, `admin` through
+    /// the admin API.
+    pub who: String,
+}
+
+/// A change made, and whether its audit line was written. The change stands either way: the
+/// caller shows what was made (a new key is shown only once) before it reports a failed audit.
+pub struct Changed<T> {
+    pub value: T,
+    pub audit: Result<(), String>,
+}
+
+impl KeyService {
+    pub fn issue(
+        &self,
+        plans: &Plans,
+        plan: &str,
+        name: Option<&str>,
+        own: &KeyRecordOptions,
+    ) -> Result<Changed<(KeyRecord, String)>, KeysError> {
+        let (record, key) = issue(&self.store, plans, plan, name, &self.api_key_prefix, own)?;
+        let audit = self.audit("issue", &record);
+        Ok(Changed {
+            value: (record, key),
+            audit,
+        })
+    }
+
+    /// Returns the old record, the successor and the successor's key.
+    pub fn rotate(
+        &self,
+        id: &str,
+        overlap_secs: u64,
+    ) -> Result<Changed<(KeyRecord, KeyRecord, String)>, KeysError> {
+        let (old, new, key) = rotate(&self.store, id, overlap_secs, &self.api_key_prefix)?;
+        let audit = self.audit("rotate", &old);
+        Ok(Changed {
+            value: (old, new, key),
+            audit,
+        })
+    }
+
+    pub fn revoke(&self, id: &str) -> Result<Changed<KeyRecord>, KeysError> {
+        let record = revoke(&self.store, id)?;
+        let audit = self.audit("revoke", &record);
+        Ok(Changed {
+            value: record,
+            audit,
+        })
+    }
+
+    /// Every key record.
+    pub fn list(&self) -> Result<KeysFile, KeysError> {
+        self.store.load()
+    }
+
+    /// Logs a change of `record` already made (also one made elsewhere, such as a usage reset
+    /// in the quota store); a failure says that the change is done.
+    pub fn audit(&self, action: &str, record: &KeyRecord) -> Result<(), String> {
+        let line = crate::keys::audit::line(action, record, &self.who);
+        crate::keys::audit::write(self.audit_log.as_deref(), &line).map_err(|e| {
+            format!(
+                "{action} of {} is done, but it could not be written to the audit log: {e}",
+                record.id
+            )
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

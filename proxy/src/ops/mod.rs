@@ -4,11 +4,13 @@
 //! | module | owns |
 //! |---|---|
 //! | [`server`] | assembling and running it all: proxy, admin listener, reloader, store probe |
-//! | [`admin`] | the admin listener |
+//! | [`admin`] | the admin listener: a route table, handlers by resource |
+//! | [`admin_client`] | the command line's HTTP client to a running gateway's admin listener |
 //! | [`cli`] | the command line (a stable contract operators script against) |
 //! | [`commands`] | what each command does |
 
 pub mod admin;
+pub mod admin_client;
 pub mod cli;
 pub mod commands;
 pub mod server;

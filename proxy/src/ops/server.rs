@@ -203,10 +203,11 @@ pub fn run(
         upstreams: config.upstreams.clone(),
         store_optional: config.redis_url.is_none() || config.on_store_error != OnStoreError::Closed,
         token: config.admin_token.clone(),
-        key_files: crate::ops::admin::KeyFiles {
+        keys: crate::keys::service::KeyService {
             store: key_store.clone(),
             api_key_prefix: config.api_key_prefix.clone(),
             audit_log: config.audit_log.clone(),
+            who: "admin".to_owned(),
         },
         registry: registry_state.clone(),
     };

@@ -1,0 +1,298 @@
+//! The key endpoints: list, issue, show, reset usage, rotate and revoke. Changes go through the
+//! key service (the same one the `keys` commands use), are audited as `admin`, and are in force
+//! on this node when the answer goes out.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Response;
+use serde::Deserialize;
+
+use super::reply::{error, json_response};
+use super::Admin;
+use crate::base::clock::rfc3339;
+use crate::http::responses::ErrorCode;
+use crate::keys::index::KeyInfo;
+use crate::keys::record::KeysError;
+use crate::keys::service::{Changed, KeyService};
+
+/// `POST /keys`: the key's settings; anything else, or a wrong type, is a 400.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IssueBody {
+    plan: String,
+    name: Option<String>,
+    expires_in: Option<String>,
+    expires_at: Option<String>,
+    per_minute: Option<u64>,
+    per_day: Option<u64>,
+}
+
+/// `POST /keys/{id}/rotate`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RotateBody {
+    overlap: Option<String>,
+}
+
+impl Admin {
+    /// `GET /keys`: every key of the keys file in force, with its status (never the key).
+    pub(super) async fn list_keys(&self) -> Response<Vec<u8>> {
+        let keys = self.keys.clone();
+        let file = match tokio::task::spawn_blocking(move || keys.list()).await {
+            Ok(Ok(file)) => file,
+            Ok(Err(e)) => return error(500, ErrorCode::Internal, &e.to_string()),
+            Err(e) => return error(500, ErrorCode::Internal, &e.to_string()),
+        };
+        let bans = self.bans().await.ok();
+        let now = crate::base::clock::unix_now();
+        let list: Vec<serde_json::Value> = file
+            .keys
+            .iter()
+            .map(|k| {
+                let ban = bans
+                    .as_ref()
+                    .and_then(|b| b.bans.iter().find(|b| b.key_id == k.id))
+                    .map(|b| b.until_utc.as_str());
+                k.to_json(&k.status(ban, now), bans.is_some())
+            })
+            .collect();
+        json_response(200, serde_json::Value::Array(list).to_string().into_bytes())
+    }
+
+    /// Runs a change of the keys file off the runtime, logs it in the audit log (as `admin`),
+    /// and reloads, so the change is in force when the answer goes out.
+    async fn change_keys<T: Send + 'static>(
+        &self,
+        action: &'static str,
+        change: impl FnOnce(&KeyService) -> Result<Changed<T>, KeysError> + Send + 'static,
+    ) -> Result<T, Response<Vec<u8>>> {
+        let keys = self.keys.clone();
+        let catalog = Arc::clone(&self.catalog);
+        let done = tokio::task::spawn_blocking(move || {
+            let changed = change(&keys)?;
+            if let Err(e) = changed.audit {
+                tracing::error!(error = %e, action, "audit log not written");
+            }
+            catalog.reload(false);
+            Ok::<T, KeysError>(changed.value)
+        })
+        .await;
+        match done {
+            Ok(Ok(out)) => Ok(out),
+            Ok(Err(e @ KeysError::NoSuchKey(_))) => {
+                Err(error(404, ErrorCode::NotFound, &e.to_string()))
+            }
+            Ok(Err(e @ (KeysError::UnknownPlan { .. } | KeysError::NotActive(_)))) => {
+                Err(error(400, ErrorCode::InvalidRequest, &e.to_string()))
+            }
+            Ok(Err(e)) => Err(error(500, ErrorCode::Internal, &e.to_string())),
+            Err(e) => Err(error(500, ErrorCode::Internal, &e.to_string())),
+        }
+    }
+
+    /// `POST /keys` `{"plan", "name"?, "expires_in"? | "expires_at"?, "per_minute"?,
+    /// "per_day"?}`: 201 with the record and the key, shown only in this answer.
+    pub(super) async fn issue_key(&self, body: serde_json::Value) -> Response<Vec<u8>> {
+        let body: IssueBody = match serde_json::from_value(body) {
+            Ok(b) => b,
+            Err(e) => return error(400, ErrorCode::InvalidRequest, &format!("body: {e}")),
+        };
+        if body.expires_in.is_some() && body.expires_at.is_some() {
+            return error(
+                400,
+                ErrorCode::InvalidRequest,
+                "give expires_in or expires_at, not both",
+            );
+        }
+        let own = crate::keys::record::KeyRecordOptions::checked(
+            body.expires_in.as_deref(),
+            body.expires_at.as_deref(),
+            body.per_minute,
+            body.per_day,
+        );
+        let own = match own {
+            Ok(own) => own,
+            Err(e) => return error(400, ErrorCode::InvalidRequest, &e),
+        };
+        let (plan, name) = (body.plan, body.name);
+        let plans = Arc::clone(&self.catalog.snapshot().plans);
+        let issued = self
+            .change_keys("issue", move |keys| {
+                keys.issue(&plans, &plan, name.as_deref(), &own)
+            })
+            .await;
+        match issued {
+            Ok((record, key)) => {
+                let in_force = self.settle(&record.id, true).await;
+                let mut answer =
+                    record.to_json(&record.status(None, crate::base::clock::unix_now()), false);
+                answer["in_force"] = serde_json::json!(in_force);
+                answer["key"] = serde_json::json!(key);
+                json_response(201, answer.to_string().into_bytes())
+            }
+            Err(refused) => refused,
+        }
+    }
+
+    /// `POST /keys/{id}/revoke`: 200 once this gateway refuses the key.
+    pub(super) async fn revoke_key(&self, id: String) -> Response<Vec<u8>> {
+        let target = id.clone();
+        let revoked = self
+            .change_keys("revoke", move |keys| keys.revoke(&target))
+            .await;
+        match revoked {
+            Ok(record) => {
+                let in_force = self.settle(&id, false).await;
+                let mut answer = record.to_json("revoked", false);
+                answer["in_force"] = serde_json::json!(in_force);
+                if !in_force {
+                    answer["reason"] = self.catalog.state()["keys_refused"].clone();
+                }
+                json_response(
+                    if in_force { 200 } else { 500 },
+                    answer.to_string().into_bytes(),
+                )
+            }
+            Err(refused) => refused,
+        }
+    }
+
+    /// `POST /keys/{id}/rotate` `{"overlap"?: "24h"}`: the successor, with its key shown only
+    /// in this answer.
+    pub(super) async fn rotate_key(
+        &self,
+        id: String,
+        body: serde_json::Value,
+    ) -> Response<Vec<u8>> {
+        let body: RotateBody = match serde_json::from_value(body) {
+            Ok(b) => b,
+            Err(e) => return error(400, ErrorCode::InvalidRequest, &format!("body: {e}")),
+        };
+        let overlap = body.overlap.as_deref().unwrap_or("24h");
+        let overlap = match crate::base::clock::parse_duration(overlap) {
+            Ok(o) => o,
+            Err(e) => return error(400, ErrorCode::InvalidRequest, &format!("overlap: {e}")),
+        };
+        let rotated = self
+            .change_keys("rotate", move |keys| keys.rotate(&id, overlap))
+            .await;
+        match rotated {
+            Ok((old, new, key)) => {
+                self.settle(&new.id, true).await;
+                let now = crate::base::clock::unix_now();
+                let mut successor = new.to_json(&new.status(None, now), false);
+                successor["key"] = serde_json::json!(key);
+                let answer = serde_json::json!({
+                    "old": old.to_json(&old.status(None, now), false),
+                    "new": successor,
+                });
+                json_response(200, answer.to_string().into_bytes())
+            }
+            Err(refused) => refused,
+        }
+    }
+
+    /// `GET /keys/{id}`: the key's plan, limits and usage while this gateway accepts it.
+    pub(super) async fn show_key(&self, id: &str) -> Response<Vec<u8>> {
+        match self.active_key(id) {
+            Some((key, limits)) => {
+                let (usage, usage_error) = match self.store.usage(key.quota_id()).await {
+                    Ok(u) => {
+                        let mut v = serde_json::to_value(u).unwrap_or_default();
+                        // To the minute: when, not a trace of the client's traffic.
+                        v["last_used"] = serde_json::json!(
+                            (u.last_admitted > 0).then(|| rfc3339(u.last_admitted / 60 * 60))
+                        );
+                        if let Some(map) = v.as_object_mut() {
+                            map.remove("last_admitted");
+                        }
+                        (Some(v), None)
+                    }
+                    Err(e) => (None, Some(e.to_string())),
+                };
+                let body = serde_json::json!({
+                    "id": id,
+                    "plan": &*key.plan,
+                    "status": "active",
+                    "quota_id": &**key.quota_id(),
+                    "limits": limits.map(|l| serde_json::json!({
+                        "per_minute": l.per_minute,
+                        "per_day": l.per_day,
+                    })),
+                    "usage": usage,
+                    "usage_error": usage_error,
+                });
+                json_response(200, body.to_string().into_bytes())
+            }
+            None => error(
+                404,
+                ErrorCode::NotFound,
+                "no active key with this id (unknown, revoked or expired)",
+            ),
+        }
+    }
+
+    /// `POST /keys/{id}/reset-usage`: zeroes the key's counts of this minute and day.
+    pub(super) async fn reset_usage(&self, id: &str) -> Response<Vec<u8>> {
+        let Some((key, _)) = self.active_key(id) else {
+            return error(404, ErrorCode::NotFound, "no active key with this id");
+        };
+        match self.store.reset_usage(key.quota_id()).await {
+            Ok(()) => {
+                self.audit_admin("reset-usage", id).await;
+                json_response(
+                    200,
+                    serde_json::json!({ "id": id, "reset": true })
+                        .to_string()
+                        .into_bytes(),
+                )
+            }
+            Err(e) => error(503, ErrorCode::Internal, &format!("quota store: {e}")),
+        }
+    }
+
+    /// Logs a change made without rewriting a record (reset-usage) as `admin`.
+    async fn audit_admin(&self, action: &'static str, id: &str) {
+        let keys = self.keys.clone();
+        let id = id.to_owned();
+        let _ = tokio::task::spawn_blocking(move || {
+            let record = keys.list().ok()?.get(&id).ok()?.clone();
+            if let Err(e) = keys.audit(action, &record) {
+                tracing::error!(error = %e, action, "audit log not written");
+            }
+            Some(())
+        })
+        .await;
+    }
+
+    /// Waits (at most 1.5 s) until this node's keys hold (`present`) or lack key `id`: with the
+    /// registry a change reaches the node through the change feed, and the answer should say
+    /// what is in force here.
+    async fn settle(&self, id: &str, present: bool) -> bool {
+        let started = std::time::Instant::now();
+        loop {
+            let found = self.catalog.snapshot().keys.by_id(id).is_some();
+            if found == present {
+                return true;
+            }
+            if started.elapsed() > Duration::from_millis(1_500) {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The key with this id while this gateway accepts it (not expired), and the limits it is
+    /// held to (none when its plan is missing).
+    fn active_key(&self, id: &str) -> Option<(KeyInfo, Option<crate::keys::plans::Limits>)> {
+        let snapshot = self.catalog.snapshot();
+        let key = snapshot
+            .keys
+            .by_id(id)
+            .filter(|k| !k.expired(crate::base::clock::unix_now()))
+            .cloned()?;
+        let limits = snapshot.plans.get(&key.plan).map(|p| key.limits(p.limits));
+        Some((key, limits))
+    }
+}

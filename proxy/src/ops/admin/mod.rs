@@ -1,0 +1,149 @@
+//! The admin listener (loopback by default; elsewhere only with `admin_token`, which every
+//! request must then carry as a bearer token): health for supervisors and load balancers,
+//! metrics for Prometheus, and bans, keys and reloads for operators. The `bans` and `keys`
+//! commands talk to it ([`crate::ops::admin_client`]), so they act on the running gateway's own
+//! store, embedded or Redis. Its endpoints are one table, [`routes::ROUTES`]; the handlers are
+//! grouped by resource: [`health`], [`bans`], [`keys`], [`reload`].
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /healthz` | 200 while the process serves |
+//! | `GET /readyz` | 200 when the config is loaded, a backend accepts connections and the quota store answers (or a fallback covers for it); 503 otherwise, with the failing checks |
+//! | `GET /metrics` | the Prometheus text format |
+//! | `GET /bans` | the active bans of the keys in the keys file |
+//! | `POST /bans/{key id}/lift` | ends that key's ban now |
+//! | `POST /reload` | reloads the keys and plans now; says what each part did, which keys file is served and why a part is refused |
+//! | `GET /keys/{key id}` | 200 with the key's plan, limits and usage (this minute, this UTC day) while this gateway accepts the key, else 404 |
+//! | `POST /keys/{key id}/reset-usage` | zeroes the key's counts of this minute and day |
+//! | `GET /keys` | every key of the keys file with its status (never a key) |
+//! | `POST /keys` | issues a key (`plan`, `name`, `expires_in`/`expires_at`, `per_minute`, `per_day`); 201 with the key, shown once |
+//! | `POST /keys/{key id}/revoke`, `POST /keys/{key id}/rotate` | as the `keys` commands; changes are audited as `admin` |
+
+pub mod bans;
+pub mod health;
+pub mod keys;
+pub mod reload;
+pub mod reply;
+pub mod routes;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use http::Response;
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+
+use self::reply::{error, json_body};
+use self::routes::{Handler, Resolved};
+use crate::http::responses::ErrorCode;
+use crate::keys::catalog::Catalog;
+use crate::keys::service::KeyService;
+use crate::quota::resilience::BanCache;
+use crate::quota::store::QuotaStore;
+
+pub struct Admin {
+    pub catalog: Arc<Catalog>,
+    pub store: Arc<dyn QuotaStore>,
+    /// This node's ban cache, cleared on a lift so the lift applies here at once.
+    pub ban_cache: Arc<BanCache>,
+    pub upstreams: Vec<SocketAddr>,
+    /// When the store fails, requests are still served (`on_store_error` local or open, or the
+    /// embedded store): then an unreachable store does not make the gateway unready.
+    pub store_optional: bool,
+    /// When set, every request must carry it (`Authorization: Bearer`).
+    pub token: Option<String>,
+    /// The key service the key endpoints change keys through, auditing as `admin`.
+    pub keys: KeyService,
+    /// With `keys_source = "store"`: where this node's keys come from right now.
+    pub registry: Option<Arc<crate::keys::replica::SyncState>>,
+}
+
+#[async_trait]
+impl ServeHttp for Admin {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        if let Some(refused) = self.unauthorized(session) {
+            return refused;
+        }
+        let method = session.req_header().method.clone();
+        let path = session.req_header().uri.path().to_owned();
+        match routes::resolve(&method, &path) {
+            Resolved::Route(handler, id) => self.handle(handler, id, session).await,
+            Resolved::WrongMethod(allowed) => error(
+                405,
+                ErrorCode::MethodNotAllowed,
+                &format!("use {}", allowed.join(" or ")),
+            ),
+            Resolved::NotFound => error(404, ErrorCode::NotFound, "no such admin endpoint"),
+        }
+    }
+}
+
+impl Admin {
+    /// 401 when `admin_token` is set and the request does not carry it.
+    fn unauthorized(&self, session: &ServerSession) -> Option<Response<Vec<u8>>> {
+        let token = self.token.as_ref()?;
+        let given = crate::http::auth::bearer_token(
+            session
+                .req_header()
+                .headers
+                .get_all("authorization")
+                .iter()
+                .map(|v| v.as_bytes()),
+        );
+        if given.is_ok_and(|g| token_matches(g.as_bytes(), token.as_bytes())) {
+            return None;
+        }
+        let mut refused = error(
+            401,
+            ErrorCode::Unauthorized,
+            "the admin listener needs its token: Authorization: Bearer <admin_token>",
+        );
+        refused.headers_mut().insert(
+            http::header::WWW_AUTHENTICATE,
+            http::HeaderValue::from_static("Bearer"),
+        );
+        Some(refused)
+    }
+
+    /// Runs the handler a route names; `id` is the key id of a `{key id}` path.
+    async fn handle(
+        &self,
+        handler: Handler,
+        id: &str,
+        session: &mut ServerSession,
+    ) -> Response<Vec<u8>> {
+        match handler {
+            Handler::Healthz => health::healthz(),
+            Handler::Readyz => self.readyz().await,
+            Handler::Metrics => health::metrics(),
+            Handler::ListBans => self.list_bans().await,
+            Handler::LiftBan => self.lift_ban(id).await,
+            Handler::Reload => self.reload().await,
+            Handler::ListKeys => self.list_keys().await,
+            Handler::ShowKey => self.show_key(id).await,
+            Handler::ResetUsage => self.reset_usage(id).await,
+            Handler::RevokeKey => self.revoke_key(id.to_owned()).await,
+            Handler::IssueKey => match json_body(session).await {
+                Ok(body) => self.issue_key(body).await,
+                Err(refused) => refused,
+            },
+            Handler::RotateKey => match json_body(session).await {
+                Ok(body) => self.rotate_key(id.to_owned(), body).await,
+                Err(refused) => refused,
+            },
+        }
+    }
+}
+
+/// Whether `given` is `token`, in time that depends on neither where they differ nor their
+/// lengths: the SHA-256 digests are compared, in full.
+fn token_matches(given: &[u8], token: &[u8]) -> bool {
+    use sha2::{Digest, Sha256};
+    let (a, b) = (Sha256::digest(given), Sha256::digest(token));
+    let diff = a
+        .iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}

@@ -1,0 +1,67 @@
+//! The command line's way to a running gateway: one blocking HTTP/1.1 request to its admin
+//! listener, with the admin token when one is set.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+/// A running gateway's admin listener, as the command line reaches it.
+#[derive(Debug, Clone)]
+pub struct AdminClient {
+    pub addr: SocketAddr,
+    /// Sent as a bearer token when the gateway requires one (`admin_token`).
+    pub token: Option<String>,
+}
+
+impl AdminClient {
+    pub fn of(config: &crate::config::Config) -> AdminClient {
+        AdminClient {
+            addr: config.admin_listen,
+            token: config.admin_token.clone(),
+        }
+    }
+
+    /// One request: `(status, body)`.
+    pub fn call(&self, method: &str, path: &str) -> Result<(u16, String), String> {
+        call(self.addr, self.token.as_deref(), method, path)
+    }
+}
+
+/// One request to a gateway's admin listener, for the command line: `(status, body)`.
+fn call(
+    addr: SocketAddr,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+) -> Result<(u16, String), String> {
+    let unreachable = |e: std::io::Error| {
+        format!(
+            "the gateway's admin listener at {addr} does not answer ({e}); is the gateway running?"
+        )
+    };
+    let mut stream =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(unreachable)?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(unreachable)?;
+    let authorization = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{authorization}Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(unreachable)?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).map_err(unreachable)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("the admin listener at {addr} sent no complete response"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("the admin listener at {addr} sent no status"))?;
+    Ok((status, body.to_owned()))
+}

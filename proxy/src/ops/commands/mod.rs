@@ -1,0 +1,51 @@
+//! What each command does, one file per command: [`serve`], [`check`], [`keys`], [`bans`],
+//! with the output helpers they share in [`output`]. Errors end here as one clear line on
+//! standard error and a non-zero exit code.
+
+mod bans;
+mod check;
+mod keys;
+mod output;
+mod serve;
+
+use std::process::ExitCode;
+
+use crate::config::{Config, Env, Overrides};
+use crate::ops::cli::{Cli, Command};
+
+pub fn run(cli: Cli) -> ExitCode {
+    let result = match cli.command {
+        Command::Serve(args) => serve::serve(args),
+        Command::Check(args) => check::check(args),
+        Command::Keys(cmd) => keys::keys_command(cmd),
+        Command::Bans(cmd) => bans::bans_command(cmd),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("pet-gateway: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The config as this process's file, environment and flags give it.
+fn load(file: Option<&std::path::Path>, flags: &Overrides) -> Result<Config, String> {
+    Config::load(file, &Env::process(), flags).map_err(|e| e.to_string())
+}
+
+/// The same, reading only the variables a `keys` or `bans` command uses: a bad unrelated
+/// variable must never stop, say, revoking a leaked key.
+fn load_for_admin(file: Option<&std::path::Path>, flags: &Overrides) -> Result<Config, String> {
+    let env = Env::process().only(&[
+        "PET_GATEWAY_KEYS_SOURCE",
+        "PET_GATEWAY_REDIS_URL",
+        "PET_GATEWAY_KEY_PREFIX",
+        "PET_GATEWAY_KEYS_FILE",
+        "PET_GATEWAY_PLANS_DIR",
+        "PET_GATEWAY_ADMIN_LISTEN",
+        "PET_GATEWAY_AUDIT_LOG",
+        "PET_GATEWAY_ADMIN_TOKEN",
+    ]);
+    Config::load(file, &env, flags).map_err(|e| e.to_string())
+}

@@ -1,0 +1,39 @@
+//! `pet-gateway serve`: logging set up, the config's warnings logged, then the gateway runs.
+
+use crate::config::LogFormat;
+use crate::ops::cli::ServeArgs;
+
+/// Logs go to standard error through a background writer: a slow or blocked stderr (a full
+/// pipe, a stalled journald) must never stall a proxy thread inside a request. When the buffer
+/// is full, lines are dropped rather than waited for. Keep the guard alive until exit: dropping
+/// it flushes what is buffered.
+fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer);
+    let _ = match format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+    };
+    guard
+}
+
+pub fn serve(args: ServeArgs) -> Result<(), String> {
+    let c = &args.config;
+    let config = super::load(c.config.as_deref(), &c.overrides)?;
+    let _flush_on_exit = init_logging(config.log_format);
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
+    crate::ops::server::run(
+        config,
+        args.upgrade,
+        Box::new(pingora::server::UnixShutdownSignalWatch),
+    )
+    .map_err(|e| e.to_string())
+}
