@@ -30,25 +30,9 @@ use serde::{Deserialize, Serialize};
 pub use rate::{unix_now, Limiter, RateState};
 pub use retry::RetryPolicy;
 
-/// An animal, as the API returns it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Pet {
-    pub id: i64,
-    pub name: String,
-    #[serde(rename = "categoryId")]
-    pub category_id: i64,
-    pub status: String,
-}
-
-/// An animal to create.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct NewPet {
-    pub name: String,
-    #[serde(rename = "categoryId")]
-    pub category_id: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub status: Option<String>,
-}
+/// The API's types on the wire, shared with the backend through `pet-api`. A status this
+/// client does not know reads as [`PetStatus::Other`] and is kept as sent.
+pub use pet_api::{NewPet, Pet, PetStatus};
 
 /// One page of `GET /v1/pets`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,13 +64,8 @@ pub struct Quota {
     pub ban: Option<Ban>,
 }
 
-/// The API's Error body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ApiError {
-    pub code: String,
-    pub message: String,
-    pub status: u16,
-}
+/// The API's Error body (`pet_api::ErrorBody`).
+pub use pet_api::ErrorBody as ApiError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
