@@ -190,11 +190,12 @@ where
 
 async fn list_pets(store: &PetStore, query: Option<&str>) -> Result<HttpResponse, ApiError> {
     let q = ListQuery::parse(query)?;
-    let page = store.list(q).await.map_err(internal)?;
+    let page = store.list(q.clone()).await.map_err(internal)?;
     let mut response = json(StatusCode::OK, &page.pets);
     if let (true, Some(last)) = (page.has_more, page.pets.last()) {
         let status = q
             .status
+            .as_ref()
             .map(|s| format!("&status={}", s.as_str()))
             .unwrap_or_default();
         let link = format!(

@@ -1,11 +1,12 @@
 //! The one error shape of the interface: every failure leaves the backend as an `Error` JSON
-//! object (`code`, `message`, `status`) with `Content-Type: application/json`, so clients and the
-//! gateway never have to parse anything else.
+//! object (`code`, `message`, `status`: `pet_api::ErrorBody`) with
+//! `Content-Type: application/json`, so clients and the gateway never have to parse anything
+//! else.
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
-use serde::Serialize;
+use pet_api::ErrorBody;
 
 /// The machine-readable `code` values fixed by the design. Keeping them in one enum means a
 /// typo cannot invent a new code that clients do not know.
@@ -106,16 +107,10 @@ impl ApiError {
     }
 
     pub fn into_response(self) -> Response<Full<Bytes>> {
-        #[derive(Serialize)]
-        struct Body<'a> {
-            code: &'a str,
-            message: &'a str,
-            status: u16,
-        }
         let status = self.status();
-        let body = serde_json::to_vec(&Body {
-            code: self.code.as_str(),
-            message: &self.message,
+        let body = serde_json::to_vec(&ErrorBody {
+            code: self.code.as_str().to_owned(),
+            message: self.message,
             status: status.as_u16(),
         })
         .unwrap_or_else(|_| br#"{"code":"internal","message":"error","status":500}"#.to_vec());

@@ -1,52 +1,24 @@
-//! The pet resources of the interface and the rules a `NewPet` must follow (the design's gap
-//! table). Validation lives here, away from HTTP, so the rules can be tested as plain functions.
+//! The rules a `NewPet` request body must follow (the design's gap table). Validation lives
+//! here, away from HTTP, so the rules can be tested as plain functions. The types on the wire
+//! ([`Pet`], [`PetStatus`]) are the `pet-api` crate's, shared with the client.
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use crate::error::ApiError;
 
+pub use pet_api::{Pet, PetStatus};
+
 /// Longest accepted name, in characters (Unicode scalar values) after trimming.
 pub const NAME_MAX_CHARS: usize = 100;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PetStatus {
-    Available,
-    Pending,
-    Sold,
-}
-
-impl PetStatus {
-    pub const ALL: [PetStatus; 3] = [PetStatus::Available, PetStatus::Pending, PetStatus::Sold];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PetStatus::Available => "available",
-            PetStatus::Pending => "pending",
-            PetStatus::Sold => "sold",
-        }
-    }
-
-    /// Exact, case-sensitive match: the interface says "allowed values, exactly".
-    pub fn parse(s: &str) -> Option<PetStatus> {
-        PetStatus::ALL.into_iter().find(|st| st.as_str() == s)
-    }
-}
-
-/// A validated request to create a pet: every field already satisfies the interface's rules.
+/// A validated request to create a pet: every field already satisfies the interface's rules,
+/// and `status` is one of the interface's values (the default filled in). The body a client
+/// sends is `pet_api::NewPet`; the backend never deserializes that type, but reads the raw
+/// body with [`NewPet::from_json`] so each rule can name what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewPet {
     pub name: String,
-    pub category_id: i64,
-    pub status: PetStatus,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Pet {
-    pub id: i64,
-    pub name: String,
-    #[serde(rename = "categoryId")]
     pub category_id: i64,
     pub status: PetStatus,
 }

@@ -10,7 +10,7 @@ pub const LIMIT_MAX: u32 = 100;
 
 /// The parameters of `GET /pets`. `after` is the design's backward-compatible cursor extension:
 /// only pets with an id greater than it are returned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListQuery {
     pub limit: u32,
     pub status: Option<PetStatus>,

@@ -120,7 +120,7 @@ impl PetStore {
         self.read(move |conn| {
             // One row beyond the page tells whether a next page exists without a COUNT.
             let fetch = i64::from(q.limit) + 1;
-            let raws = match q.status {
+            let raws = match &q.status {
                 None => conn
                     .prepare_cached(
                         "SELECT id, name, category_id, status FROM pets
@@ -270,7 +270,7 @@ fn insert_batch(conn: &mut Connection, batch: &[CreateJob]) -> rusqlite::Result<
                 id,
                 name: p.name.clone(),
                 category_id: p.category_id,
-                status: p.status,
+                status: p.status.clone(),
             });
         }
     }

@@ -35,7 +35,7 @@ proptest! {
     #[test]
     fn new_pet_accepts_every_valid_body(name in valid_name(), category in 1..=i64::MAX, status in status()) {
         let mut body = serde_json::json!({"name": name, "categoryId": category});
-        if let Some(s) = status {
+        if let Some(s) = &status {
             body["status"] = serde_json::json!(s.as_str());
         }
         let p = NewPet::from_json(body.to_string().as_bytes()).unwrap();

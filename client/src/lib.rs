@@ -30,25 +30,9 @@ use serde::{Deserialize, Serialize};
 pub use rate::{unix_now, Limiter, RateState};
 pub use retry::RetryPolicy;
 
-/// An animal, as the API returns it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Pet {
-    pub id: i64,
-    pub name: String,
-    #[serde(rename = "categoryId")]
-    pub category_id: i64,
-    pub status: String,
-}
-
-/// An animal to create.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct NewPet {
-    pub name: String,
-    #[serde(rename = "categoryId")]
-    pub category_id: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub status: Option<String>,
-}
+/// The API's types on the wire, shared with the backend through `pet-api`. A status this
+/// client does not know reads as [`PetStatus::Other`] and is kept as sent.
+pub use pet_api::{NewPet, Pet, PetStatus};
 
 /// One page of `GET /v1/pets`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,13 +64,8 @@ pub struct Quota {
     pub ban: Option<Ban>,
 }
 
-/// The API's Error body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ApiError {
-    pub code: String,
-    pub message: String,
-    pub status: u16,
-}
+/// The API's Error body (`pet_api::ErrorBody`).
+pub use pet_api::ErrorBody as ApiError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -273,122 +252,145 @@ impl Client {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<Answer, Error> {
-        let idempotent = method == Method::GET;
-        // The quota endpoint spends nothing and is how a client learns that a block is over (an
-        // operator lifted the ban, reset the usage): the limiter never holds it back.
-        let limited = path != "/v1/rate_limit";
-        let started = Instant::now();
-        let deadline = started.checked_add(self.policy.deadline);
-        let fits = |wait: Duration| {
-            deadline.is_none_or(|d| Instant::now().checked_add(wait).is_some_and(|t| t <= d))
-        };
-        let give_up = |last: Option<Error>| Error::Deadline {
-            deadline: self.policy.deadline,
-            last: last.map(Box::new),
+        let call = Call {
+            idempotent: method == Method::GET,
+            // The quota endpoint spends nothing and is how a client learns that a block is over
+            // (an operator lifted the ban, reset the usage): the limiter never holds it back.
+            limited: path != "/v1/rate_limit",
+            deadline: Instant::now().checked_add(self.policy.deadline),
+            method,
+            path,
+            body,
         };
         let mut attempt = 0u32;
         let mut last: Option<Error> = None;
         loop {
-            if self.policy.enabled && limited {
-                let wait = lock(&self.limiter).wait(unix_now());
-                if !wait.is_zero() {
-                    // Whole seconds are what the headers give; a little more makes sure the
-                    // window has turned by the gateway's clock too.
-                    let wait = wait + MARGIN;
-                    if !fits(wait) {
-                        return Err(give_up(last));
-                    }
-                    tokio::time::sleep(wait).await;
-                }
-            }
-            let remaining = deadline.map_or(Duration::MAX, |d| {
-                d.saturating_duration_since(Instant::now())
-            });
+            self.wait_for_limiter(&call, &mut last).await?;
+            let remaining = call.remaining();
             if remaining.is_zero() {
-                return Err(give_up(last));
+                return Err(self.give_up(last));
             }
-            let mut request = self
-                .http
-                .request(method.clone(), format!("{}{path}", self.origin))
-                .bearer_auth(&self.key)
-                .timeout(remaining);
-            if let Some(body) = &body {
-                request = request
-                    .header("content-type", "application/json")
-                    .body(body.clone());
-            }
-            let error = match request.send().await {
-                Err(e) => Error::Transport(e.to_string()),
-                Ok(resp) => {
-                    let status = resp.status();
-                    let state = RateState::from_headers(resp.headers());
-                    // Only the plan's headers (those with `RateLimit-Policy`) describe the quota;
-                    // a 401's per-address limit or the quota endpoint's own limit do not.
-                    let plan_headers = resp.headers().contains_key("ratelimit-policy");
-                    if plan_headers {
-                        *lock(&self.last) = state;
-                        if self.policy.enabled {
-                            lock(&self.limiter).observe(&state, unix_now());
-                        }
+            let error = match self.exchange(&call, remaining).await {
+                Outcome::Done(result) => return result,
+                Outcome::Limited { error, retry_after } => {
+                    let wait = self.retry_after_wait(retry_after, attempt);
+                    attempt = attempt.saturating_add(1);
+                    if !call.fits(wait) {
+                        return Err(self.give_up(Some(error)));
                     }
-                    let link = next_of(resp.headers());
-                    let bytes = match resp.bytes().await {
-                        Ok(b) => b,
-                        Err(e) if idempotent => {
-                            last = Some(Error::Transport(e.to_string()));
-                            if !self.policy.enabled {
-                                return Err(last.take().expect("just set"));
-                            }
-                            self.back_off(&mut attempt, &fits, &mut last).await?;
-                            continue;
-                        }
-                        Err(e) => return Err(Error::Transport(e.to_string())),
-                    };
-                    if status.is_success() {
-                        return Ok(Answer {
-                            link: link?,
-                            body: bytes.to_vec(),
-                        });
-                    }
-                    let api = serde_json::from_slice::<ApiError>(&bytes).unwrap_or(ApiError {
-                        code: "unknown".into(),
-                        message: String::from_utf8_lossy(&bytes).chars().take(200).collect(),
-                        status: status.as_u16(),
-                    });
-                    let error = Error::Api(api);
-                    if !self.policy.enabled {
-                        return Err(error);
-                    }
-                    match status.as_u16() {
-                        429 => {
-                            // At least `Retry-After` from now (whole seconds, so a little
-                            // more), and never a quick retry when it is missing or unreadable
-                            // (a 429 from something in front of the gateway): the backoff,
-                            // at least a second.
-                            let told = state.retry_after.map_or(Duration::ZERO, |s| {
-                                Duration::from_secs(s.min(rate::MAX_BLOCK_SECS))
-                            });
-                            let wait = (told + MARGIN)
-                                .max(self.policy.backoff(attempt))
-                                .max(Duration::from_secs(1));
-                            attempt = attempt.saturating_add(1);
-                            if !fits(wait) {
-                                return Err(give_up(Some(error)));
-                            }
-                            last = Some(error);
-                            tokio::time::sleep(wait).await;
-                            continue;
-                        }
-                        502..=504 if idempotent => error,
-                        _ => return Err(error),
-                    }
+                    last = Some(error);
+                    tokio::time::sleep(wait).await;
+                    continue;
                 }
+                Outcome::Failed(error) => error,
             };
-            if !self.policy.enabled || !idempotent {
+            if !self.policy.enabled || !call.idempotent {
                 return Err(error);
             }
             last = Some(error);
-            self.back_off(&mut attempt, &fits, &mut last).await?;
+            self.back_off(&mut attempt, &call, &mut last).await?;
+        }
+    }
+
+    /// Waits as long as the client-side limiter asks (a window it knows is spent, a ban), or
+    /// gives up with `last` when that would pass the deadline.
+    async fn wait_for_limiter(
+        &self,
+        call: &Call<'_>,
+        last: &mut Option<Error>,
+    ) -> Result<(), Error> {
+        if !(self.policy.enabled && call.limited) {
+            return Ok(());
+        }
+        let wait = lock(&self.limiter).wait(unix_now());
+        if wait.is_zero() {
+            return Ok(());
+        }
+        // Whole seconds are what the headers give; a little more makes sure the window has
+        // turned by the gateway's clock too.
+        let wait = wait + MARGIN;
+        if !call.fits(wait) {
+            return Err(self.give_up(last.take()));
+        }
+        tokio::time::sleep(wait).await;
+        Ok(())
+    }
+
+    /// One attempt: sends the request once, within `timeout`, and sorts out the answer.
+    async fn exchange(&self, call: &Call<'_>, timeout: Duration) -> Outcome {
+        let resp = match self.request(call, timeout).send().await {
+            Ok(resp) => resp,
+            Err(e) => return Outcome::Failed(Error::Transport(e.to_string())),
+        };
+        let status = resp.status();
+        let state = self.observe(resp.headers());
+        let link = next_of(resp.headers());
+        let bytes = match resp.bytes().await {
+            Ok(b) => b,
+            Err(e) => return Outcome::Failed(Error::Transport(e.to_string())),
+        };
+        if status.is_success() {
+            return Outcome::Done(link.map(|link| Answer {
+                link,
+                body: bytes.to_vec(),
+            }));
+        }
+        let error = Error::Api(error_body(status, &bytes));
+        match status.as_u16() {
+            429 if self.policy.enabled => Outcome::Limited {
+                error,
+                retry_after: state.retry_after,
+            },
+            502..=504 => Outcome::Failed(error),
+            _ => Outcome::Done(Err(error)),
+        }
+    }
+
+    fn request(&self, call: &Call<'_>, timeout: Duration) -> reqwest::RequestBuilder {
+        let request = self
+            .http
+            .request(call.method.clone(), format!("{}{}", self.origin, call.path))
+            .bearer_auth(&self.key)
+            .timeout(timeout);
+        match &call.body {
+            Some(body) => request
+                .header("content-type", "application/json")
+                .body(body.clone()),
+            None => request,
+        }
+    }
+
+    /// The rate-limit headers of an answer. Only the plan's headers (those with
+    /// `RateLimit-Policy`) describe the quota, and only they are kept and fed to the limiter;
+    /// a 401's per-address limit or the quota endpoint's own limit do not.
+    fn observe(&self, headers: &reqwest::header::HeaderMap) -> RateState {
+        let state = RateState::from_headers(headers);
+        if headers.contains_key("ratelimit-policy") {
+            *lock(&self.last) = state;
+            if self.policy.enabled {
+                lock(&self.limiter).observe(&state, unix_now());
+            }
+        }
+        state
+    }
+
+    /// How long to wait after a 429: at least `Retry-After` from now (whole seconds, so a
+    /// little more), and never a quick retry when it is missing or unreadable (a 429 from
+    /// something in front of the gateway): the backoff of `attempt`, at least a second.
+    fn retry_after_wait(&self, retry_after: Option<u64>, attempt: u32) -> Duration {
+        let told = retry_after.map_or(Duration::ZERO, |s| {
+            Duration::from_secs(s.min(rate::MAX_BLOCK_SECS))
+        });
+        (told + MARGIN)
+            .max(self.policy.backoff(attempt))
+            .max(Duration::from_secs(1))
+    }
+
+    /// The deadline error, with the answer that made the client wait, when there was one.
+    fn give_up(&self, last: Option<Error>) -> Error {
+        Error::Deadline {
+            deadline: self.policy.deadline,
+            last: last.map(Box::new),
         }
     }
 
@@ -397,20 +399,68 @@ impl Client {
     async fn back_off(
         &self,
         attempt: &mut u32,
-        fits: &impl Fn(Duration) -> bool,
+        call: &Call<'_>,
         last: &mut Option<Error>,
     ) -> Result<(), Error> {
         let wait = self.policy.backoff(*attempt);
         *attempt = attempt.saturating_add(1);
-        if !fits(wait) {
-            return Err(Error::Deadline {
-                deadline: self.policy.deadline,
-                last: last.take().map(Box::new),
-            });
+        if !call.fits(wait) {
+            return Err(self.give_up(last.take()));
         }
         tokio::time::sleep(wait).await;
         Ok(())
     }
+}
+
+/// What stays the same across the attempts of one call.
+struct Call<'a> {
+    method: Method,
+    path: &'a str,
+    body: Option<Vec<u8>>,
+    /// Only these are retried after a gateway 5xx or a lost connection.
+    idempotent: bool,
+    /// Whether the client-side limiter may hold the call back.
+    limited: bool,
+    /// `None` when the policy's deadline is too far to represent: no deadline.
+    deadline: Option<Instant>,
+}
+
+impl Call<'_> {
+    /// Whether waiting `wait` from now still ends by the deadline.
+    fn fits(&self, wait: Duration) -> bool {
+        self.deadline
+            .is_none_or(|d| Instant::now().checked_add(wait).is_some_and(|t| t <= d))
+    }
+
+    /// Time left until the deadline.
+    fn remaining(&self) -> Duration {
+        self.deadline.map_or(Duration::MAX, |d| {
+            d.saturating_duration_since(Instant::now())
+        })
+    }
+}
+
+/// How one attempt ended.
+enum Outcome {
+    /// The call's result: a success, or an error no retry can help.
+    Done(Result<Answer, Error>),
+    /// A 429 while the retry policy is on: wait (at least `Retry-After`, in seconds) and retry.
+    Limited {
+        error: Error,
+        retry_after: Option<u64>,
+    },
+    /// A lost connection or a gateway 5xx: retried with backoff if the call is idempotent and
+    /// the policy is on.
+    Failed(Error),
+}
+
+/// The Error body of a failed answer, or one made of what came instead (a proxy's HTML page).
+fn error_body(status: reqwest::StatusCode, bytes: &[u8]) -> ApiError {
+    serde_json::from_slice::<ApiError>(bytes).unwrap_or_else(|_| ApiError {
+        code: "unknown".into(),
+        message: String::from_utf8_lossy(bytes).chars().take(200).collect(),
+        status: status.as_u16(),
+    })
 }
 
 /// The most pages `list_all` follows.

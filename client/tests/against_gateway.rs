@@ -60,7 +60,7 @@ async fn paging_through_250_pets_and_the_pet_command() {
     let (_backend, gw) = gateway(&s, "");
     let client = Client::new(&gw.url(""), &key).unwrap();
     for i in 0..250 {
-        let status = (i % 5 == 0).then(|| "sold".to_owned());
+        let status = (i % 5 == 0).then(|| "sold".into());
         let pet = client
             .create_pet(&NewPet {
                 name: format!("pet {i}"),

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use pet_client::{Client, NewPet, RetryPolicy};
+use pet_client::{Client, NewPet, PetStatus, RetryPolicy};
 
 #[derive(Parser)]
 #[command(
@@ -105,7 +105,7 @@ fn main() -> ExitCode {
                     .create_pet(&NewPet {
                         name,
                         category_id: category,
-                        status,
+                        status: status.map(PetStatus::from),
                     })
                     .await
                     .map(serde_json::to_value),
