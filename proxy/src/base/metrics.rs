@@ -102,44 +102,95 @@ impl Metrics {
     }
 
     fn register_all(r: &Registry) -> Metrics {
+        let (requests, request_duration, upstream_duration, rate_limited, bans, auth_failures) =
+            Self::request_metrics(r);
+        let (store_duration, store_batch_size, store_errors, store_fallback) =
+            Self::store_metrics(r);
+        let (
+            config_reloads,
+            responses_aborted,
+            slow_request_heads,
+            catalog_reload_failing,
+            catalog_keys_skipped,
+            keys,
+            catalog_last_reload,
+        ) = Self::ops_metrics(r);
         Metrics {
-            requests: counter(
+            requests,
+            request_duration,
+            upstream_duration,
+            rate_limited,
+            bans,
+            auth_failures,
+            store_duration,
+            store_batch_size,
+            store_errors,
+            store_fallback,
+            config_reloads,
+            responses_aborted,
+            slow_request_heads,
+            catalog_reload_failing,
+            catalog_keys_skipped,
+            keys,
+            catalog_last_reload,
+        }
+    }
+
+    /// The request path: requests, latency, refusals, bans, authentication failures.
+    fn request_metrics(
+        r: &Registry,
+    ) -> (
+        IntCounterVec,
+        HistogramVec,
+        HistogramVec,
+        IntCounterVec,
+        IntCounterVec,
+        IntCounterVec,
+    ) {
+        (
+            counter(
                 r,
                 "pet_gateway_requests_total",
                 "Requests answered, by environment, operation, plan and HTTP status.",
                 &["env", "route", "plan", "status"],
             ),
-            request_duration: histogram(
+            histogram(
                 r,
                 "pet_gateway_request_duration_seconds",
                 "Time from request head to the end of the response, by operation.",
                 &["route"],
             ),
-            upstream_duration: histogram(
+            histogram(
                 r,
                 "pet_gateway_upstream_duration_seconds",
                 "Time from choosing a backend to its response head, by operation.",
                 &["route"],
             ),
-            rate_limited: counter(
+            counter(
                 r,
                 "pet_gateway_rate_limited_total",
                 "Requests refused with 429, by plan and the window that refused them (minute, day, ban).",
                 &["plan", "window"],
             ),
-            bans: counter(
+            counter(
                 r,
                 "pet_gateway_bans_total",
                 "Bans started, by plan.",
                 &["plan"],
             ),
-            auth_failures: counter(
+            counter(
                 r,
                 "pet_gateway_auth_failures_total",
                 "Requests refused with 401, by reason (missing, malformed, unknown, expired).",
                 &["reason"],
             ),
-            store_duration: register(
+        )
+    }
+
+    /// The quota store: latency, batch size, errors, fallback.
+    fn store_metrics(r: &Registry) -> (Histogram, Histogram, IntCounterVec, IntGauge) {
+        (
+            register(
                 r,
                 Histogram::with_opts(
                     HistogramOpts::new(
@@ -150,7 +201,7 @@ impl Metrics {
                 )
                 .expect("valid metric definition"),
             ),
-            store_batch_size: register(
+            register(
                 r,
                 Histogram::with_opts(
                     HistogramOpts::new(
@@ -161,13 +212,13 @@ impl Metrics {
                 )
                 .expect("valid metric definition"),
             ),
-            store_errors: counter(
+            counter(
                 r,
                 "pet_gateway_store_errors_total",
                 "Quota-store calls that failed, by kind (timeout, unavailable, protocol).",
                 &["kind"],
             ),
-            store_fallback: register(
+            register(
                 r,
                 IntGauge::new(
                     "pet_gateway_store_fallback",
@@ -175,13 +226,29 @@ impl Metrics {
                 )
                 .expect("valid metric definition"),
             ),
-            config_reloads: counter(
+        )
+    }
+
+    /// Reloads, aborted responses, slow heads, the catalog and its keys.
+    fn ops_metrics(
+        r: &Registry,
+    ) -> (
+        IntCounterVec,
+        IntCounter,
+        IntCounter,
+        IntGaugeVec,
+        IntGauge,
+        IntGaugeVec,
+        IntGaugeVec,
+    ) {
+        (
+            counter(
                 r,
                 "pet_gateway_config_reloads_total",
                 "Reloads of keys, plans or the TLS certificate, by result (applied, refused).",
                 &["result"],
             ),
-            responses_aborted: register(
+            register(
                 r,
                 IntCounter::new(
                     "pet_gateway_responses_aborted_total",
@@ -190,7 +257,7 @@ impl Metrics {
                 )
                 .expect("valid metric definition"),
             ),
-            slow_request_heads: register(
+            register(
                 r,
                 IntCounter::new(
                     "pet_gateway_slow_request_heads_total",
@@ -199,14 +266,14 @@ impl Metrics {
                 )
                 .expect("valid metric definition"),
             ),
-            catalog_reload_failing: gauge(
+            gauge(
                 r,
                 "pet_gateway_catalog_reload_failing",
                 "1 while the newest version of the keys file or the plans directory (part) is \
                  refused and the previous one stays in force, else 0.",
                 &["part"],
             ),
-            catalog_keys_skipped: register(
+            register(
                 r,
                 IntGauge::new(
                     "pet_gateway_catalog_keys_skipped",
@@ -215,19 +282,19 @@ impl Metrics {
                 )
                 .expect("valid metric definition"),
             ),
-            keys: gauge(
+            gauge(
                 r,
                 "pet_gateway_keys",
                 "Records of the keys file (or the registry's replica) in force, by status (active, expired, revoked; skipped: active but naming a plan not in force).",
                 &["status"],
             ),
-            catalog_last_reload: gauge(
+            gauge(
                 r,
                 "pet_gateway_catalog_last_reload_timestamp_seconds",
                 "When the keys or the plans (part) in force were loaded, Unix seconds.",
                 &["part"],
             ),
-        }
+        )
     }
 }
 

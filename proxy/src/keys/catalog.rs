@@ -265,22 +265,7 @@ impl Catalog {
             None => Reload::Unchanged,
             Some(Err(e)) => Reload::Refused(e.to_string()),
             Some(Ok(file)) => {
-                let (index, skipped) = file.index_for(&next.plans);
-                METRICS.catalog_keys_skipped.set(skipped.len() as i64);
-                count_keys(&file, skipped.len());
-                seen.skipped = skipped.len();
-                if !skipped.is_empty() {
-                    tracing::error!(
-                        keys_file = %self.keys_file.display(),
-                        plans = ?next.plans.names(),
-                        count = skipped.len(),
-                        first = ?&skipped[..skipped.len().min(20)],
-                        "keys naming a plan that is not in force were skipped (they get 401, \
-                         and `check` and a restart refuse the file until it is fixed); the \
-                         other keys, revocations included, apply"
-                    );
-                }
-                next.keys = Arc::new(index);
+                seen.skipped = self.index_keys(&file, &mut next);
                 Reload::Applied
             }
         };
@@ -289,35 +274,40 @@ impl Catalog {
             self.current.store(Arc::new(next.clone()));
         }
         for (part, result) in report.parts() {
-            match result {
-                Reload::Unchanged => {}
+            seen.refused[part as usize] = match result {
+                Reload::Unchanged => continue,
                 Reload::Applied => {
-                    seen.refused[part as usize] = None;
-                    mark_loaded(part);
-                    METRICS.config_reloads.with_label_values(&["applied"]).inc();
-                    if part == Part::Plans {
-                        METRICS.init_plans(next.plans.names());
-                    }
-                    tracing::info!(
-                        part = part.as_str(),
-                        keys = next.keys.len(),
-                        plans = ?next.plans.names(),
-                        "reloaded"
-                    );
+                    applied(part, &next);
+                    None
                 }
                 Reload::Refused(reason) => {
-                    seen.refused[part as usize] = Some(reason.clone());
-                    METRICS.config_reloads.with_label_values(&["refused"]).inc();
-                    METRICS
-                        .catalog_reload_failing
-                        .with_label_values(&[part.as_str()])
-                        .set(1);
-                    tracing::error!(part = part.as_str(), error = %reason,
-                        "reload refused; the previous version stays in force");
+                    refused(part, reason);
+                    Some(reason.clone())
                 }
-            }
+            };
         }
         report
+    }
+
+    /// Indexes `file`'s keys under `next`'s plans into `next`; returns how many were skipped
+    /// for naming a plan not in force (and logs them).
+    fn index_keys(&self, file: &KeysFile, next: &mut Snapshot) -> usize {
+        let (index, skipped) = file.index_for(&next.plans);
+        METRICS.catalog_keys_skipped.set(skipped.len() as i64);
+        count_keys(file, skipped.len());
+        if !skipped.is_empty() {
+            tracing::error!(
+                keys_file = %self.keys_file.display(),
+                plans = ?next.plans.names(),
+                count = skipped.len(),
+                first = ?&skipped[..skipped.len().min(20)],
+                "keys naming a plan that is not in force were skipped (they get 401, \
+                 and `check` and a restart refuse the file until it is fixed); the \
+                 other keys, revocations included, apply"
+            );
+        }
+        next.keys = Arc::new(index);
+        skipped.len()
     }
 
     /// What this catalog serves, for the admin listener: the keys file (canonical path), and
@@ -369,6 +359,32 @@ impl Catalog {
         }
         Ok(plans)
     }
+}
+
+/// Metrics and the log line of a part newly in force.
+fn applied(part: Part, next: &Snapshot) {
+    mark_loaded(part);
+    METRICS.config_reloads.with_label_values(&["applied"]).inc();
+    if part == Part::Plans {
+        METRICS.init_plans(next.plans.names());
+    }
+    tracing::info!(
+        part = part.as_str(),
+        keys = next.keys.len(),
+        plans = ?next.plans.names(),
+        "reloaded"
+    );
+}
+
+/// Metrics and the log line of a part whose newest version is refused.
+fn refused(part: Part, reason: &str) {
+    METRICS.config_reloads.with_label_values(&["refused"]).inc();
+    METRICS
+        .catalog_reload_failing
+        .with_label_values(&[part.as_str()])
+        .set(1);
+    tracing::error!(part = part.as_str(), error = %reason,
+        "reload refused; the previous version stays in force");
 }
 
 fn mark_loaded(part: Part) {

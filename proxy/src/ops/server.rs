@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::listeners::tls::TlsSettings;
+use pingora::proxy::HttpProxy;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::{RunArgs, Server, ShutdownSignalWatch, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
@@ -18,6 +19,8 @@ use crate::http::gateway::{self, Gateway};
 use crate::http::head_deadline::HeadDeadline;
 use crate::http::tls::{CertResolver, TlsError};
 use crate::keys::catalog::{Catalog, CatalogError};
+use crate::keys::replica::SyncState;
+use crate::keys::service::KeyStore;
 use crate::ops::admin::Admin;
 use crate::quota::admission::OnStoreError;
 use crate::quota::resilience::{Resilience, BAN_RECHECK};
@@ -73,97 +76,11 @@ pub fn run(
         Some(files) => Some(Arc::new(CertResolver::load(&files.cert, &files.key)?)),
         None => None,
     };
-    // The proxy and the admin listener run on separate runtimes; in Redis mode each gets its
-    // own connection so admin calls never queue behind request traffic, while the embedded
-    // store must be one and the same map.
-    let (store, admin_store): (Arc<dyn QuotaStore>, Arc<dyn QuotaStore>) = match &config.redis_url {
-        Some(url) => (
-            Arc::new(
-                RedisStore::new(url, &config.key_prefix, config.store_timeout)?
-                    .with_batch_max(config.store_batch_max),
-            ),
-            Arc::new(RedisStore::new(
-                url,
-                &config.key_prefix,
-                Duration::from_millis(500),
-            )?),
-        ),
-        None => {
-            let memory = Arc::new(MemoryStore::new());
-            (memory.clone(), memory)
-        }
-    };
-    {
-        let snapshot = catalog.snapshot();
-        METRICS.init_plans(snapshot.plans.names());
-        tracing::info!(
-            environment = %config.environment,
-            listen = %config.listen,
-            tls = config.tls.is_some(),
-            admin_listen = %config.admin_listen,
-            upstreams = ?config.upstreams,
-            store = if config.redis_url.is_some() { "redis" } else { "memory" },
-            key_prefix = %config.key_prefix,
-            keys = snapshot.keys.len(),
-            plans = ?snapshot.plans.names(),
-            upgrade,
-            "pet-gateway starting"
-        );
-    }
+    let (store, admin_store) = stores(&config)?;
+    log_start(&config, &catalog, upgrade);
     let unauth = Arc::new(UnauthLimiter::new(config.unauthenticated.clone()));
-
-    let conf = ServerConf {
-        threads: config.threads,
-        work_stealing: config.work_stealing,
-        upstream_keepalive_pool_size: config.upstream_keepalive_pool_size,
-        grace_period_seconds: Some(config.grace_period_secs),
-        graceful_shutdown_timeout_seconds: Some(config.shutdown_timeout_secs),
-        upgrade_sock: config.upgrade_sock.to_string_lossy().into_owned(),
-        ..ServerConf::default()
-    };
-    let opt = Opt {
-        upgrade,
-        ..Opt::default()
-    };
-    let mut server = Server::new_with_opt_and_conf(opt, conf);
-    server.bootstrap();
-
-    // The keys: the keys file, or the registry with the keys file as this node's snapshot.
-    let (key_store, registry_state) = match (config.keys_source, &config.redis_url) {
-        (crate::config::KeysSource::Store, Some(url)) => {
-            let registry = Arc::new(
-                crate::keys::registry::Registry::new(
-                    url,
-                    &config.key_prefix,
-                    Duration::from_secs(1),
-                )
-                .map_err(|e| ServeError::Registry(e.to_string()))?,
-            );
-            let state = Arc::new(crate::keys::replica::SyncState::default());
-            if config.keys_file.exists() {
-                state.snapshot_only();
-                tracing::info!(snapshot = %config.keys_file.display(),
-                    "key registry: starting from this node's snapshot until the registry answers");
-            }
-            server.add_service(background_service(
-                "key registry",
-                RegistrySync(Arc::new(crate::keys::replica::Sync {
-                    registry: Arc::clone(&registry),
-                    snapshot: config.keys_file.clone(),
-                    catalog: Arc::clone(&catalog),
-                    state: Arc::clone(&state),
-                })),
-            ));
-            (
-                crate::keys::service::KeyStore::Registry(registry),
-                Some(state),
-            )
-        }
-        _ => (
-            crate::keys::service::KeyStore::File(config.keys_file.clone()),
-            None,
-        ),
-    };
+    let mut server = pingora_server(&config, upgrade);
+    let (key_store, registry_state) = key_source(&config, &mut server, &catalog)?;
 
     let resilience = Resilience::default();
     let gateway = Gateway::new(
@@ -174,47 +91,17 @@ pub fn run(
         resilience.clone(),
     );
     let quota_status = gateway.quota_status();
-    let mut proxy = Service::new(
-        "pet-gateway".to_owned(),
-        HeadDeadline::new(
-            pingora::proxy::http_proxy(&server.configuration, gateway),
-            config.request_header_timeout,
-        ),
-    );
-    let listen = config.listen.to_string();
-    match &certs {
-        Some(resolver) => {
-            let mut tls = TlsSettings::intermediate("", "").map_err(|e| TlsError::Load {
-                path: "tls".into(),
-                message: e.to_string(),
-            })?;
-            tls.set_cert_resolver(resolver.clone());
-            tls.enable_h2();
-            proxy.add_tls_with_settings(&listen, None, tls);
-        }
-        None => proxy.add_tcp(&listen),
-    }
+    let proxy = proxy_service(&config, &server, gateway, certs.clone())?;
     server.add_service(proxy);
 
-    let admin = Admin {
-        catalog: Arc::clone(&catalog),
-        store: Arc::clone(&admin_store),
-        ban_cache: Arc::clone(&resilience.ban_cache),
-        upstreams: config.upstreams.clone(),
-        store_optional: config.redis_url.is_none() || config.on_store_error != OnStoreError::Closed,
-        token: config.admin_token.clone(),
-        keys: crate::keys::service::KeyService {
-            store: key_store.clone(),
-            api_key_prefix: config.api_key_prefix.clone(),
-            audit_log: config.audit_log.clone(),
-            who: "admin".to_owned(),
-        },
-        registry: registry_state.clone(),
-    };
-    let mut admin_service = Service::new("admin".to_owned(), admin);
-    admin_service.add_tcp(&config.admin_listen.to_string());
-    admin_service.threads = Some(1);
-    server.add_service(admin_service);
+    server.add_service(admin_service(
+        &config,
+        &catalog,
+        admin_store,
+        &resilience,
+        key_store,
+        registry_state,
+    ));
 
     if let Some(url) = &config.redis_url {
         server.add_service(background_service(
@@ -245,6 +132,160 @@ pub fn run(
         shutdown_signal: shutdown,
     });
     Ok(())
+}
+
+/// The admin listener, on one thread of its own.
+fn admin_service(
+    config: &Config,
+    catalog: &Arc<Catalog>,
+    store: Arc<dyn QuotaStore>,
+    resilience: &Resilience,
+    key_store: KeyStore,
+    registry: Option<Arc<SyncState>>,
+) -> Service<Admin> {
+    let admin = Admin {
+        catalog: Arc::clone(catalog),
+        store,
+        ban_cache: Arc::clone(&resilience.ban_cache),
+        upstreams: config.upstreams.clone(),
+        store_optional: config.redis_url.is_none() || config.on_store_error != OnStoreError::Closed,
+        token: config.admin_token.clone(),
+        keys: crate::keys::service::KeyService {
+            store: key_store,
+            api_key_prefix: config.api_key_prefix.clone(),
+            audit_log: config.audit_log.clone(),
+            who: "admin".to_owned(),
+        },
+        registry,
+    };
+    let mut admin_service = Service::new("admin".to_owned(), admin);
+    admin_service.add_tcp(&config.admin_listen.to_string());
+    admin_service.threads = Some(1);
+    admin_service
+}
+
+/// The proxy's store and the admin listener's. The two run on separate runtimes; in Redis mode
+/// each gets its own connection so admin calls never queue behind request traffic, while the
+/// embedded store must be one and the same map.
+#[allow(clippy::type_complexity)]
+fn stores(config: &Config) -> Result<(Arc<dyn QuotaStore>, Arc<dyn QuotaStore>), ServeError> {
+    Ok(match &config.redis_url {
+        Some(url) => (
+            Arc::new(
+                RedisStore::new(url, &config.key_prefix, config.store_timeout)?
+                    .with_batch_max(config.store_batch_max),
+            ),
+            Arc::new(RedisStore::new(
+                url,
+                &config.key_prefix,
+                Duration::from_millis(500),
+            )?),
+        ),
+        None => {
+            let memory = Arc::new(MemoryStore::new());
+            (memory.clone(), memory)
+        }
+    })
+}
+
+fn log_start(config: &Config, catalog: &Catalog, upgrade: bool) {
+    let snapshot = catalog.snapshot();
+    METRICS.init_plans(snapshot.plans.names());
+    tracing::info!(
+        environment = %config.environment,
+        listen = %config.listen,
+        tls = config.tls.is_some(),
+        admin_listen = %config.admin_listen,
+        upstreams = ?config.upstreams,
+        store = if config.redis_url.is_some() { "redis" } else { "memory" },
+        key_prefix = %config.key_prefix,
+        keys = snapshot.keys.len(),
+        plans = ?snapshot.plans.names(),
+        upgrade,
+        "pet-gateway starting"
+    );
+}
+
+fn pingora_server(config: &Config, upgrade: bool) -> Server {
+    let conf = ServerConf {
+        threads: config.threads,
+        work_stealing: config.work_stealing,
+        upstream_keepalive_pool_size: config.upstream_keepalive_pool_size,
+        grace_period_seconds: Some(config.grace_period_secs),
+        graceful_shutdown_timeout_seconds: Some(config.shutdown_timeout_secs),
+        upgrade_sock: config.upgrade_sock.to_string_lossy().into_owned(),
+        ..ServerConf::default()
+    };
+    let opt = Opt {
+        upgrade,
+        ..Opt::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
+    server.bootstrap();
+    server
+}
+
+/// The keys: the keys file, or the registry with the keys file as this node's snapshot (then
+/// the replica's sync runs as a background service, and its state feeds `/readyz`).
+fn key_source(
+    config: &Config,
+    server: &mut Server,
+    catalog: &Arc<Catalog>,
+) -> Result<(KeyStore, Option<Arc<SyncState>>), ServeError> {
+    let (crate::config::KeysSource::Store, Some(url)) = (config.keys_source, &config.redis_url)
+    else {
+        return Ok((KeyStore::File(config.keys_file.clone()), None));
+    };
+    let registry = Arc::new(
+        crate::keys::registry::Registry::new(url, &config.key_prefix, Duration::from_secs(1))
+            .map_err(|e| ServeError::Registry(e.to_string()))?,
+    );
+    let state = Arc::new(SyncState::default());
+    if config.keys_file.exists() {
+        state.snapshot_only();
+        tracing::info!(snapshot = %config.keys_file.display(),
+            "key registry: starting from this node's snapshot until the registry answers");
+    }
+    server.add_service(background_service(
+        "key registry",
+        RegistrySync(Arc::new(crate::keys::replica::Sync {
+            registry: Arc::clone(&registry),
+            snapshot: config.keys_file.clone(),
+            catalog: Arc::clone(catalog),
+            state: Arc::clone(&state),
+        })),
+    ));
+    Ok((KeyStore::Registry(registry), Some(state)))
+}
+
+/// The public listener: plain HTTP, or TLS with HTTP/2, each request head under its deadline.
+fn proxy_service(
+    config: &Config,
+    server: &Server,
+    gateway: Gateway,
+    certs: Option<Arc<CertResolver>>,
+) -> Result<Service<HeadDeadline<HttpProxy<Gateway>>>, ServeError> {
+    let mut proxy = Service::new(
+        "pet-gateway".to_owned(),
+        HeadDeadline::new(
+            pingora::proxy::http_proxy(&server.configuration, gateway),
+            config.request_header_timeout,
+        ),
+    );
+    let listen = config.listen.to_string();
+    match certs {
+        Some(resolver) => {
+            let mut tls = TlsSettings::intermediate("", "").map_err(|e| TlsError::Load {
+                path: "tls".into(),
+                message: e.to_string(),
+            })?;
+            tls.set_cert_resolver(resolver);
+            tls.enable_h2();
+            proxy.add_tls_with_settings(&listen, None, tls);
+        }
+        None => proxy.add_tcp(&listen),
+    }
+    Ok(proxy)
 }
 
 /// Watches the keys file, the plans directory and the certificate (and SIGHUP) and applies
