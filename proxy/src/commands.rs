@@ -82,6 +82,9 @@ fn check(args: ConfigArgs) -> Result<(), String> {
         snapshot.keys.len(),
         config.keys_file.display(),
     );
+    let file = args.config.as_deref();
+    let report = crate::config::settings_report(file, &Env::process(), &args.overrides);
+    print!("{}", report.map_err(|e| e.to_string())?);
     Ok(())
 }
 
@@ -107,15 +110,7 @@ fn load_for_admin(file: Option<&std::path::Path>, flags: &Overrides) -> Result<C
 }
 
 fn key_config(files: &KeyFiles, admin_listen: Option<&str>) -> Result<Config, String> {
-    let over = Overrides {
-        keys_file: files.keys_file.clone(),
-        plans_dir: files.plans_dir.clone(),
-        audit_log: files.audit_log.clone(),
-        keys_source: files.keys_source,
-        redis_url: files.redis_url.clone(),
-        admin_listen: admin_listen.map(str::to_owned),
-        ..Overrides::default()
-    };
+    let over = files.overrides.0.clone().with("admin_listen", admin_listen);
     load_for_admin(files.config.as_deref(), &over)
 }
 
@@ -481,10 +476,7 @@ fn confirm_revoked(
 }
 
 fn admin_of(args: &AdminArgs) -> Result<AdminClient, String> {
-    let over = Overrides {
-        admin_listen: args.admin_listen.clone(),
-        ..Overrides::default()
-    };
+    let over = Overrides::default().with("admin_listen", args.admin_listen.as_deref());
     Ok(AdminClient::of(&load_for_admin(
         args.config.as_deref(),
         &over,
