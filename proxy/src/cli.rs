@@ -217,3 +217,31 @@ pub enum BansCommand {
         id: String,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent_and_audit_log_is_a_keys_flag_only() {
+        Cli::command().debug_assert();
+        let serve = Cli::try_parse_from(["pet-gateway", "serve", "--audit-log", "a.log"]);
+        assert!(serve.is_err());
+        let keys = Cli::try_parse_from([
+            "pet-gateway",
+            "keys",
+            "list",
+            "--audit-log",
+            "a.log",
+            "--keys-file",
+            "k.toml",
+            "--admin-listen",
+            "127.0.0.1:1",
+        ]);
+        assert!(keys.is_ok(), "{keys:?}");
+        let choice = Cli::try_parse_from(["pet-gateway", "check", "--log-format", "JSON"]);
+        assert!(choice.is_err(), "choices are exact, as before");
+    }
+}

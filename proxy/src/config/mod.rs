@@ -305,11 +305,15 @@ pub fn readme_table() -> String {
         let env = row.env.map_or_else(String::new, |var| {
             format!("`{var}`{}", if list { " (comma-separated)" } else { "" })
         });
-        out.push_str(&format!(
-            "| {key} | {flag} | {env} | {} | {} |\n",
-            row.preset_doc(),
-            row.doc
-        ));
+        for cell in [key, flag, env, row.preset_doc(), row.doc.to_owned()] {
+            // `| |` for an empty cell, as the README writes it.
+            out.push_str("| ");
+            out.push_str(&cell);
+            if !cell.is_empty() {
+                out.push(' ');
+            }
+        }
+        out.push_str("|\n");
     }
     out
 }
@@ -379,6 +383,7 @@ fn is_loopback(host: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::setting::{Kind, Value};
     use super::*;
 
     /// The flags `serve` would parse from `args`.
@@ -612,5 +617,208 @@ upstream_keepalive_pool_size = 16
         let unrelated =
             Env::from_pairs([("PET_GATEWAY_LISTEN", "nowhere")]).only(&["PET_GATEWAY_KEYS_FILE"]);
         assert!(Config::load(None, &unrelated, &Overrides::default()).is_ok());
+    }
+
+    /// A value of `row`'s kind that its flag, variable and file key all accept.
+    fn sample(row: &Row) -> (String, String) {
+        match row.kind {
+            Kind::Int => ("7".into(), "7".into()),
+            Kind::Bool => ("true".into(), "true".into()),
+            Kind::Texts => ("x".into(), "[\"x\"]".into()),
+            Kind::Ints => ("7".into(), "[7]".into()),
+            Kind::Choice(names) => {
+                let name = names()[0].get_name().to_owned();
+                (name.clone(), format!("{name:?}"))
+            }
+            Kind::Text | Kind::Path => ("x".into(), "\"x\"".into()),
+        }
+    }
+
+    /// The flag layer `set`'s command line would give for `args`.
+    fn parsed(set: FlagSet, args: &[&str]) -> Layers {
+        let cmd = Overrides::add_args(clap::Command::new("t"), set);
+        let m = cmd
+            .try_get_matches_from(std::iter::once("t").chain(args.iter().copied()))
+            .unwrap();
+        Layers {
+            flags: Overrides::from_matches(&m, set).layer().clone(),
+            ..Layers::default()
+        }
+    }
+
+    #[test]
+    fn the_flags_and_variables_are_the_ones_operators_script_against() {
+        let expected = [
+            ("listen", "--listen", "PET_GATEWAY_LISTEN"),
+            ("admin_listen", "--admin-listen", "PET_GATEWAY_ADMIN_LISTEN"),
+            ("upstreams", "--upstream", "PET_GATEWAY_UPSTREAM"),
+            ("redis_url", "--redis-url", "PET_GATEWAY_REDIS_URL"),
+            ("key_prefix", "--key-prefix", "PET_GATEWAY_KEY_PREFIX"),
+            (
+                "on_store_error",
+                "--on-store-error",
+                "PET_GATEWAY_ON_STORE_ERROR",
+            ),
+            ("keys_source", "--keys-source", "PET_GATEWAY_KEYS_SOURCE"),
+            ("keys_file", "--keys-file", "PET_GATEWAY_KEYS_FILE"),
+            ("plans_dir", "--plans-dir", "PET_GATEWAY_PLANS_DIR"),
+            ("audit_log", "--audit-log", "PET_GATEWAY_AUDIT_LOG"),
+            ("tls_cert", "--tls-cert", "PET_GATEWAY_TLS_CERT"),
+            ("tls_key", "--tls-key", "PET_GATEWAY_TLS_KEY"),
+            ("log_format", "--log-format", "PET_GATEWAY_LOG_FORMAT"),
+        ];
+        let with_flags: Vec<_> = rows()
+            .filter_map(|r| Some((r.name, r.flag?.name, r.env?)))
+            .collect();
+        assert_eq!(with_flags.len(), expected.len(), "{with_flags:?}");
+        for triple in expected {
+            assert!(with_flags.contains(&triple), "{triple:?}");
+        }
+        let env_only: Vec<_> = rows()
+            .filter(|r| r.flag.is_none())
+            .filter_map(|r| Some((r.name, r.env?, r.secret)))
+            .collect();
+        assert_eq!(env_only, [("admin_token", "PET_GATEWAY_ADMIN_TOKEN", true)]);
+        let keys_only: Vec<_> = rows()
+            .filter(|r| r.flag.is_some_and(|f| !f.serve))
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(keys_only, ["audit_log"]);
+    }
+
+    #[test]
+    fn each_rows_flag_and_variable_are_what_the_layers_read() {
+        for row in rows() {
+            let (text, _) = sample(row);
+            if let Some(flag) = row.flag {
+                let name: &'static [&'static str] = Box::leak(Box::new([row.name]));
+                let set = if flag.serve {
+                    FlagSet::Serve
+                } else {
+                    FlagSet::Named(name)
+                };
+                let layers = parsed(set, &[flag.name, &text]);
+                let origin = layers.given(row).map(|(_, o)| o);
+                assert_eq!(origin, Some(Origin::Flag(flag.name)), "{}", row.name);
+            }
+            if let Some(var) = row.env {
+                let layers = Layers {
+                    env: Env::from_pairs([(var, text.as_str())]).layer(),
+                    ..Layers::default()
+                };
+                let origin = layers.given(row).map(|(_, o)| o);
+                assert_eq!(origin, Some(Origin::Env(var)), "{}", row.name);
+            }
+        }
+        // `serve` does not take the flag of the `keys` commands only.
+        let cmd = Overrides::add_args(clap::Command::new("t"), FlagSet::Serve);
+        assert!(cmd.try_get_matches_from(["t", "--audit-log", "a"]).is_err());
+    }
+
+    #[test]
+    fn the_file_takes_every_rows_key_and_no_other() {
+        let dir = tempfile::tempdir().unwrap();
+        for row in rows() {
+            let (_, toml) = sample(row);
+            let text = match row.name.split_once('.') {
+                Some((table, key)) => format!("[{table}]\n{key} = {toml}\n"),
+                None => format!("{} = {toml}\n", row.name),
+            };
+            let layer = file::read(&write(dir.path(), &text)).unwrap();
+            assert!(layer.get(row.name).is_some(), "{text}");
+            let flat = row.name.contains('.').then(|| row.name.replace('.', "_"));
+            for wrong in flat
+                .into_iter()
+                .chain([format!("{}s", row.name), row.name.to_uppercase()])
+            {
+                let wrong = format!("{wrong} = {toml}\n");
+                let e = file::read(&write(dir.path(), &wrong))
+                    .unwrap_err()
+                    .to_string();
+                assert!(
+                    e.contains("gw.toml") && e.contains("unknown field"),
+                    "{wrong}: {e}"
+                );
+            }
+        }
+        let e = file::read(&write(dir.path(), "[ban]\nstrike = 1\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`ban.strike`"), "{e}");
+    }
+
+    #[test]
+    fn flags_beat_the_environment_which_beats_the_file_which_beats_the_default() {
+        let path = PathBuf::from("gw.toml");
+        for row in rows() {
+            let value = |layer: &str| Value::Text(format!("{layer}-{}", row.name));
+            let mut l = Layers {
+                file_path: Some(path.clone()),
+                ..Layers::default()
+            };
+            assert_eq!(l.given(row), None, "{}: the default", row.name);
+            l.file.set(row.name, value("file"));
+            let from_file = Some((value("file"), Origin::File(path.clone())));
+            assert_eq!(l.given(row), from_file, "{}", row.name);
+            l.env.set(row.name, value("env"));
+            if let Some(var) = row.env {
+                assert_eq!(l.given(row), Some((value("env"), Origin::Env(var))));
+            }
+            l.flags.set(row.name, value("flag"));
+            match (row.flag, row.env) {
+                (Some(flag), _) => {
+                    assert_eq!(l.given(row), Some((value("flag"), Origin::Flag(flag.name))))
+                }
+                (None, Some(var)) => {
+                    assert_eq!(l.given(row), Some((value("env"), Origin::Env(var))))
+                }
+                (None, None) => assert_eq!(l.given(row), from_file),
+            }
+        }
+    }
+
+    #[test]
+    fn the_readme_shows_the_table_of_the_rows() {
+        let readme =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+        let table = readme_table();
+        assert!(
+            readme.contains(&table),
+            "README.md's settings table is not the rows'; it should read:\n{table}"
+        );
+    }
+
+    #[test]
+    fn the_report_shows_each_value_and_its_layer_but_never_a_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "environment = \"staging\"\nthreads = 3\n");
+        let token = "Zm9vYmFyYmF6cXV4cXV1eA==";
+        let env = Env::from_pairs([
+            ("PET_GATEWAY_ADMIN_TOKEN", token),
+            ("PET_GATEWAY_LISTEN", "127.0.0.1:7001"),
+        ]);
+        let report = settings_report(Some(&path), &env, &flags(&["--log-format", "json"])).unwrap();
+        let line = |name: &str| {
+            let line = report.lines().find(|l| l.starts_with(&format!("{name} ")));
+            line.unwrap_or_default()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(line("environment"), ["environment", "staging", "file"]);
+        assert_eq!(line("threads"), ["threads", "3", "file"]);
+        assert_eq!(
+            line("listen"),
+            ["listen", "127.0.0.1:7001", "env", "PET_GATEWAY_LISTEN"]
+        );
+        assert_eq!(
+            line("log_format"),
+            ["log_format", "json", "flag", "--log-format"]
+        );
+        assert_eq!(line("key_prefix"), ["key_prefix", "pet:staging", "default"]);
+        assert_eq!(line("admin_token")[1], "(set)");
+        assert!(!report.contains(token), "{report}");
+        assert_eq!(report.lines().count(), rows().count() + 1, "{report}");
+        let unset = settings_report(None, &Env::default(), &Overrides::default()).unwrap();
+        assert!(unset.contains("(unset)"), "{unset}");
     }
 }
