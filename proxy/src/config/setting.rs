@@ -226,6 +226,20 @@ impl Value {
     }
 }
 
+/// `redis://user:pw@host` as `redis://user:***@host`.
+fn without_password(url: &str) -> String {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    match url[start..].find('@') {
+        Some(at) => {
+            let userinfo = &url[start..start + at];
+            let user = userinfo.split(':').next().unwrap_or_default();
+            let hidden = if userinfo.contains(':') { ":***" } else { "" };
+            format!("{}{user}{hidden}{}", &url[..start], &url[start + at..])
+        }
+        None => url.to_owned(),
+    }
+}
+
 fn number(text: &str) -> Result<u64, String> {
     text.trim()
         .parse()
@@ -258,12 +272,18 @@ impl Row {
         }
     }
 
+    /// For `check`'s report, which people paste into tickets: a secret is never shown, nor the
+    /// password a Redis URL may carry.
     fn shown(&self, value: &Value) -> String {
         if self.secret {
-            "(set)".to_owned()
-        } else {
-            value.render()
+            return "(set)".to_owned();
         }
+        let shown = value.render();
+        if !shown.contains('@') {
+            return shown;
+        }
+        let parts: Vec<String> = shown.split(',').map(without_password).collect();
+        parts.join(",")
     }
 }
 
@@ -342,7 +362,8 @@ impl Layers {
         let Some((value, origin)) = given else {
             if let Preset::Absent(doc) = row.preset {
                 let shown = if row.secret { "(unset)" } else { doc };
-                self.record(row, shown.replace('`', ""), Origin::Default);
+                let shown = shown.trim_start_matches("absent: ").replace('`', "");
+                self.record(row, shown, Origin::Default);
             }
             return Ok(None);
         };

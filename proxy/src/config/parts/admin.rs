@@ -3,9 +3,8 @@
 use std::net::SocketAddr;
 
 use super::super::setting::{Kind, Layers, Preset, Row, Setting, Value};
-use super::super::ConfigError;
+use super::super::{ConfigError, MAX_TOKEN_LEN};
 use super::socket_addr;
-use crate::auth::MAX_TOKEN_LEN;
 
 const ADMIN_LISTEN: Setting<SocketAddr> = Setting::new(
     "admin_listen",

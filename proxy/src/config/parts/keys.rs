@@ -3,9 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use super::super::setting::{Kind, Layers, Preset, Row, Setting, Value};
-use super::super::{ConfigError, KeysSource};
+use super::super::{default_prefix, valid_prefix, ConfigError, KeysSource};
 use super::{choice, parse_choice};
-use crate::key_format::{default_prefix, valid_prefix};
 
 const KEYS_SOURCE: Setting<KeysSource> = Setting::new(
     "keys_source",

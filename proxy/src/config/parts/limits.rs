@@ -2,10 +2,8 @@
 //! sending after a 429.
 
 use super::super::setting::{Kind, Layers, Preset, Row, Setting, Value};
-use super::super::ConfigError;
+use super::super::{BanPolicy, ConfigError, UnauthSettings};
 use super::at_least_one;
-use crate::quota::BanPolicy;
-use crate::unauth::UnauthSettings;
 
 const UNAUTHENTICATED_PER_MINUTE: Setting<u32> = Setting::new(
     "unauthenticated_per_minute",

@@ -3,9 +3,8 @@
 use std::time::Duration;
 
 use super::super::setting::{Kind, Layers, Preset, Row, Setting, Value};
-use super::super::{ConfigError, OnStoreError};
+use super::super::{ConfigError, OnStoreError, RedisTarget, DEFAULT_BATCH_MAX};
 use super::{choice, millis, parse_choice};
-use crate::store::{RedisTarget, DEFAULT_BATCH_MAX};
 
 /// A script run blocks the Redis it runs on; past this many decisions one run would hold it for
 /// milliseconds, delaying every other client.
