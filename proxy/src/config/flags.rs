@@ -60,6 +60,7 @@ impl Overrides {
     /// `keys` commands' `--admin-listen`); `None` leaves it unset.
     pub fn with(mut self, name: &str, value: Option<&str>) -> Overrides {
         let row = super::rows().find(|r| r.name == name && r.flag.is_some());
+        debug_assert!(row.is_some(), "`{name}` is no setting with a flag");
         if let (Some(row), Some(value)) = (row, value) {
             self.layer.set(row.name, Value::from_text(row.kind, value));
         }

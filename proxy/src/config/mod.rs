@@ -783,6 +783,37 @@ upstream_keepalive_pool_size = 16
     }
 
     #[test]
+    fn every_shipped_config_loads() {
+        let deploy = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy"));
+        let mut loaded = 0;
+        for entry in std::fs::read_dir(deploy).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let c = Config::load(Some(&path), &Env::default(), &Overrides::default());
+                assert!(c.is_ok(), "{}: {c:?}", path.display());
+                loaded += 1;
+            }
+        }
+        assert!(loaded >= 3);
+    }
+
+    #[test]
+    fn a_commands_own_flag_is_a_flag_of_its_setting() {
+        let over = Overrides::default().with("admin_listen", Some("127.0.0.1:9999"));
+        let env = Env::from_pairs([("PET_GATEWAY_ADMIN_LISTEN", "127.0.0.1:9998")]);
+        let c = Config::load(None, &env, &over).unwrap();
+        assert_eq!(c.admin_listen.port(), 9999);
+        let unset = Overrides::default().with("admin_listen", None);
+        assert_eq!(
+            Config::load(None, &env, &unset)
+                .unwrap()
+                .admin_listen
+                .port(),
+            9998
+        );
+    }
+
+    #[test]
     fn the_readme_shows_the_table_of_the_rows() {
         let readme =
             std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();

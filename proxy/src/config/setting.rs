@@ -384,11 +384,13 @@ impl Layers {
             .ok_or_else(|| Origin::Default.error(&s.row, "has no default".to_owned()))
     }
 
-    /// The value alone.
+    /// For the settings no later check blames.
     pub fn value<T>(&self, s: &Setting<T>) -> Result<T, ConfigError> {
         self.required(s).map(|sourced| sourced.value)
     }
 
+    /// A setting validated but missing from its part's table would be refused in the file and
+    /// read from no flag or variable: fail at once, on the defaults every test loads.
     fn check<T>(
         &self,
         s: &Setting<T>,
