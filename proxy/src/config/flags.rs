@@ -1,5 +1,5 @@
-//! The command-line layer (clap) and the environment layer beside it. Both give only the
-//! settings an operator overrides per run; everything else lives in the file.
+//! The command-line layer (clap, one flag per row that has one) and the environment layer beside
+//! it.
 //!
 //! The environment is read here rather than by clap, so that a value remembers whether it came
 //! from a flag or a variable and an error can name the one that really supplied it.
@@ -7,77 +7,135 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use clap::ValueEnum;
+use clap::builder::PossibleValuesParser;
+use clap::{Arg, ArgAction, ArgMatches};
 
-use super::{ConfigError, KeysSource, Layer, LogFormat, OnStoreError, Setting};
-use super::{
-    ADMIN_LISTEN, ADMIN_TOKEN, AUDIT_LOG, KEYS_FILE, KEYS_SOURCE, KEY_PREFIX, LISTEN, LOG_FORMAT,
-    ON_STORE_ERROR, PLANS_DIR, REDIS_URL, TLS_CERT, TLS_KEY, UPSTREAMS,
-};
+use super::setting::{Flag, Kind, Layer, Row, Value};
 
-/// The flags that override the file (each also has an environment variable, read by [`Env`]).
-#[derive(Debug, Clone, Default, clap::Args)]
+/// Which rows' flags a command takes.
+#[derive(Debug, Clone, Copy)]
+pub enum FlagSet {
+    /// `serve` and `check`: every flag but those of the `keys` commands only.
+    Serve,
+    /// These settings' flags, by name.
+    Named(&'static [&'static str]),
+}
+
+impl FlagSet {
+    fn rows(self) -> impl Iterator<Item = (&'static Row, Flag)> {
+        super::rows()
+            .filter_map(|row| row.flag.map(|flag| (row, flag)))
+            .filter(move |(row, flag)| match self {
+                FlagSet::Serve => flag.serve,
+                FlagSet::Named(names) => names.contains(&row.name),
+            })
+    }
+}
+
+/// The flags that override the file and the environment: the flag layer.
+#[derive(Debug, Clone, Default)]
 pub struct Overrides {
-    /// Public listening address [env: PET_GATEWAY_LISTEN].
-    #[arg(long, value_name = "ADDR")]
-    pub listen: Option<String>,
-    /// Admin listening address (health, metrics) [env: PET_GATEWAY_ADMIN_LISTEN].
-    #[arg(long, value_name = "ADDR")]
-    pub admin_listen: Option<String>,
-    /// Backend address; repeat (or comma-separate) for several [env: PET_GATEWAY_UPSTREAM].
-    #[arg(long = "upstream", value_name = "ADDR", value_delimiter = ',')]
-    pub upstreams: Vec<String>,
-    /// Redis URL of the shared quota store; empty: the embedded store [env: PET_GATEWAY_REDIS_URL].
-    #[arg(long, value_name = "URL")]
-    pub redis_url: Option<String>,
-    /// Prefix of every Redis key (one per environment) [env: PET_GATEWAY_KEY_PREFIX].
-    #[arg(long, value_name = "P")]
-    pub key_prefix: Option<String>,
-    /// The keys file [env: PET_GATEWAY_KEYS_FILE].
-    #[arg(long, value_name = "PATH")]
-    pub keys_file: Option<PathBuf>,
-    /// The plans directory [env: PET_GATEWAY_PLANS_DIR].
-    #[arg(long, value_name = "DIR")]
-    pub plans_dir: Option<PathBuf>,
-    /// What to do when the quota store fails: local, open or closed [env: PET_GATEWAY_ON_STORE_ERROR].
-    #[arg(long, value_name = "MODE")]
-    pub on_store_error: Option<OnStoreError>,
-    /// Certificate chain (PEM) for TLS on the public listener; needs --tls-key [env: PET_GATEWAY_TLS_CERT].
-    #[arg(long, value_name = "PATH")]
-    pub tls_cert: Option<PathBuf>,
-    /// Private key (PEM) for TLS on the public listener; needs --tls-cert [env: PET_GATEWAY_TLS_KEY].
-    #[arg(long, value_name = "PATH")]
-    pub tls_key: Option<PathBuf>,
-    /// Log format: text or json [env: PET_GATEWAY_LOG_FORMAT].
-    #[arg(long, value_name = "FORMAT")]
-    pub log_format: Option<LogFormat>,
-    /// Where the keys live: file, or store (the fleet-wide registry in the quota store's Redis)
-    /// [env: PET_GATEWAY_KEYS_SOURCE].
-    #[arg(long, value_name = "SOURCE")]
-    pub keys_source: Option<KeysSource>,
-    /// The audit log of key changes; a flag of the `keys` commands only.
-    #[arg(skip)]
-    pub audit_log: Option<PathBuf>,
+    layer: Layer,
 }
 
 impl Overrides {
-    pub fn layer(&self) -> Layer {
-        Layer {
-            listen: self.listen.clone(),
-            admin_listen: self.admin_listen.clone(),
-            upstreams: Some(self.upstreams.clone()).filter(|u| !u.is_empty()),
-            redis_url: self.redis_url.clone(),
-            key_prefix: self.key_prefix.clone(),
-            keys_file: self.keys_file.clone(),
-            plans_dir: self.plans_dir.clone(),
-            on_store_error: self.on_store_error,
-            tls_cert: self.tls_cert.clone(),
-            tls_key: self.tls_key.clone(),
-            log_format: self.log_format,
-            audit_log: self.audit_log.clone(),
-            keys_source: self.keys_source,
-            ..Layer::default()
+    /// Adds the flags of `set` to a command, each with its row's doc as help.
+    pub fn add_args(cmd: clap::Command, set: FlagSet) -> clap::Command {
+        set.rows()
+            .fold(cmd, |cmd, (row, flag)| cmd.arg(flag_arg(row, flag)))
+    }
+
+    /// The flags of `set` that the command line gave.
+    pub fn from_matches(m: &ArgMatches, set: FlagSet) -> Overrides {
+        let mut layer = Layer::default();
+        for (row, _) in set.rows() {
+            if let Some(value) = flag_value(m, row) {
+                layer.set(row.name, value);
+            }
         }
+        Overrides { layer }
+    }
+
+    /// A setting's flag given by a command's own argument rather than the table's flag (the
+    /// `keys` commands' `--admin-listen`); `None` leaves it unset.
+    pub fn with(mut self, name: &str, value: Option<&str>) -> Overrides {
+        let row = super::rows().find(|r| r.name == name && r.flag.is_some());
+        debug_assert!(row.is_some(), "`{name}` is no setting with a flag");
+        if let (Some(row), Some(value)) = (row, value) {
+            self.layer.set(row.name, Value::from_text(row.kind, value));
+        }
+        self
+    }
+
+    pub(super) fn layer(&self) -> &Layer {
+        &self.layer
+    }
+}
+
+fn flag_arg(row: &'static Row, flag: Flag) -> Arg {
+    let help = match row.env {
+        Some(var) => format!("{} [env: {var}]", row.doc),
+        None => row.doc.to_owned(),
+    };
+    let arg = Arg::new(row.name)
+        .long(flag.name.trim_start_matches('-'))
+        .value_name(flag.value_name)
+        .help(help);
+    match row.kind {
+        Kind::Text => arg.value_parser(clap::value_parser!(String)),
+        Kind::Path => arg.value_parser(clap::value_parser!(PathBuf)),
+        Kind::Int => arg.value_parser(clap::value_parser!(u64)),
+        Kind::Bool => arg.value_parser(clap::value_parser!(bool)),
+        Kind::Choice(names) => arg.value_parser(PossibleValuesParser::new(names())),
+        Kind::Texts => arg
+            .value_parser(clap::value_parser!(String))
+            .action(ArgAction::Append)
+            .value_delimiter(','),
+        Kind::Ints => arg
+            .value_parser(clap::value_parser!(u64))
+            .action(ArgAction::Append)
+            .value_delimiter(','),
+    }
+}
+
+/// The value clap parsed for `row`, as its kind holds it; an empty list is no value.
+fn flag_value(m: &ArgMatches, row: &Row) -> Option<Value> {
+    fn one<T: Clone + Send + Sync + 'static>(m: &ArgMatches, id: &str) -> Option<T> {
+        m.try_get_one::<T>(id).ok().flatten().cloned()
+    }
+    fn many<T: Clone + Send + Sync + 'static>(m: &ArgMatches, id: &str) -> Option<Vec<T>> {
+        let values: Vec<T> = m.try_get_many::<T>(id).ok().flatten()?.cloned().collect();
+        (!values.is_empty()).then_some(values)
+    }
+    let id = row.name;
+    match row.kind {
+        Kind::Text | Kind::Choice(_) => one::<String>(m, id).map(Value::Text),
+        Kind::Path => one::<PathBuf>(m, id).map(Value::Path),
+        Kind::Int => one::<u64>(m, id).map(Value::Int),
+        Kind::Bool => one::<bool>(m, id).map(Value::Bool),
+        Kind::Texts => many::<String>(m, id).map(Value::Texts),
+        Kind::Ints => many::<u64>(m, id).map(Value::Ints),
+    }
+}
+
+impl clap::FromArgMatches for Overrides {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        Ok(Overrides::from_matches(m, FlagSet::Serve))
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Overrides::from_matches(m, FlagSet::Serve);
+        Ok(())
+    }
+}
+
+impl clap::Args for Overrides {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        Overrides::add_args(cmd, FlagSet::Serve)
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Overrides::add_args(cmd, FlagSet::Serve)
     }
 }
 
@@ -115,54 +173,15 @@ impl Env {
         }
     }
 
-    fn get(&self, s: &Setting) -> Option<String> {
-        s.env.and_then(|name| self.vars.get(name).cloned())
-    }
-
-    /// A choice, checked as clap checks the flag (case-sensitive); not checked at all when a
-    /// flag overrides it (`overridden`), as flags > environment.
-    fn choice<T: ValueEnum>(
-        &self,
-        s: &Setting,
-        overridden: bool,
-    ) -> Result<Option<T>, ConfigError> {
-        if overridden {
-            return Ok(None);
+    /// This layer, unchecked: a value is checked only if it wins the merge, so a flag makes a
+    /// bad variable of the same setting irrelevant.
+    pub(super) fn layer(&self) -> Layer {
+        let mut layer = Layer::default();
+        for row in super::rows() {
+            if let Some(text) = row.env.and_then(|var| self.vars.get(var)) {
+                layer.set(row.name, Value::from_text(row.kind, text));
+            }
         }
-        self.get(s)
-            .map(|v| {
-                T::from_str(&v, false).map_err(|_| {
-                    let choices: Vec<String> = T::value_variants()
-                        .iter()
-                        .filter_map(|c| c.to_possible_value())
-                        .map(|p| p.get_name().to_owned())
-                        .collect();
-                    s.invalid_env(format!("`{v}` is not one of {}", choices.join(", ")))
-                })
-            })
-            .transpose()
-    }
-
-    /// This layer; `flags` is the layer above it, whose values make these unused.
-    pub fn layer(&self, flags: &Layer) -> Result<Layer, ConfigError> {
-        Ok(Layer {
-            listen: self.get(&LISTEN),
-            admin_listen: self.get(&ADMIN_LISTEN),
-            upstreams: self
-                .get(&UPSTREAMS)
-                .map(|v| v.split(',').map(str::to_owned).collect()),
-            redis_url: self.get(&REDIS_URL),
-            key_prefix: self.get(&KEY_PREFIX),
-            keys_file: self.get(&KEYS_FILE).map(PathBuf::from),
-            plans_dir: self.get(&PLANS_DIR).map(PathBuf::from),
-            on_store_error: self.choice(&ON_STORE_ERROR, flags.on_store_error.is_some())?,
-            tls_cert: self.get(&TLS_CERT).map(PathBuf::from),
-            tls_key: self.get(&TLS_KEY).map(PathBuf::from),
-            log_format: self.choice(&LOG_FORMAT, flags.log_format.is_some())?,
-            audit_log: self.get(&AUDIT_LOG).map(PathBuf::from),
-            keys_source: self.choice(&KEYS_SOURCE, flags.keys_source.is_some())?,
-            admin_token: self.get(&ADMIN_TOKEN),
-            ..Layer::default()
-        })
+        layer
     }
 }

@@ -1,11 +1,12 @@
 //! One internal [`Config`], produced from three layers with a stated precedence:
 //! command-line flags > environment variables > the config file > built-in defaults.
 //!
-//! `load` = read each layer ([`file`], [`flags`]: flags and environment) into a [`Layer`] →
-//! merge them, each value remembering the layer it came from ([`Sourced`]) → validate into
-//! [`Config`]. Every error names the layer that really supplied the bad value: the file and its
-//! field, the flag, or the environment variable. Adding a setting costs one line per layer and
-//! one in [`validate`].
+//! Each setting is declared once, as a row of its part's table ([`parts`]): its file key, flag,
+//! variable, default, check and meaning. From the rows come the file layer ([`file`]), the flag
+//! and environment layers ([`flags`]), the merge ([`setting::Layers`]), each part's validation,
+//! the README's settings table ([`readme_table`]) and `check`'s report ([`settings_report`]).
+//! Every error names the layer that really supplied the bad value: the file and its field, the
+//! flag, or the environment variable.
 //!
 //! Relative paths in a config file are relative to that file's directory, so a config works
 //! from wherever the gateway is started; relative paths from flags or the environment are
@@ -13,16 +14,25 @@
 
 mod file;
 mod flags;
+mod parts;
+mod setting;
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use self::flags::{Env, Overrides};
+pub use self::flags::{Env, FlagSet, Overrides};
+use self::setting::{Layers, Row};
+// Every module outside config that the settings use, named here only, so a move of one of them
+// is one line to fix; the parts take them from here (`super::super::BanPolicy`).
+use crate::base::redis::RedisTarget;
+use crate::http::auth::MAX_TOKEN_LEN;
+use crate::keys::format::{default_prefix, valid_prefix};
 use crate::quota::admission::OnStoreError;
 use crate::quota::rules::BanPolicy;
+use crate::quota::store::redis::DEFAULT_BATCH_MAX;
 use crate::quota::unauth::UnauthSettings;
 
 /// Where the API keys live.
@@ -125,137 +135,6 @@ pub enum ConfigError {
     },
 }
 
-/// One layer's settings: `Some` where that layer gives a value. Every layer produces this one
-/// shape, so merging is the same for all of them.
-#[derive(Debug, Clone, Default)]
-pub struct Layer {
-    pub environment: Option<String>,
-    pub listen: Option<String>,
-    pub admin_listen: Option<String>,
-    pub admin_token: Option<String>,
-    pub upstreams: Option<Vec<String>>,
-    pub redis_url: Option<String>,
-    pub key_prefix: Option<String>,
-    pub api_key_prefix: Option<String>,
-    pub keys_source: Option<KeysSource>,
-    pub audit_log: Option<PathBuf>,
-    pub keys_file: Option<PathBuf>,
-    pub plans_dir: Option<PathBuf>,
-    pub store_timeout_ms: Option<u64>,
-    pub store_batch_max: Option<usize>,
-    pub on_store_error: Option<OnStoreError>,
-    pub threads: Option<usize>,
-    pub work_stealing: Option<bool>,
-    pub upstream_keepalive_pool_size: Option<usize>,
-    pub unauthenticated_per_minute: Option<u32>,
-    pub unauthenticated_ipv6_prefix: Option<u8>,
-    pub unauthenticated_max_tracked: Option<usize>,
-    pub trusted_proxies: Option<Vec<String>>,
-    pub request_header_timeout_ms: Option<u64>,
-    pub upstream_connect_timeout_ms: Option<u64>,
-    pub upstream_read_timeout_ms: Option<u64>,
-    pub client_read_timeout_ms: Option<u64>,
-    pub reload_interval_ms: Option<u64>,
-    pub tls_cert: Option<PathBuf>,
-    pub tls_key: Option<PathBuf>,
-    pub log_format: Option<LogFormat>,
-    pub grace_period_secs: Option<u64>,
-    pub shutdown_timeout_secs: Option<u64>,
-    pub upgrade_sock: Option<PathBuf>,
-    pub ban_strikes: Option<u64>,
-    pub ban_durations_secs: Option<Vec<u64>>,
-    pub ban_decay_secs: Option<u64>,
-}
-
-/// A setting's names in each layer.
-#[derive(Debug)]
-pub struct Setting {
-    /// The file's key (`ban.strikes` for a table's field).
-    file: &'static str,
-    flag: Option<&'static str>,
-    env: Option<&'static str>,
-}
-
-impl Setting {
-    const fn file_only(file: &'static str) -> Setting {
-        Setting {
-            file,
-            flag: None,
-            env: None,
-        }
-    }
-
-    /// In the file or the environment, never a flag (a flag shows in `ps`).
-    const fn secret(file: &'static str, env: &'static str) -> Setting {
-        Setting {
-            file,
-            flag: None,
-            env: Some(env),
-        }
-    }
-
-    const fn overridable(file: &'static str, flag: &'static str, env: &'static str) -> Setting {
-        Setting {
-            file,
-            flag: Some(flag),
-            env: Some(env),
-        }
-    }
-
-    fn invalid_env(&self, message: String) -> ConfigError {
-        Origin::Env(self.env.unwrap_or("?")).error(self, message)
-    }
-}
-
-const ENVIRONMENT: Setting = Setting::file_only("environment");
-const LISTEN: Setting = Setting::overridable("listen", "--listen", "PET_GATEWAY_LISTEN");
-const ADMIN_LISTEN: Setting =
-    Setting::overridable("admin_listen", "--admin-listen", "PET_GATEWAY_ADMIN_LISTEN");
-const ADMIN_TOKEN: Setting = Setting::secret("admin_token", "PET_GATEWAY_ADMIN_TOKEN");
-const UPSTREAMS: Setting = Setting::overridable("upstreams", "--upstream", "PET_GATEWAY_UPSTREAM");
-const REDIS_URL: Setting =
-    Setting::overridable("redis_url", "--redis-url", "PET_GATEWAY_REDIS_URL");
-const KEY_PREFIX: Setting =
-    Setting::overridable("key_prefix", "--key-prefix", "PET_GATEWAY_KEY_PREFIX");
-const API_KEY_PREFIX: Setting = Setting::file_only("api_key_prefix");
-const KEYS_SOURCE: Setting =
-    Setting::overridable("keys_source", "--keys-source", "PET_GATEWAY_KEYS_SOURCE");
-const AUDIT_LOG: Setting =
-    Setting::overridable("audit_log", "--audit-log", "PET_GATEWAY_AUDIT_LOG");
-const KEYS_FILE: Setting =
-    Setting::overridable("keys_file", "--keys-file", "PET_GATEWAY_KEYS_FILE");
-const PLANS_DIR: Setting =
-    Setting::overridable("plans_dir", "--plans-dir", "PET_GATEWAY_PLANS_DIR");
-const STORE_TIMEOUT_MS: Setting = Setting::file_only("store_timeout_ms");
-const STORE_BATCH_MAX: Setting = Setting::file_only("store_batch_max");
-const ON_STORE_ERROR: Setting = Setting::overridable(
-    "on_store_error",
-    "--on-store-error",
-    "PET_GATEWAY_ON_STORE_ERROR",
-);
-const THREADS: Setting = Setting::file_only("threads");
-const WORK_STEALING: Setting = Setting::file_only("work_stealing");
-const UPSTREAM_KEEPALIVE_POOL_SIZE: Setting = Setting::file_only("upstream_keepalive_pool_size");
-const UNAUTHENTICATED_PER_MINUTE: Setting = Setting::file_only("unauthenticated_per_minute");
-const UNAUTHENTICATED_IPV6_PREFIX: Setting = Setting::file_only("unauthenticated_ipv6_prefix");
-const UNAUTHENTICATED_MAX_TRACKED: Setting = Setting::file_only("unauthenticated_max_tracked");
-const TRUSTED_PROXIES: Setting = Setting::file_only("trusted_proxies");
-const REQUEST_HEADER_TIMEOUT_MS: Setting = Setting::file_only("request_header_timeout_ms");
-const UPSTREAM_CONNECT_TIMEOUT_MS: Setting = Setting::file_only("upstream_connect_timeout_ms");
-const UPSTREAM_READ_TIMEOUT_MS: Setting = Setting::file_only("upstream_read_timeout_ms");
-const CLIENT_READ_TIMEOUT_MS: Setting = Setting::file_only("client_read_timeout_ms");
-const RELOAD_INTERVAL_MS: Setting = Setting::file_only("reload_interval_ms");
-const TLS_CERT: Setting = Setting::overridable("tls_cert", "--tls-cert", "PET_GATEWAY_TLS_CERT");
-const TLS_KEY: Setting = Setting::overridable("tls_key", "--tls-key", "PET_GATEWAY_TLS_KEY");
-const LOG_FORMAT: Setting =
-    Setting::overridable("log_format", "--log-format", "PET_GATEWAY_LOG_FORMAT");
-const GRACE_PERIOD_SECS: Setting = Setting::file_only("grace_period_secs");
-const SHUTDOWN_TIMEOUT_SECS: Setting = Setting::file_only("shutdown_timeout_secs");
-const UPGRADE_SOCK: Setting = Setting::file_only("upgrade_sock");
-const BAN_STRIKES: Setting = Setting::file_only("ban.strikes");
-const BAN_DURATIONS_SECS: Setting = Setting::file_only("ban.durations_secs");
-const BAN_DECAY_SECS: Setting = Setting::file_only("ban.decay_secs");
-
 /// Which layer gave a value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Origin {
@@ -266,14 +145,11 @@ pub enum Origin {
 }
 
 impl Origin {
-    /// An error about `setting`'s value, naming where that value came from.
-    fn error(&self, setting: &Setting, message: String) -> ConfigError {
+    /// An error about `row`'s value, naming where that value came from.
+    fn error(&self, row: &Row, message: String) -> ConfigError {
         let (source_name, name) = match self {
-            Origin::Default => ("built-in default".to_owned(), format!("`{}`", setting.file)),
-            Origin::File(path) => (
-                path.display().to_string(),
-                format!("field `{}`", setting.file),
-            ),
+            Origin::Default => ("built-in default".to_owned(), format!("`{}`", row.name)),
+            Origin::File(path) => (path.display().to_string(), format!("field `{}`", row.name)),
             Origin::Env(var) => ("environment".to_owned(), (*var).to_owned()),
             Origin::Flag(flag) => ("command line".to_owned(), (*flag).to_owned()),
         };
@@ -282,92 +158,159 @@ impl Origin {
             message: format!("{name}: {message}"),
         }
     }
-}
 
-/// A value and the layer it came from.
-#[derive(Debug, Clone)]
-pub struct Sourced<T> {
-    pub value: T,
-    pub origin: Origin,
-    setting: &'static Setting,
-}
-
-impl<T> Sourced<T> {
-    /// Checks or converts the value; an error names the layer that gave it.
-    fn parse<U>(self, f: impl FnOnce(T) -> Result<U, String>) -> Result<U, ConfigError> {
-        f(self.value).map_err(|m| self.origin.error(self.setting, m))
-    }
-
-    fn error(&self, message: String) -> ConfigError {
-        self.origin.error(self.setting, message)
-    }
-}
-
-/// The layers, highest precedence first.
-struct Layers {
-    flags: Layer,
-    env: Layer,
-    file: Layer,
-    file_path: Option<PathBuf>,
-}
-
-impl Layers {
-    /// The value of the highest layer that gives one.
-    fn get<T: Clone>(
-        &self,
-        setting: &'static Setting,
-        field: fn(&Layer) -> &Option<T>,
-    ) -> Option<Sourced<T>> {
-        let sourced = |value: &T, origin| {
-            Some(Sourced {
-                value: value.clone(),
-                origin,
-                setting,
-            })
-        };
-        if let (Some(v), Some(flag)) = (field(&self.flags), setting.flag) {
-            return sourced(v, Origin::Flag(flag));
-        }
-        if let (Some(v), Some(var)) = (field(&self.env), setting.env) {
-            return sourced(v, Origin::Env(var));
-        }
-        match (field(&self.file), &self.file_path) {
-            (Some(v), Some(path)) => sourced(v, Origin::File(path.clone())),
-            _ => None,
+    /// For `check`'s report: which layer, without the file's path (printed above it).
+    fn label(&self) -> String {
+        match self {
+            Origin::Default => "default".to_owned(),
+            Origin::File(_) => "file".to_owned(),
+            Origin::Env(var) => format!("env {var}"),
+            Origin::Flag(flag) => format!("flag {flag}"),
         }
     }
+}
 
-    /// The value of the highest layer that gives one, else `default`.
-    fn or<T: Clone>(
-        &self,
-        setting: &'static Setting,
-        field: fn(&Layer) -> &Option<T>,
-        default: T,
-    ) -> Sourced<T> {
-        self.get(setting, field).unwrap_or(Sourced {
-            value: default,
-            origin: Origin::Default,
-            setting,
-        })
-    }
+/// Every setting's row, part by part.
+fn rows() -> impl Iterator<Item = &'static Row> {
+    parts::ALL.iter().flat_map(|part| part.iter())
 }
 
 impl Config {
     /// Reads `file` (if any), the environment and the flags, merges them and validates the
     /// result.
     pub fn load(file: Option<&Path>, env: &Env, flags: &Overrides) -> Result<Config, ConfigError> {
-        let flags = flags.layer();
-        let layers = Layers {
-            env: env.layer(&flags)?,
-            flags,
-            file: match file {
-                Some(path) => file::read(path)?,
-                None => Layer::default(),
-            },
-            file_path: file.map(Path::to_owned),
-        };
-        validate(&layers)
+        Ok(load_layers(file, env, flags)?.0)
     }
+}
+
+/// The config, and the layers it came from with a record of each value in force.
+fn load_layers(
+    file: Option<&Path>,
+    env: &Env,
+    flags: &Overrides,
+) -> Result<(Config, Layers), ConfigError> {
+    let layers = Layers {
+        flags: flags.layer().clone(),
+        env: env.layer(),
+        file: match file {
+            Some(path) => file::read(path)?,
+            None => Default::default(),
+        },
+        file_path: file.map(Path::to_owned),
+        resolved: Default::default(),
+    };
+    Ok((validate(&layers)?, layers))
+}
+
+/// Each part validates its own section; the parts a later one depends on come first.
+fn validate(l: &Layers) -> Result<Config, ConfigError> {
+    let runtime = parts::runtime::validate(l)?;
+    let environment = runtime.environment.as_str();
+    let listen = parts::listen::validate(l, environment)?;
+    let admin = parts::admin::validate(l)?;
+    let upstreams = parts::upstreams::validate(l)?;
+    let store = parts::store::validate(l, environment)?;
+    let keys = parts::keys::validate(l, environment, store.redis_url.is_some())?;
+    let limits = parts::limits::validate(l)?;
+    Ok(Config {
+        listen: listen.listen,
+        admin_listen: admin.admin_listen,
+        admin_token: admin.admin_token,
+        upstreams: upstreams.upstreams,
+        redis_url: store.redis_url,
+        key_prefix: store.key_prefix,
+        api_key_prefix: keys.api_key_prefix,
+        keys_source: keys.keys_source,
+        audit_log: keys.audit_log,
+        keys_file: keys.keys_file,
+        plans_dir: keys.plans_dir,
+        store_timeout: store.store_timeout,
+        store_batch_max: store.store_batch_max,
+        on_store_error: store.on_store_error,
+        threads: runtime.threads,
+        work_stealing: runtime.work_stealing,
+        upstream_keepalive_pool_size: upstreams.upstream_keepalive_pool_size,
+        unauthenticated: limits.unauthenticated,
+        request_header_timeout: listen.request_header_timeout,
+        ban: limits.ban,
+        upstream_connect_timeout: upstreams.upstream_connect_timeout,
+        upstream_read_timeout: upstreams.upstream_read_timeout,
+        client_read_timeout: listen.client_read_timeout,
+        reload_interval: runtime.reload_interval,
+        tls: parts::tls::validate(l)?,
+        log_format: parts::logging::validate(l)?,
+        grace_period_secs: runtime.grace_period_secs,
+        shutdown_timeout_secs: runtime.shutdown_timeout_secs,
+        upgrade_sock: listen.upgrade_sock,
+        environment: runtime.environment,
+    })
+}
+
+/// Every setting with the value in force and the layer it came from, for `check`: what a
+/// deployment really runs with, secrets shown only as `(set)` or `(unset)`.
+pub fn settings_report(
+    file: Option<&Path>,
+    env: &Env,
+    flags: &Overrides,
+) -> Result<String, ConfigError> {
+    let (_, layers) = load_layers(file, env, flags)?;
+    let resolved = layers.resolved.into_inner();
+    let lines: Vec<[String; 3]> = rows()
+        .filter_map(|row| resolved.iter().find(|r| r.name == row.name))
+        .map(|r| [r.name.to_owned(), r.shown.clone(), r.origin.label()])
+        .collect();
+    let width = |i: usize| {
+        lines
+            .iter()
+            .map(|l| l[i].chars().count())
+            .max()
+            .unwrap_or(0)
+    };
+    let (name_width, value_width) = (width(0).max(7), width(1).max(5));
+    let mut out = format!(
+        "{:name_width$}  {:value_width$}  from\n",
+        "setting", "value"
+    );
+    for [name, shown, origin] in &lines {
+        out.push_str(&format!(
+            "{name:name_width$}  {shown:value_width$}  {origin}\n"
+        ));
+    }
+    Ok(out)
+}
+
+/// The README's settings table, rendered from the rows; a unit test holds the README to it.
+pub fn readme_table() -> String {
+    let mut out = String::from(
+        "| file key | flag | environment | default | meaning |\n\
+         | --- | --- | --- | --- | --- |\n\
+         | | `--config FILE` | `PET_GATEWAY_CONFIG` | none | the config file |\n",
+    );
+    for row in rows() {
+        let key = match row.name.split_once('.') {
+            Some((table, key)) => format!("`[{table}] {key}`"),
+            None => format!("`{}`", row.name),
+        };
+        let list = matches!(row.kind, setting::Kind::Texts | setting::Kind::Ints);
+        let flag = row.flag.map_or_else(String::new, |f| {
+            let repeat = if list { " (repeatable)" } else { "" };
+            let only = if f.serve { "" } else { " (`keys` commands)" };
+            format!("`{} {}`{repeat}{only}", f.name, f.value_name)
+        });
+        let env = row.env.map_or_else(String::new, |var| {
+            format!("`{var}`{}", if list { " (comma-separated)" } else { "" })
+        });
+        for cell in [key, flag, env, row.preset_doc(), row.doc.to_owned()] {
+            // `| |` for an empty cell, as the README writes it.
+            out.push_str("| ");
+            out.push_str(&cell);
+            if !cell.is_empty() {
+                out.push(' ');
+            }
+        }
+        out.push_str("|\n");
+    }
+    out
 }
 
 impl Config {
@@ -433,342 +376,19 @@ fn is_loopback(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-fn at_least_one<T: PartialEq + From<u8>>(v: T) -> Result<T, String> {
-    if v == T::from(0) {
-        Err("must be at least 1".into())
-    } else {
-        Ok(v)
-    }
-}
-
-/// A script run blocks the Redis it runs on; past this many decisions one run would hold it for
-/// milliseconds, delaying every other client.
-const MAX_STORE_BATCH: usize = 1024;
-
-fn millis(v: u64) -> Result<Duration, String> {
-    at_least_one(v).map(Duration::from_millis)
-}
-
-/// Turns the merged layers into a [`Config`], one setting at a time.
-fn validate(l: &Layers) -> Result<Config, ConfigError> {
-    let environment = l
-        .or(&ENVIRONMENT, |l| &l.environment, "local".into())
-        .parse(|e| {
-            if e.is_empty() {
-                Err("must not be empty".to_owned())
-            } else {
-                Ok(e)
-            }
-        })?;
-    let listen = l
-        .or(&LISTEN, |l| &l.listen, "127.0.0.1:8080".into())
-        .parse(|v| socket_addr(&v))?;
-    let admin_listen = l
-        .or(&ADMIN_LISTEN, |l| &l.admin_listen, "127.0.0.1:9090".into())
-        .parse(|v| socket_addr(&v))?;
-    let admin_token = l
-        .get(&ADMIN_TOKEN, |l| &l.admin_token)
-        .map(|t| {
-            t.parse(|t| {
-                // What a bearer token may hold (RFC 6750 token68), or no request could match.
-                let body = t.trim_end_matches('=');
-                let token68 = !body.is_empty()
-                    && body.bytes().all(|b| {
-                        b.is_ascii_alphanumeric()
-                            || matches!(b, b'-' | b'.' | b'_' | b'~' | b'+' | b'/')
-                    });
-                let distinct = t.bytes().collect::<std::collections::HashSet<u8>>().len();
-                if (16..=crate::http::auth::MAX_TOKEN_LEN).contains(&t.len())
-                    && token68
-                    && distinct >= 8
-                {
-                    Ok(t)
-                } else {
-                    Err(
-                        "must be 16 to 256 of A-Z, a-z, 0-9, `-._~+/` (then any `=`), not a \
-                         repeated pattern (`openssl rand -base64 32`)"
-                            .to_owned(),
-                    )
-                }
-            })
-        })
-        .transpose()?;
-    if admin_token.is_none() && !admin_listen.ip().is_loopback() {
-        return Err(l
-            .or(&ADMIN_LISTEN, |l| &l.admin_listen, String::new())
-            .error(format!(
-                "{admin_listen} is reachable from other hosts: set admin_token (in the file or \
-             PET_GATEWAY_ADMIN_TOKEN), which every admin request must then carry, or listen \
-             on loopback"
-            )));
-    }
-    let upstreams = l
-        .or(&UPSTREAMS, |l| &l.upstreams, vec!["127.0.0.1:8081".into()])
-        .parse(|list| {
-            if list.is_empty() {
-                return Err("needs at least one backend address".to_owned());
-            }
-            list.iter().map(|u| socket_addr(u)).collect()
-        })?;
-    let redis_url = match l.get(&REDIS_URL, |l| &l.redis_url) {
-        Some(url) if !url.value.trim().is_empty() => Some(url.parse(|u| {
-            crate::base::redis::RedisTarget::parse(&u)
-                .map(|_| u)
-                .map_err(|e| format!("not a usable Redis URL: {e}"))
-        })?),
-        _ => None,
-    };
-    let key_prefix = l
-        .or(&KEY_PREFIX, |l| &l.key_prefix, format!("pet:{environment}"))
-        .parse(|p| {
-            if p.is_empty() || p.contains(['{', '}']) {
-                Err(
-                    "must be non-empty and free of '{' and '}' (they are the Redis hash tag)"
-                        .to_owned(),
-                )
-            } else {
-                Ok(p)
-            }
-        })?;
-    let api_key_prefix = l
-        .or(
-            &API_KEY_PREFIX,
-            |l| &l.api_key_prefix,
-            crate::keys::format::default_prefix(&environment).to_owned(),
-        )
-        .parse(|p| {
-            if crate::keys::format::valid_prefix(&p) {
-                Ok(p)
-            } else {
-                Err("must be 2 to 16 of a-z, 0-9 and '_', ending in '_' (`acme_`)".to_owned())
-            }
-        })?;
-    let keys_source = l.or(&KEYS_SOURCE, |l| &l.keys_source, KeysSource::File);
-    if keys_source.value == KeysSource::Store && redis_url.is_none() {
-        return Err(keys_source
-            .error("`store` keeps the keys in the quota store's Redis: set redis_url too".into()));
-    }
-    let keys_source = keys_source.value;
-    let keys_file = l.or(&KEYS_FILE, |l| &l.keys_file, default_path(l, "keys.toml"));
-    let plans_dir = l.or(&PLANS_DIR, |l| &l.plans_dir, default_path(l, "plans"));
-    let threads = l
-        .get(&THREADS, |l| &l.threads)
-        .map(|t| t.parse(at_least_one))
-        .transpose()?
-        .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(2)
-        });
-
-    let defaults = BanPolicy::default();
-    let ban = BanPolicy {
-        strikes: l
-            .or(&BAN_STRIKES, |l| &l.ban_strikes, defaults.strikes)
-            .value,
-        durations: l
-            .or(
-                &BAN_DURATIONS_SECS,
-                |l| &l.ban_durations_secs,
-                defaults.durations,
-            )
-            .parse(|d| {
-                if d.is_empty() || d.contains(&0) {
-                    Err("needs at least one duration, each at least 1 second".to_owned())
-                } else {
-                    Ok(d)
-                }
-            })?,
-        decay_secs: l
-            .or(&BAN_DECAY_SECS, |l| &l.ban_decay_secs, defaults.decay_secs)
-            .value,
-    };
-
-    let tls = match (
-        l.get(&TLS_CERT, |l| &l.tls_cert),
-        l.get(&TLS_KEY, |l| &l.tls_key),
-    ) {
-        (Some(cert), Some(key)) => Some(TlsFiles {
-            cert: cert.value,
-            key: key.value,
-        }),
-        (None, None) => None,
-        (Some(given), None) | (None, Some(given)) => {
-            return Err(given.error(
-                "tls_cert and tls_key go together: give both (TLS) or neither (plain HTTP)".into(),
-            ))
-        }
-    };
-
-    // One per environment and port, so gateways on one host never take each other's sockets.
-    let upgrade_sock = l
-        .or(
-            &UPGRADE_SOCK,
-            |l| &l.upgrade_sock,
-            PathBuf::from(format!(
-                "/tmp/pet-gateway-{environment}-{}.sock",
-                listen.port()
-            )),
-        )
-        .value;
-
-    Ok(Config {
-        listen,
-        admin_listen,
-        admin_token,
-        upstreams,
-        redis_url,
-        key_prefix,
-        api_key_prefix,
-        keys_source,
-        audit_log: l
-            .get(&AUDIT_LOG, |l| &l.audit_log)
-            .map(|s| s.value)
-            .filter(|p| !p.as_os_str().is_empty()),
-        keys_file: keys_file.value,
-        plans_dir: plans_dir.value,
-        store_timeout: l
-            .or(&STORE_TIMEOUT_MS, |l| &l.store_timeout_ms, 50)
-            .parse(millis)?,
-        store_batch_max: l
-            .or(
-                &STORE_BATCH_MAX,
-                |l| &l.store_batch_max,
-                crate::quota::store::redis::DEFAULT_BATCH_MAX,
-            )
-            .parse(|n| {
-                if (1..=MAX_STORE_BATCH).contains(&n) {
-                    Ok(n)
-                } else {
-                    Err(format!("must be from 1 to {MAX_STORE_BATCH}"))
-                }
-            })?,
-        on_store_error: l
-            .or(&ON_STORE_ERROR, |l| &l.on_store_error, OnStoreError::Local)
-            .value,
-        threads,
-        // Off by default: measured cheaper per request (bench/RESULTS.md).
-        work_stealing: l.or(&WORK_STEALING, |l| &l.work_stealing, false).value,
-        upstream_keepalive_pool_size: l
-            .or(
-                &UPSTREAM_KEEPALIVE_POOL_SIZE,
-                |l| &l.upstream_keepalive_pool_size,
-                128,
-            )
-            .parse(at_least_one)?,
-        unauthenticated: UnauthSettings {
-            per_minute: l
-                .or(
-                    &UNAUTHENTICATED_PER_MINUTE,
-                    |l| &l.unauthenticated_per_minute,
-                    60,
-                )
-                .parse(at_least_one)?,
-            ipv6_prefix: l
-                .or(
-                    &UNAUTHENTICATED_IPV6_PREFIX,
-                    |l| &l.unauthenticated_ipv6_prefix,
-                    64,
-                )
-                .parse(|p| {
-                    if (1..=128).contains(&p) {
-                        Ok(p)
-                    } else {
-                        Err(format!("must be 1 to 128 bits (got {p})"))
-                    }
-                })?,
-            max_tracked: l
-                .or(
-                    &UNAUTHENTICATED_MAX_TRACKED,
-                    |l| &l.unauthenticated_max_tracked,
-                    100_000,
-                )
-                .parse(|n| {
-                    if n >= 16 {
-                        Ok(n)
-                    } else {
-                        Err(format!("must be at least 16 (got {n})"))
-                    }
-                })?,
-            trusted_proxies: l
-                .or(&TRUSTED_PROXIES, |l| &l.trusted_proxies, Vec::new())
-                .parse(|list| list.iter().map(|n| parse_net(n)).collect())?,
-        },
-        request_header_timeout: l
-            .or(
-                &REQUEST_HEADER_TIMEOUT_MS,
-                |l| &l.request_header_timeout_ms,
-                10_000,
-            )
-            .parse(millis)?,
-        ban,
-        upstream_connect_timeout: l
-            .or(
-                &UPSTREAM_CONNECT_TIMEOUT_MS,
-                |l| &l.upstream_connect_timeout_ms,
-                1_000,
-            )
-            .parse(millis)?,
-        upstream_read_timeout: l
-            .or(
-                &UPSTREAM_READ_TIMEOUT_MS,
-                |l| &l.upstream_read_timeout_ms,
-                10_000,
-            )
-            .parse(millis)?,
-        client_read_timeout: l
-            .or(
-                &CLIENT_READ_TIMEOUT_MS,
-                |l| &l.client_read_timeout_ms,
-                10_000,
-            )
-            .parse(millis)?,
-        reload_interval: l
-            .or(&RELOAD_INTERVAL_MS, |l| &l.reload_interval_ms, 500)
-            .parse(millis)?,
-        tls,
-        log_format: l
-            .or(&LOG_FORMAT, |l| &l.log_format, LogFormat::default())
-            .value,
-        grace_period_secs: l.or(&GRACE_PERIOD_SECS, |l| &l.grace_period_secs, 10).value,
-        shutdown_timeout_secs: l
-            .or(&SHUTDOWN_TIMEOUT_SECS, |l| &l.shutdown_timeout_secs, 30)
-            .value,
-        upgrade_sock,
-        environment,
-    })
-}
-
-/// `10.0.0.0/8`, `2001:db8::/32`, or one address (`10.1.2.3`, a /32 or /128).
-fn parse_net(text: &str) -> Result<ipnet::IpNet, String> {
-    let text = text.trim();
-    text.parse::<ipnet::IpNet>()
-        .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-        .map_err(|_| format!("`{text}` is not an address or a network (`10.0.0.0/8`)"))
-}
-
-/// A default path sits beside the config file, like the file's own relative paths.
-fn default_path(l: &Layers, name: &str) -> PathBuf {
-    l.file_path
-        .as_deref()
-        .and_then(Path::parent)
-        .map_or_else(|| PathBuf::from(name), |dir| dir.join(name))
-}
-
-/// `host:port`, resolved once at start-up.
-fn socket_addr(s: &str) -> Result<SocketAddr, String> {
-    if let Ok(addr) = s.parse() {
-        return Ok(addr);
-    }
-    s.to_socket_addrs()
-        .map_err(|e| format!("`{s}` is not a host:port address: {e}"))?
-        .next()
-        .ok_or_else(|| format!("`{s}` resolves to no address"))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::setting::{Kind, Value};
     use super::*;
+
+    /// The flags `serve` would parse from `args`.
+    fn flags(args: &[&str]) -> Overrides {
+        let cmd = Overrides::add_args(clap::Command::new("t"), FlagSet::Serve);
+        let m = cmd
+            .try_get_matches_from(std::iter::once("t").chain(args.iter().copied()))
+            .unwrap();
+        Overrides::from_matches(&m, FlagSet::Serve)
+    }
 
     fn write(dir: &Path, text: &str) -> PathBuf {
         let path = dir.join("gw.toml");
@@ -830,13 +450,18 @@ upstream_keepalive_pool_size = 16
         assert_eq!(c.plans_dir, PathBuf::from("/etc/plans"));
         assert_eq!(c.key_prefix, "pet:staging");
 
-        let over = Overrides {
-            listen: Some("127.0.0.1:7100".into()),
-            upstreams: vec!["127.0.0.1:7101".into(), "127.0.0.1:7102".into()],
-            redis_url: Some(String::new()),
-            keys_file: Some("mine.toml".into()),
-            ..Overrides::default()
-        };
+        let over = flags(&[
+            "--listen",
+            "127.0.0.1:7100",
+            "--upstream",
+            "127.0.0.1:7101",
+            "--upstream",
+            "127.0.0.1:7102",
+            "--redis-url",
+            "",
+            "--keys-file",
+            "mine.toml",
+        ]);
         let c = Config::load(Some(&path), &Env::default(), &over).unwrap();
         assert_eq!(c.listen.port(), 7100);
         assert_eq!(c.upstreams.len(), 2);
@@ -883,10 +508,7 @@ upstream_keepalive_pool_size = 16
                 .unwrap_err()
                 .to_string()
         };
-        let flag = |key_prefix: &str| Overrides {
-            key_prefix: Some(key_prefix.into()),
-            ..Overrides::default()
-        };
+        let flag = |key_prefix: &str| flags(&["--key-prefix", key_prefix]);
 
         let m = load(&[], flag("a{b}"));
         assert!(m.starts_with("command line: --key-prefix:"), "{m}");
@@ -899,10 +521,7 @@ upstream_keepalive_pool_size = 16
             "{m}"
         );
 
-        let cert_only = Overrides {
-            tls_cert: Some("cert.pem".into()),
-            ..Overrides::default()
-        };
+        let cert_only = flags(&["--tls-cert", "cert.pem"]);
         let m = load(&[], cert_only);
         assert!(m.starts_with("command line: --tls-cert:"), "{m}");
         let m = load(&[("PET_GATEWAY_TLS_KEY", "key.pem")], Overrides::default());
@@ -944,10 +563,7 @@ upstream_keepalive_pool_size = 16
         let c = Config::load(Some(&path), &env, &Overrides::default()).unwrap();
         assert_eq!((c.listen.port(), c.log_format), (7001, LogFormat::Json));
         assert_eq!(c.redis_url, None);
-        let over = Overrides {
-            listen: Some("127.0.0.1:7002".into()),
-            ..Overrides::default()
-        };
+        let over = flags(&["--listen", "127.0.0.1:7002"]);
         assert_eq!(
             Config::load(Some(&path), &env, &over)
                 .unwrap()
@@ -988,10 +604,7 @@ upstream_keepalive_pool_size = 16
     #[test]
     fn a_flag_makes_a_bad_variable_of_the_same_setting_irrelevant_and_choices_are_exact() {
         let env = Env::from_pairs([("PET_GATEWAY_ON_STORE_ERROR", "bogus")]);
-        let over = Overrides {
-            on_store_error: Some(OnStoreError::Closed),
-            ..Overrides::default()
-        };
+        let over = flags(&["--on-store-error", "closed"]);
         let c = Config::load(None, &env, &over).unwrap();
         assert_eq!(c.on_store_error, OnStoreError::Closed);
         let upper = Env::from_pairs([("PET_GATEWAY_ON_STORE_ERROR", "Closed")]);
@@ -999,5 +612,252 @@ upstream_keepalive_pool_size = 16
         let unrelated =
             Env::from_pairs([("PET_GATEWAY_LISTEN", "nowhere")]).only(&["PET_GATEWAY_KEYS_FILE"]);
         assert!(Config::load(None, &unrelated, &Overrides::default()).is_ok());
+    }
+
+    /// A value of `row`'s kind that its flag, variable and file key all accept.
+    fn sample(row: &Row) -> (String, String) {
+        match row.kind {
+            Kind::Int => ("7".into(), "7".into()),
+            Kind::Bool => ("true".into(), "true".into()),
+            Kind::Texts => ("x".into(), "[\"x\"]".into()),
+            Kind::Ints => ("7".into(), "[7]".into()),
+            Kind::Choice(names) => {
+                let name = names()[0].get_name().to_owned();
+                (name.clone(), format!("{name:?}"))
+            }
+            Kind::Text | Kind::Path => ("x".into(), "\"x\"".into()),
+        }
+    }
+
+    /// The flag layer `set`'s command line would give for `args`.
+    fn parsed(set: FlagSet, args: &[&str]) -> Layers {
+        let cmd = Overrides::add_args(clap::Command::new("t"), set);
+        let m = cmd
+            .try_get_matches_from(std::iter::once("t").chain(args.iter().copied()))
+            .unwrap();
+        Layers {
+            flags: Overrides::from_matches(&m, set).layer().clone(),
+            ..Layers::default()
+        }
+    }
+
+    #[test]
+    fn the_flags_and_variables_are_the_ones_operators_script_against() {
+        let expected = [
+            ("listen", "--listen", "PET_GATEWAY_LISTEN"),
+            ("admin_listen", "--admin-listen", "PET_GATEWAY_ADMIN_LISTEN"),
+            ("upstreams", "--upstream", "PET_GATEWAY_UPSTREAM"),
+            ("redis_url", "--redis-url", "PET_GATEWAY_REDIS_URL"),
+            ("key_prefix", "--key-prefix", "PET_GATEWAY_KEY_PREFIX"),
+            (
+                "on_store_error",
+                "--on-store-error",
+                "PET_GATEWAY_ON_STORE_ERROR",
+            ),
+            ("keys_source", "--keys-source", "PET_GATEWAY_KEYS_SOURCE"),
+            ("keys_file", "--keys-file", "PET_GATEWAY_KEYS_FILE"),
+            ("plans_dir", "--plans-dir", "PET_GATEWAY_PLANS_DIR"),
+            ("audit_log", "--audit-log", "PET_GATEWAY_AUDIT_LOG"),
+            ("tls_cert", "--tls-cert", "PET_GATEWAY_TLS_CERT"),
+            ("tls_key", "--tls-key", "PET_GATEWAY_TLS_KEY"),
+            ("log_format", "--log-format", "PET_GATEWAY_LOG_FORMAT"),
+        ];
+        let with_flags: Vec<_> = rows()
+            .filter_map(|r| Some((r.name, r.flag?.name, r.env?)))
+            .collect();
+        assert_eq!(with_flags.len(), expected.len(), "{with_flags:?}");
+        for triple in expected {
+            assert!(with_flags.contains(&triple), "{triple:?}");
+        }
+        let env_only: Vec<_> = rows()
+            .filter(|r| r.flag.is_none())
+            .filter_map(|r| Some((r.name, r.env?, r.secret)))
+            .collect();
+        assert_eq!(env_only, [("admin_token", "PET_GATEWAY_ADMIN_TOKEN", true)]);
+        let keys_only: Vec<_> = rows()
+            .filter(|r| r.flag.is_some_and(|f| !f.serve))
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(keys_only, ["audit_log"]);
+    }
+
+    #[test]
+    fn each_rows_flag_and_variable_are_what_the_layers_read() {
+        for row in rows() {
+            let (text, _) = sample(row);
+            if let Some(flag) = row.flag {
+                let name: &'static [&'static str] = Box::leak(Box::new([row.name]));
+                let set = if flag.serve {
+                    FlagSet::Serve
+                } else {
+                    FlagSet::Named(name)
+                };
+                let layers = parsed(set, &[flag.name, &text]);
+                let origin = layers.given(row).map(|(_, o)| o);
+                assert_eq!(origin, Some(Origin::Flag(flag.name)), "{}", row.name);
+            }
+            if let Some(var) = row.env {
+                let layers = Layers {
+                    env: Env::from_pairs([(var, text.as_str())]).layer(),
+                    ..Layers::default()
+                };
+                let origin = layers.given(row).map(|(_, o)| o);
+                assert_eq!(origin, Some(Origin::Env(var)), "{}", row.name);
+            }
+        }
+        // `serve` does not take the flag of the `keys` commands only.
+        let cmd = Overrides::add_args(clap::Command::new("t"), FlagSet::Serve);
+        assert!(cmd.try_get_matches_from(["t", "--audit-log", "a"]).is_err());
+    }
+
+    #[test]
+    fn the_file_takes_every_rows_key_and_no_other() {
+        let dir = tempfile::tempdir().unwrap();
+        for row in rows() {
+            let (_, toml) = sample(row);
+            let text = match row.name.split_once('.') {
+                Some((table, key)) => format!("[{table}]\n{key} = {toml}\n"),
+                None => format!("{} = {toml}\n", row.name),
+            };
+            let layer = file::read(&write(dir.path(), &text)).unwrap();
+            assert!(layer.get(row.name).is_some(), "{text}");
+            let flat = row.name.contains('.').then(|| row.name.replace('.', "_"));
+            for wrong in flat
+                .into_iter()
+                .chain([format!("{}s", row.name), row.name.to_uppercase()])
+            {
+                let wrong = format!("{wrong} = {toml}\n");
+                let e = file::read(&write(dir.path(), &wrong))
+                    .unwrap_err()
+                    .to_string();
+                assert!(
+                    e.contains("gw.toml") && e.contains("unknown field"),
+                    "{wrong}: {e}"
+                );
+            }
+        }
+        let e = file::read(&write(dir.path(), "[ban]\nstrike = 1\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`ban.strike`"), "{e}");
+    }
+
+    #[test]
+    fn flags_beat_the_environment_which_beats_the_file_which_beats_the_default() {
+        let path = PathBuf::from("gw.toml");
+        for row in rows() {
+            let value = |layer: &str| Value::Text(format!("{layer}-{}", row.name));
+            let mut l = Layers {
+                file_path: Some(path.clone()),
+                ..Layers::default()
+            };
+            assert_eq!(l.given(row), None, "{}: the default", row.name);
+            l.file.set(row.name, value("file"));
+            let from_file = Some((value("file"), Origin::File(path.clone())));
+            assert_eq!(l.given(row), from_file, "{}", row.name);
+            l.env.set(row.name, value("env"));
+            if let Some(var) = row.env {
+                assert_eq!(l.given(row), Some((value("env"), Origin::Env(var))));
+            }
+            l.flags.set(row.name, value("flag"));
+            match (row.flag, row.env) {
+                (Some(flag), _) => {
+                    assert_eq!(l.given(row), Some((value("flag"), Origin::Flag(flag.name))))
+                }
+                (None, Some(var)) => {
+                    assert_eq!(l.given(row), Some((value("env"), Origin::Env(var))))
+                }
+                (None, None) => assert_eq!(l.given(row), from_file),
+            }
+        }
+    }
+
+    #[test]
+    fn every_shipped_config_loads() {
+        let deploy = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy"));
+        let mut loaded = 0;
+        for entry in std::fs::read_dir(deploy).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let c = Config::load(Some(&path), &Env::default(), &Overrides::default());
+                assert!(c.is_ok(), "{}: {c:?}", path.display());
+                loaded += 1;
+            }
+        }
+        assert!(loaded >= 3);
+    }
+
+    #[test]
+    fn a_commands_own_flag_is_a_flag_of_its_setting() {
+        let over = Overrides::default().with("admin_listen", Some("127.0.0.1:9999"));
+        let env = Env::from_pairs([("PET_GATEWAY_ADMIN_LISTEN", "127.0.0.1:9998")]);
+        let c = Config::load(None, &env, &over).unwrap();
+        assert_eq!(c.admin_listen.port(), 9999);
+        let unset = Overrides::default().with("admin_listen", None);
+        assert_eq!(
+            Config::load(None, &env, &unset)
+                .unwrap()
+                .admin_listen
+                .port(),
+            9998
+        );
+    }
+
+    #[test]
+    fn the_readme_shows_the_table_of_the_rows() {
+        let readme =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+        let table = readme_table();
+        assert!(
+            readme.contains(&table),
+            "README.md's settings table is not the rows'; it should read:\n{table}"
+        );
+    }
+
+    #[test]
+    fn the_report_shows_each_value_and_its_layer_but_never_a_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "environment = \"staging\"\nthreads = 3\n");
+        let token = "Zm9vYmFyYmF6cXV4cXV1eA==";
+        let env = Env::from_pairs([
+            ("PET_GATEWAY_ADMIN_TOKEN", token),
+            ("PET_GATEWAY_LISTEN", "127.0.0.1:7001"),
+        ]);
+        let report = settings_report(Some(&path), &env, &flags(&["--log-format", "json"])).unwrap();
+        let line = |name: &str| {
+            let line = report.lines().find(|l| l.starts_with(&format!("{name} ")));
+            line.unwrap_or_default()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(line("environment"), ["environment", "staging", "file"]);
+        assert_eq!(line("threads"), ["threads", "3", "file"]);
+        assert_eq!(
+            line("listen"),
+            ["listen", "127.0.0.1:7001", "env", "PET_GATEWAY_LISTEN"]
+        );
+        assert_eq!(
+            line("log_format"),
+            ["log_format", "json", "flag", "--log-format"]
+        );
+        assert_eq!(line("key_prefix"), ["key_prefix", "pet:staging", "default"]);
+        assert_eq!(line("admin_token")[1], "(set)");
+        assert!(!report.contains(token), "{report}");
+        assert_eq!(report.lines().count(), rows().count() + 1, "{report}");
+        let unset = settings_report(None, &Env::default(), &Overrides::default()).unwrap();
+        assert!(unset.contains("(unset)"), "{unset}");
+        let redis = flags(&[
+            "--redis-url",
+            "redis://gw:pw1@10.0.0.1,redis://:pw2@10.0.0.2",
+        ]);
+        let report = settings_report(None, &Env::default(), &redis).unwrap();
+        assert!(
+            !report.contains("pw1") && !report.contains("pw2"),
+            "{report}"
+        );
+        assert!(
+            report.contains("redis://gw:***@10.0.0.1,redis://:***@10.0.0.2"),
+            "{report}"
+        );
     }
 }

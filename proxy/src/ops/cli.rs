@@ -2,9 +2,9 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgMatches, Args, FromArgMatches, Parser, Subcommand};
 
-use crate::config::Overrides;
+use crate::config::{FlagSet, Overrides};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -56,23 +56,42 @@ pub struct KeyFiles {
     /// Config file naming the keys file and plans directory.
     #[arg(long, env = "PET_GATEWAY_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// The keys file (overrides the config file's) [env: PET_GATEWAY_KEYS_FILE].
-    #[arg(long, value_name = "PATH")]
-    pub keys_file: Option<PathBuf>,
-    /// The plans directory (overrides the config file's) [env: PET_GATEWAY_PLANS_DIR].
-    #[arg(long, value_name = "DIR")]
-    pub plans_dir: Option<PathBuf>,
-    /// Where the keys live: file, or store (the fleet-wide registry in the quota store's
-    /// Redis; needs redis_url) [env: PET_GATEWAY_KEYS_SOURCE].
-    #[arg(long, value_name = "SOURCE")]
-    pub keys_source: Option<crate::config::KeysSource>,
-    /// The quota store's Redis, for keys_source = store [env: PET_GATEWAY_REDIS_URL].
-    #[arg(long, value_name = "URL")]
-    pub redis_url: Option<String>,
-    /// Where the change is logged, one JSON line (overrides the config file's; default standard
-    /// error) [env: PET_GATEWAY_AUDIT_LOG].
-    #[arg(long, value_name = "PATH")]
-    pub audit_log: Option<PathBuf>,
+    #[command(flatten)]
+    pub overrides: KeyOverrides,
+}
+
+/// The `keys` commands' flags, from the settings' table: the key store's settings, and
+/// `--audit-log`, which only these commands take (`serve` changes no key).
+const KEYS_COMMAND_FLAGS: FlagSet = FlagSet::Named(&[
+    "keys_file",
+    "plans_dir",
+    "keys_source",
+    "redis_url",
+    "audit_log",
+]);
+
+#[derive(Debug, Clone, Default)]
+pub struct KeyOverrides(pub Overrides);
+
+impl Args for KeyOverrides {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        Overrides::add_args(cmd, KEYS_COMMAND_FLAGS)
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Overrides::add_args(cmd, KEYS_COMMAND_FLAGS)
+    }
+}
+
+impl FromArgMatches for KeyOverrides {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        Ok(KeyOverrides(Overrides::from_matches(m, KEYS_COMMAND_FLAGS)))
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        self.0 = Overrides::from_matches(m, KEYS_COMMAND_FLAGS);
+        Ok(())
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -197,4 +216,32 @@ pub enum BansCommand {
         /// The key's id, as `keys list` or `bans list` shows it.
         id: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent_and_audit_log_is_a_keys_flag_only() {
+        Cli::command().debug_assert();
+        let serve = Cli::try_parse_from(["pet-gateway", "serve", "--audit-log", "a.log"]);
+        assert!(serve.is_err());
+        let keys = Cli::try_parse_from([
+            "pet-gateway",
+            "keys",
+            "list",
+            "--audit-log",
+            "a.log",
+            "--keys-file",
+            "k.toml",
+            "--admin-listen",
+            "127.0.0.1:1",
+        ]);
+        assert!(keys.is_ok(), "{keys:?}");
+        let choice = Cli::try_parse_from(["pet-gateway", "check", "--log-format", "JSON"]);
+        assert!(choice.is_err(), "choices are exact, as before");
+    }
 }

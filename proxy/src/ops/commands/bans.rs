@@ -7,10 +7,7 @@ use crate::ops::cli::{AdminArgs, BansCommand};
 use crate::ops::commands::output::table;
 
 pub fn admin_of(args: &AdminArgs) -> Result<AdminClient, String> {
-    let over = Overrides {
-        admin_listen: args.admin_listen.clone(),
-        ..Overrides::default()
-    };
+    let over = Overrides::default().with("admin_listen", args.admin_listen.as_deref());
     Ok(AdminClient::of(&super::load_for_admin(
         args.config.as_deref(),
         &over,

@@ -1,5 +1,6 @@
 //! `pet-gateway check`: the config, the plans and the keys file validated as `serve` would.
 
+use crate::config::Env;
 use crate::keys::catalog::Snapshot;
 use crate::ops::cli::ConfigArgs;
 
@@ -22,5 +23,8 @@ pub fn check(args: ConfigArgs) -> Result<(), String> {
         snapshot.keys.len(),
         config.keys_file.display(),
     );
+    let file = args.config.as_deref();
+    let report = crate::config::settings_report(file, &Env::process(), &args.overrides);
+    print!("{}", report.map_err(|e| e.to_string())?);
     Ok(())
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use super::bans::{ban_of, fetch_bans};
 use super::output::{self, table};
-use crate::config::{Config, KeysSource, Overrides};
+use crate::config::{Config, KeysSource};
 use crate::keys::plans::Plans;
 use crate::keys::record::{self, KeysFile};
 use crate::keys::service::{KeyService, KeyStore};
@@ -330,15 +330,7 @@ fn revoke(files: KeyFiles, admin_listen: Option<String>, id: String) -> Result<(
 }
 
 fn key_config(files: &KeyFiles, admin_listen: Option<&str>) -> Result<Config, String> {
-    let over = Overrides {
-        keys_file: files.keys_file.clone(),
-        plans_dir: files.plans_dir.clone(),
-        audit_log: files.audit_log.clone(),
-        keys_source: files.keys_source,
-        redis_url: files.redis_url.clone(),
-        admin_listen: admin_listen.map(str::to_owned),
-        ..Overrides::default()
-    };
+    let over = files.overrides.0.clone().with("admin_listen", admin_listen);
     super::load_for_admin(files.config.as_deref(), &over)
 }
 

@@ -1,0 +1,74 @@
+//! The admin listener, and the token that guards it once it is reachable from other hosts.
+
+use std::net::SocketAddr;
+
+use super::super::setting::{Kind, Layers, Preset, Row, Setting, Value};
+use super::super::{ConfigError, MAX_TOKEN_LEN};
+use super::socket_addr;
+
+const ADMIN_LISTEN: Setting<SocketAddr> = Setting::new(
+    "admin_listen",
+    Kind::Text,
+    Preset::Value("127.0.0.1:9090"),
+    "admin listener (`/healthz`); an address reachable from other hosts needs `admin_token` \
+     (`check` and `serve` refuse it otherwise)",
+    socket_addr,
+)
+.flag("--admin-listen", "ADDR")
+.env("PET_GATEWAY_ADMIN_LISTEN");
+const ADMIN_TOKEN: Setting<String> = Setting::new(
+    "admin_token",
+    Kind::Text,
+    Preset::Absent("none"),
+    "when set (16 to 256 of `A-Za-z0-9-._~+/`, not a repeated pattern: `openssl rand -base64 \
+     32`), every admin request must carry `Authorization: Bearer <admin_token>` (compared as \
+     SHA-256 digests in constant time; 401 otherwise; over plain HTTP, so off loopback put it \
+     behind TLS or a tunnel); the `keys` and `bans` commands send it from the same config or \
+     variable. Never a flag: flags show in `ps`",
+    token,
+)
+.secret("PET_GATEWAY_ADMIN_TOKEN");
+
+pub const SETTINGS: &[Row] = &[ADMIN_LISTEN.row, ADMIN_TOKEN.row];
+
+pub struct Admin {
+    pub admin_listen: SocketAddr,
+    pub admin_token: Option<String>,
+}
+
+pub fn validate(l: &Layers) -> Result<Admin, ConfigError> {
+    let admin_listen = l.required(&ADMIN_LISTEN)?;
+    let admin_token = l.get(&ADMIN_TOKEN)?.map(|t| t.value);
+    if admin_token.is_none() && !admin_listen.value.ip().is_loopback() {
+        return Err(admin_listen.error(format!(
+            "{} is reachable from other hosts: set admin_token (in the file or \
+             PET_GATEWAY_ADMIN_TOKEN), which every admin request must then carry, or listen \
+             on loopback",
+            admin_listen.value
+        )));
+    }
+    Ok(Admin {
+        admin_listen: admin_listen.value,
+        admin_token,
+    })
+}
+
+/// What a bearer token may hold (RFC 6750 token68), or no request could match.
+fn token(v: Value) -> Result<String, String> {
+    let t = v.text()?;
+    let body = t.trim_end_matches('=');
+    let token68 = !body.is_empty()
+        && body.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'+' | b'/')
+        });
+    let distinct = t.bytes().collect::<std::collections::HashSet<u8>>().len();
+    if (16..=MAX_TOKEN_LEN).contains(&t.len()) && token68 && distinct >= 8 {
+        Ok(t)
+    } else {
+        Err(
+            "must be 16 to 256 of A-Z, a-z, 0-9, `-._~+/` (then any `=`), not a repeated \
+             pattern (`openssl rand -base64 32`)"
+                .to_owned(),
+        )
+    }
+}

@@ -1,0 +1,102 @@
+//! Where the API keys and plans live, what new keys look like, and where key changes are logged.
+
+use std::path::{Path, PathBuf};
+
+use super::super::setting::{Kind, Layers, Preset, Row, Setting, Value};
+use super::super::{default_prefix, valid_prefix, ConfigError, KeysSource};
+use super::{choice, parse_choice};
+
+const KEYS_SOURCE: Setting<KeysSource> = Setting::new(
+    "keys_source",
+    choice::<KeysSource>(),
+    Preset::Value("file"),
+    "where the keys live: `file` (the keys file), or `store` (the fleet-wide key registry in the \
+     quota store's Redis, see \"The key registry\"; needs `redis_url`)",
+    parse_choice,
+)
+.flag("--keys-source", "SOURCE")
+.env("PET_GATEWAY_KEYS_SOURCE");
+const KEYS_FILE: Setting<PathBuf> = Setting::new(
+    "keys_file",
+    Kind::Path,
+    Preset::Computed("`keys.toml`"),
+    "the keys file; with `keys_source = \"store\"`, this node's local snapshot of the registry",
+    Value::path,
+)
+.flag("--keys-file", "PATH")
+.env("PET_GATEWAY_KEYS_FILE");
+const PLANS_DIR: Setting<PathBuf> = Setting::new(
+    "plans_dir",
+    Kind::Path,
+    Preset::Computed("`plans`"),
+    "the plan files",
+    Value::path,
+)
+.flag("--plans-dir", "DIR")
+.env("PET_GATEWAY_PLANS_DIR");
+const API_KEY_PREFIX: Setting<String> = Setting::new(
+    "api_key_prefix",
+    Kind::Text,
+    Preset::Computed("`pet_live_` in production, else `pet_test_`"),
+    "what new API keys start with (see API keys)",
+    |v| {
+        let p = v.text()?;
+        if valid_prefix(&p) {
+            Ok(p)
+        } else {
+            Err("must be 2 to 16 of a-z, 0-9 and '_', ending in '_' (`acme_`)".to_owned())
+        }
+    },
+);
+const AUDIT_LOG: Setting<Option<PathBuf>> = Setting::new(
+    "audit_log",
+    Kind::Path,
+    Preset::Absent("standard error"),
+    "where key changes are logged, one JSON line each",
+    |v| Ok(Some(v.path()?).filter(|p| !p.as_os_str().is_empty())),
+)
+.flag("--audit-log", "PATH")
+.keys_commands_only()
+.env("PET_GATEWAY_AUDIT_LOG");
+
+pub const SETTINGS: &[Row] = &[
+    KEYS_SOURCE.row,
+    KEYS_FILE.row,
+    PLANS_DIR.row,
+    API_KEY_PREFIX.row,
+    AUDIT_LOG.row,
+];
+
+pub struct Keys {
+    pub keys_source: KeysSource,
+    pub keys_file: PathBuf,
+    pub plans_dir: PathBuf,
+    pub api_key_prefix: String,
+    pub audit_log: Option<PathBuf>,
+}
+
+pub fn validate(l: &Layers, environment: &str, redis: bool) -> Result<Keys, ConfigError> {
+    let keys_source = l.required(&KEYS_SOURCE)?;
+    if keys_source.value == KeysSource::Store && !redis {
+        return Err(keys_source
+            .error("`store` keeps the keys in the quota store's Redis: set redis_url too".into()));
+    }
+    let api_key_prefix = Value::Text(default_prefix(environment).to_owned());
+    Ok(Keys {
+        keys_source: keys_source.value,
+        keys_file: l.or(&KEYS_FILE, beside_the_file(l, "keys.toml"))?.value,
+        plans_dir: l.or(&PLANS_DIR, beside_the_file(l, "plans"))?.value,
+        api_key_prefix: l.or(&API_KEY_PREFIX, api_key_prefix)?.value,
+        audit_log: l.get(&AUDIT_LOG)?.and_then(|a| a.value),
+    })
+}
+
+/// A default path sits beside the config file, like the file's own relative paths.
+fn beside_the_file(l: &Layers, name: &str) -> Value {
+    Value::Path(
+        l.file_path
+            .as_deref()
+            .and_then(Path::parent)
+            .map_or_else(|| PathBuf::from(name), |dir| dir.join(name)),
+    )
+}

@@ -1,0 +1,21 @@
+//! How log lines are written.
+
+use super::super::setting::{Layers, Preset, Row, Setting};
+use super::super::{ConfigError, LogFormat};
+use super::{choice, parse_choice};
+
+const LOG_FORMAT: Setting<LogFormat> = Setting::new(
+    "log_format",
+    choice::<LogFormat>(),
+    Preset::Value("text"),
+    "`text`, or `json` (one object per line)",
+    parse_choice,
+)
+.flag("--log-format", "FORMAT")
+.env("PET_GATEWAY_LOG_FORMAT");
+
+pub const SETTINGS: &[Row] = &[LOG_FORMAT.row];
+
+pub fn validate(l: &Layers) -> Result<LogFormat, ConfigError> {
+    l.value(&LOG_FORMAT)
+}

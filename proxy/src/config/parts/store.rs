@@ -1,0 +1,110 @@
+//! The quota store: embedded, or the Redis a fleet shares, and what to do when it fails.
+
+use std::time::Duration;
+
+use super::super::setting::{Kind, Layers, Preset, Row, Setting, Value};
+use super::super::{ConfigError, OnStoreError, RedisTarget, DEFAULT_BATCH_MAX};
+use super::{choice, millis, parse_choice};
+
+/// A script run blocks the Redis it runs on; past this many decisions one run would hold it for
+/// milliseconds, delaying every other client.
+const MAX_STORE_BATCH: usize = 1024;
+
+const REDIS_URL: Setting<Option<String>> = Setting::new(
+    "redis_url",
+    Kind::Text,
+    Preset::Absent("absent: embedded store"),
+    "shared quota store: `redis://host:port/db` for one Redis, `redis+cluster://host:port,host:port,…` \
+     (or a comma-separated list of `redis://` URLs) for a Redis Cluster; an empty value selects \
+     the embedded store",
+    |v| {
+        let url = v.text()?;
+        if url.trim().is_empty() {
+            return Ok(None);
+        }
+        RedisTarget::parse(&url)
+            .map(|_| Some(url))
+            .map_err(|e| format!("not a usable Redis URL: {e}"))
+    },
+)
+.flag("--redis-url", "URL")
+.env("PET_GATEWAY_REDIS_URL");
+const KEY_PREFIX: Setting<String> = Setting::new(
+    "key_prefix",
+    Kind::Text,
+    Preset::Computed("`pet:<environment>`"),
+    "prefix of every Redis key; keeps environments apart on one Redis",
+    |v| {
+        let p = v.text()?;
+        if p.is_empty() || p.contains(['{', '}']) {
+            Err(
+                "must be non-empty and free of '{' and '}' (they are the Redis hash tag)"
+                    .to_owned(),
+            )
+        } else {
+            Ok(p)
+        }
+    },
+)
+.flag("--key-prefix", "P")
+.env("PET_GATEWAY_KEY_PREFIX");
+const ON_STORE_ERROR: Setting<OnStoreError> = Setting::new(
+    "on_store_error",
+    choice::<OnStoreError>(),
+    Preset::Value("local"),
+    "when the store fails: `local` (each node limits a key to the plan's per-minute rate on its \
+     own, governor; the day quota pauses), `open` (admit), `closed` (503)",
+    parse_choice,
+)
+.flag("--on-store-error", "MODE")
+.env("PET_GATEWAY_ON_STORE_ERROR");
+const STORE_TIMEOUT_MS: Setting<Duration> = Setting::new(
+    "store_timeout_ms",
+    Kind::Int,
+    Preset::Value("50"),
+    "deadline of every quota-store call",
+    millis,
+);
+const STORE_BATCH_MAX: Setting<usize> = Setting::new(
+    "store_batch_max",
+    Kind::Int,
+    Preset::Of(|| Value::Int(DEFAULT_BATCH_MAX as u64)),
+    "Redis store: the most decisions one script run carries (group commit: decisions for a Redis \
+     node queue while a run to it is in flight, and the next run carries them all; at low load a \
+     run carries one, sent at once); 1 sends one run per decision; at most 1024",
+    |v| {
+        let n = v.int()?;
+        if (1..=MAX_STORE_BATCH).contains(&n) {
+            Ok(n)
+        } else {
+            Err(format!("must be from 1 to {MAX_STORE_BATCH}"))
+        }
+    },
+);
+
+pub const SETTINGS: &[Row] = &[
+    REDIS_URL.row,
+    KEY_PREFIX.row,
+    ON_STORE_ERROR.row,
+    STORE_TIMEOUT_MS.row,
+    STORE_BATCH_MAX.row,
+];
+
+pub struct Store {
+    pub redis_url: Option<String>,
+    pub key_prefix: String,
+    pub on_store_error: OnStoreError,
+    pub store_timeout: Duration,
+    pub store_batch_max: usize,
+}
+
+pub fn validate(l: &Layers, environment: &str) -> Result<Store, ConfigError> {
+    let prefix = Value::Text(format!("pet:{environment}"));
+    Ok(Store {
+        redis_url: l.get(&REDIS_URL)?.and_then(|u| u.value),
+        key_prefix: l.or(&KEY_PREFIX, prefix)?.value,
+        on_store_error: l.value(&ON_STORE_ERROR)?,
+        store_timeout: l.value(&STORE_TIMEOUT_MS)?,
+        store_batch_max: l.value(&STORE_BATCH_MAX)?,
+    })
+}

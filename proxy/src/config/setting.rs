@@ -1,0 +1,417 @@
+//! The row that declares a setting once, and the merge every row goes through.
+//!
+//! A row says how each layer spells the setting (file key, flag, variable), its default, how its
+//! value is checked, and what it means. The file, flag and environment layers, the merge, the
+//! README's table and `check`'s report all read the rows, so a setting added as a row is
+//! complete everywhere at once.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use clap::builder::PossibleValue;
+
+use super::{ConfigError, Origin};
+
+/// How a value is spelled: what the file must hold, and how a flag or variable is split.
+#[derive(Debug, Clone, Copy)]
+pub enum Kind {
+    Text,
+    /// Relative paths in the file are taken from the file's directory.
+    Path,
+    Int,
+    Bool,
+    /// An array in the file; repeated or comma-separated as a flag, comma-separated as a variable.
+    Texts,
+    Ints,
+    /// One of fixed names, exact (case-sensitive) in every layer, as clap checks the flag.
+    Choice(fn() -> Vec<PossibleValue>),
+}
+
+/// A value as a layer gives it, before its setting checks it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Text(String),
+    Path(PathBuf),
+    Int(u64),
+    Bool(bool),
+    Texts(Vec<String>),
+    Ints(Vec<u64>),
+}
+
+/// The value used when no layer gives one.
+#[derive(Debug, Clone, Copy)]
+pub enum Preset {
+    /// A literal, spelled as in a variable (lists comma-separated, `""` the empty list).
+    Value(&'static str),
+    /// A value owned by another module, so it is written once, there.
+    Of(fn() -> Value),
+    /// Worked out from other settings when the part validates; the text says how, for people.
+    Computed(&'static str),
+    /// No value; the text says what that means.
+    Absent(&'static str),
+}
+
+/// A setting's flag; `serve` is false for a flag only the `keys` commands take.
+#[derive(Debug, Clone, Copy)]
+pub struct Flag {
+    /// With its dashes (`--listen`), as errors and help show it.
+    pub name: &'static str,
+    pub value_name: &'static str,
+    pub serve: bool,
+}
+
+/// A setting, apart from the type its check produces: what the layers and the tables need.
+#[derive(Debug, Clone, Copy)]
+pub struct Row {
+    /// The file's key; `ban.strikes` is `strikes` in the file's `[ban]` table.
+    pub name: &'static str,
+    pub kind: Kind,
+    pub flag: Option<Flag>,
+    pub env: Option<&'static str>,
+    pub preset: Preset,
+    /// Never a flag (flags show in `ps`) and never printed.
+    pub secret: bool,
+    pub doc: &'static str,
+}
+
+/// A row with the check that turns its value into what [`super::Config`] holds.
+#[derive(Debug, Clone, Copy)]
+pub struct Setting<T> {
+    pub row: Row,
+    pub parse: fn(Value) -> Result<T, String>,
+}
+
+impl<T> Setting<T> {
+    /// A setting read from the file only; [`Self::flag`] and [`Self::env`] open other layers.
+    pub const fn new(
+        name: &'static str,
+        kind: Kind,
+        preset: Preset,
+        doc: &'static str,
+        parse: fn(Value) -> Result<T, String>,
+    ) -> Setting<T> {
+        Setting {
+            row: Row {
+                name,
+                kind,
+                flag: None,
+                env: None,
+                preset,
+                secret: false,
+                doc,
+            },
+            parse,
+        }
+    }
+
+    pub const fn flag(mut self, name: &'static str, value_name: &'static str) -> Setting<T> {
+        self.row.flag = Some(Flag {
+            name,
+            value_name,
+            serve: true,
+        });
+        self
+    }
+
+    /// The flag is taken by the `keys` commands only (`--audit-log`: `serve` writes no audit).
+    pub const fn keys_commands_only(mut self) -> Setting<T> {
+        if let Some(flag) = &mut self.row.flag {
+            flag.serve = false;
+        }
+        self
+    }
+
+    pub const fn env(mut self, var: &'static str) -> Setting<T> {
+        self.row.env = Some(var);
+        self
+    }
+
+    /// In the file or the environment, never a flag, never shown.
+    pub const fn secret(mut self, var: &'static str) -> Setting<T> {
+        self.row.env = Some(var);
+        self.row.secret = true;
+        self
+    }
+}
+
+impl Value {
+    /// A literal default or a variable's text, as `kind` reads it.
+    pub fn from_text(kind: Kind, text: &str) -> Value {
+        match kind {
+            Kind::Path => Value::Path(PathBuf::from(text)),
+            Kind::Texts => Value::Texts(text.split(',').map(str::to_owned).collect()),
+            _ => Value::Text(text.to_owned()),
+        }
+    }
+
+    pub fn text(self) -> Result<String, String> {
+        match self {
+            Value::Text(t) => Ok(t),
+            Value::Path(p) => p
+                .into_os_string()
+                .into_string()
+                .map_err(|p| format!("`{}` is not UTF-8", p.to_string_lossy())),
+            other => Err(format!("expected text, not `{}`", other.render())),
+        }
+    }
+
+    pub fn path(self) -> Result<PathBuf, String> {
+        match self {
+            Value::Path(p) => Ok(p),
+            Value::Text(t) => Ok(PathBuf::from(t)),
+            other => Err(format!("expected a path, not `{}`", other.render())),
+        }
+    }
+
+    /// A whole number that fits `T`; a variable's text is parsed here.
+    pub fn int<T: TryFrom<u64>>(self) -> Result<T, String> {
+        let n = match self {
+            Value::Int(n) => n,
+            Value::Text(t) => number(&t)?,
+            other => return Err(format!("expected a number, not `{}`", other.render())),
+        };
+        T::try_from(n).map_err(|_| {
+            let type_name = std::any::type_name::<T>();
+            format!("invalid value: integer `{n}`, expected {type_name}")
+        })
+    }
+
+    pub fn bool(self) -> Result<bool, String> {
+        match self {
+            Value::Bool(b) => Ok(b),
+            Value::Text(t) => t
+                .parse()
+                .map_err(|_| format!("`{t}` is not `true` or `false`")),
+            other => Err(format!("expected true or false, not `{}`", other.render())),
+        }
+    }
+
+    pub fn texts(self) -> Result<Vec<String>, String> {
+        match self {
+            Value::Texts(v) => Ok(v),
+            Value::Text(t) => Ok(t.split(',').map(str::to_owned).collect()),
+            other => Err(format!("expected a list, not `{}`", other.render())),
+        }
+    }
+
+    pub fn ints(self) -> Result<Vec<u64>, String> {
+        match self {
+            Value::Ints(v) => Ok(v),
+            Value::Text(t) if t.is_empty() => Ok(Vec::new()),
+            Value::Text(t) => t.split(',').map(number).collect(),
+            other => Err(format!(
+                "expected a list of numbers, not `{}`",
+                other.render()
+            )),
+        }
+    }
+
+    /// As the file would spell it, less the quotes of a lone string.
+    pub fn render(&self) -> String {
+        match self {
+            Value::Text(t) => t.clone(),
+            Value::Path(p) => p.display().to_string(),
+            Value::Int(n) => n.to_string(),
+            Value::Bool(b) => b.to_string(),
+            Value::Texts(v) => {
+                let quoted: Vec<String> = v.iter().map(|t| format!("{t:?}")).collect();
+                format!("[{}]", quoted.join(", "))
+            }
+            Value::Ints(v) => {
+                let shown: Vec<String> = v.iter().map(u64::to_string).collect();
+                format!("[{}]", shown.join(", "))
+            }
+        }
+    }
+}
+
+/// `redis://user:pw@host` as `redis://user:***@host`.
+fn without_password(url: &str) -> String {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    match url[start..].find('@') {
+        Some(at) => {
+            let userinfo = &url[start..start + at];
+            let user = userinfo.split(':').next().unwrap_or_default();
+            let hidden = if userinfo.contains(':') { ":***" } else { "" };
+            format!("{}{user}{hidden}{}", &url[..start], &url[start + at..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+fn number(text: &str) -> Result<u64, String> {
+    text.trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a whole number"))
+}
+
+impl Row {
+    /// The preset's value, if it has one of its own.
+    fn preset_value(&self) -> Option<Value> {
+        match self.preset {
+            Preset::Value(text) if text.is_empty() => Some(match self.kind {
+                Kind::Texts => Value::Texts(Vec::new()),
+                Kind::Ints => Value::Ints(Vec::new()),
+                kind => Value::from_text(kind, text),
+            }),
+            Preset::Value(text) => Some(Value::from_text(self.kind, text)),
+            Preset::Of(value) => Some(value()),
+            Preset::Computed(_) | Preset::Absent(_) => None,
+        }
+    }
+
+    /// The default as the README's table shows it.
+    pub fn preset_doc(&self) -> String {
+        match self.preset {
+            Preset::Computed(doc) | Preset::Absent(doc) => doc.to_owned(),
+            _ => match self.preset_value() {
+                Some(v) => format!("`{}`", v.render()),
+                None => String::new(),
+            },
+        }
+    }
+
+    /// For `check`'s report, which people paste into tickets: a secret is never shown, nor the
+    /// password a Redis URL may carry.
+    fn shown(&self, value: &Value) -> String {
+        if self.secret {
+            return "(set)".to_owned();
+        }
+        let shown = value.render();
+        if !shown.contains('@') {
+            return shown;
+        }
+        let parts: Vec<String> = shown.split(',').map(without_password).collect();
+        parts.join(",")
+    }
+}
+
+/// One layer's values, by setting name: every layer produces this one shape, so merging is the
+/// same for all of them.
+#[derive(Debug, Clone, Default)]
+pub struct Layer {
+    values: HashMap<&'static str, Value>,
+}
+
+impl Layer {
+    pub fn set(&mut self, name: &'static str, value: Value) {
+        self.values.insert(name, value);
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.values.get(name)
+    }
+}
+
+/// A value and the layer it came from.
+#[derive(Debug, Clone)]
+pub struct Sourced<T> {
+    pub value: T,
+    pub origin: Origin,
+    row: Row,
+}
+
+impl<T> Sourced<T> {
+    /// An error about this value, naming the layer that gave it.
+    pub fn error(&self, message: String) -> ConfigError {
+        self.origin.error(&self.row, message)
+    }
+}
+
+/// What `check` reports of one setting: the value in force and where it came from.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub name: &'static str,
+    pub shown: String,
+    pub origin: Origin,
+}
+
+/// The layers, highest precedence first, and a record of every value the parts took.
+#[derive(Debug, Default)]
+pub struct Layers {
+    pub flags: Layer,
+    pub env: Layer,
+    pub file: Layer,
+    pub file_path: Option<PathBuf>,
+    pub resolved: RefCell<Vec<Resolved>>,
+}
+
+impl Layers {
+    /// The value of the highest layer that gives one: flags > environment > file.
+    pub fn given(&self, row: &Row) -> Option<(Value, Origin)> {
+        if let (Some(v), Some(flag)) = (self.flags.get(row.name), row.flag) {
+            return Some((v.clone(), Origin::Flag(flag.name)));
+        }
+        if let (Some(v), Some(var)) = (self.env.get(row.name), row.env) {
+            return Some((v.clone(), Origin::Env(var)));
+        }
+        match (self.file.get(row.name), &self.file_path) {
+            (Some(v), Some(path)) => Some((v.clone(), Origin::File(path.clone()))),
+            _ => None,
+        }
+    }
+
+    /// The checked value of the highest layer that gives one, else of the preset; `None` when
+    /// neither does (a computed or absent preset).
+    pub fn get<T>(&self, s: &Setting<T>) -> Result<Option<Sourced<T>>, ConfigError> {
+        let row = &s.row;
+        let given = self
+            .given(row)
+            .or_else(|| row.preset_value().map(|v| (v, Origin::Default)));
+        let Some((value, origin)) = given else {
+            if let Preset::Absent(doc) = row.preset {
+                let shown = if row.secret { "(unset)" } else { doc };
+                let shown = shown.trim_start_matches("absent: ").replace('`', "");
+                self.record(row, shown, Origin::Default);
+            }
+            return Ok(None);
+        };
+        self.check(s, value, origin).map(Some)
+    }
+
+    /// As [`Self::get`], with `computed` in place of a preset the part works out.
+    pub fn or<T>(&self, s: &Setting<T>, computed: Value) -> Result<Sourced<T>, ConfigError> {
+        match self.given(&s.row) {
+            Some((value, origin)) => self.check(s, value, origin),
+            None => self.check(s, computed, Origin::Default),
+        }
+    }
+
+    /// The value of a setting whose preset gives one, and where it came from.
+    pub fn required<T>(&self, s: &Setting<T>) -> Result<Sourced<T>, ConfigError> {
+        self.get(s)?
+            .ok_or_else(|| Origin::Default.error(&s.row, "has no default".to_owned()))
+    }
+
+    /// For the settings no later check blames.
+    pub fn value<T>(&self, s: &Setting<T>) -> Result<T, ConfigError> {
+        self.required(s).map(|sourced| sourced.value)
+    }
+
+    /// A setting validated but missing from its part's table would be refused in the file and
+    /// read from no flag or variable: fail at once, on the defaults every test loads.
+    fn check<T>(
+        &self,
+        s: &Setting<T>,
+        value: Value,
+        origin: Origin,
+    ) -> Result<Sourced<T>, ConfigError> {
+        let row = s.row;
+        if !super::rows().any(|r| r.name == row.name) {
+            return Err(origin.error(&row, "is missing from its part's table".to_owned()));
+        }
+        let shown = row.shown(&value);
+        let value = (s.parse)(value).map_err(|m| origin.error(&row, m))?;
+        self.record(&row, shown, origin.clone());
+        Ok(Sourced { value, origin, row })
+    }
+
+    fn record(&self, row: &Row, shown: String, origin: Origin) {
+        self.resolved.borrow_mut().push(Resolved {
+            name: row.name,
+            shown,
+            origin,
+        });
+    }
+}
