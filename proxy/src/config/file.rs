@@ -3,8 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::setting::{Kind, Layer, Value};
-use super::{ConfigError, Origin};
+use super::model::ConfigError;
+use super::parts::rows;
+use super::setting::{Kind, Layer, Origin, Value};
 
 /// Reads and parses `path` into a layer; a key no row declares is refused, named in full.
 pub fn read(path: &Path) -> Result<Layer, ConfigError> {
@@ -44,12 +45,12 @@ impl Reader<'_> {
             let name = format!("{prefix}{key}");
             let inner = format!("{name}.");
             if let toml::Value::Table(t) = value {
-                if super::rows().any(|r| r.name.starts_with(&inner)) {
+                if rows().any(|r| r.name.starts_with(&inner)) {
                     self.table(t, &inner, layer)?;
                     continue;
                 }
             }
-            let Some(row) = super::rows().find(|r| r.name == name) else {
+            let Some(row) = rows().find(|r| r.name == name) else {
                 return Err(self.unknown(&name, prefix));
             };
             let value = self
@@ -63,7 +64,7 @@ impl Reader<'_> {
     /// Names the keys this level of the file may hold (`ban` for the `[ban]` table).
     fn unknown(&self, name: &str, prefix: &str) -> ConfigError {
         let mut known: Vec<String> = Vec::new();
-        for rest in super::rows().filter_map(|r| r.name.strip_prefix(prefix)) {
+        for rest in rows().filter_map(|r| r.name.strip_prefix(prefix)) {
             let key = format!("`{prefix}{}`", rest.split('.').next().unwrap_or(rest));
             if !known.contains(&key) {
                 known.push(key);

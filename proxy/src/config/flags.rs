@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use clap::builder::PossibleValuesParser;
 use clap::{Arg, ArgAction, ArgMatches};
 
+use super::parts::rows;
 use super::setting::{Flag, Kind, Layer, Row, Value};
 
 /// Which rows' flags a command takes.
@@ -23,7 +24,7 @@ pub enum FlagSet {
 
 impl FlagSet {
     fn rows(self) -> impl Iterator<Item = (&'static Row, Flag)> {
-        super::rows()
+        rows()
             .filter_map(|row| row.flag.map(|flag| (row, flag)))
             .filter(move |(row, flag)| match self {
                 FlagSet::Serve => flag.serve,
@@ -59,7 +60,7 @@ impl Overrides {
     /// A setting's flag given by a command's own argument rather than the table's flag (the
     /// `keys` commands' `--admin-listen`); `None` leaves it unset.
     pub fn with(mut self, name: &str, value: Option<&str>) -> Overrides {
-        let row = super::rows().find(|r| r.name == name && r.flag.is_some());
+        let row = rows().find(|r| r.name == name && r.flag.is_some());
         debug_assert!(row.is_some(), "`{name}` is no setting with a flag");
         if let (Some(row), Some(value)) = (row, value) {
             self.layer.set(row.name, Value::from_text(row.kind, value));
@@ -177,7 +178,7 @@ impl Env {
     /// bad variable of the same setting irrelevant.
     pub(super) fn layer(&self) -> Layer {
         let mut layer = Layer::default();
-        for row in super::rows() {
+        for row in rows() {
             if let Some(text) = row.env.and_then(|var| self.vars.get(var)) {
                 layer.set(row.name, Value::from_text(row.kind, text));
             }

@@ -8,172 +8,26 @@
 //! Every error names the layer that really supplied the bad value: the file and its field, the
 //! flag, or the environment variable.
 //!
+//! Inside the wing the imports run one way: [`model`] (the `Config` and its error) imports no
+//! sibling; [`setting`] builds on it; the [`parts`] on both; the layers read the parts' rows;
+//! this module assembles them.
+//!
 //! Relative paths in a config file are relative to that file's directory, so a config works
 //! from wherever the gateway is started; relative paths from flags or the environment are
 //! relative to the working directory, as on any command line.
 
 mod file;
 mod flags;
+mod model;
 mod parts;
 mod setting;
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-use serde::Deserialize;
+use std::path::Path;
 
 pub use self::flags::{Env, FlagSet, Overrides};
-use self::setting::{Layers, Row};
-// Every module outside config that the settings use, named here only, so a move of one of them
-// is one line to fix; the parts take them from here (`super::super::BanPolicy`).
-use crate::base::redis::RedisTarget;
-use crate::http::auth::MAX_TOKEN_LEN;
-use crate::keys::format::{default_prefix, valid_prefix};
-use crate::quota::admission::OnStoreError;
-use crate::quota::rules::BanPolicy;
-use crate::quota::store::redis::DEFAULT_BATCH_MAX;
-use crate::quota::unauth::UnauthSettings;
-
-/// Where the API keys live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum KeysSource {
-    /// The keys file, edited by the `keys` commands on each node.
-    #[default]
-    File,
-    /// The fleet-wide registry in the quota store's Redis; `keys_file` is then this node's
-    /// local snapshot of it.
-    Store,
-}
-
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// For people at a terminal.
-    #[default]
-    Text,
-    /// One JSON object per line, for log pipelines.
-    Json,
-}
-
-/// The certificate chain and private key (PEM) of the public listener.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Config {
-    /// Name of the deployment (`production`, `staging`, `local`), for logs and metrics.
-    pub environment: String,
-    pub listen: SocketAddr,
-    pub admin_listen: SocketAddr,
-    /// When set, every admin request must carry it as a bearer token.
-    pub admin_token: Option<String>,
-    pub upstreams: Vec<SocketAddr>,
-    /// `None`: the embedded in-process store.
-    pub redis_url: Option<String>,
-    pub key_prefix: String,
-    /// What new API keys start with (`pet_live_` in production, else `pet_test_`).
-    pub api_key_prefix: String,
-    pub keys_source: KeysSource,
-    /// Where key changes are logged, one JSON line each; `None`: standard error.
-    pub audit_log: Option<PathBuf>,
-    pub keys_file: PathBuf,
-    pub plans_dir: PathBuf,
-    pub store_timeout: Duration,
-    /// The most decisions one Redis script run carries (group commit); 1: one run each.
-    pub store_batch_max: usize,
-    pub on_store_error: OnStoreError,
-    /// Worker threads of the proxy.
-    pub threads: usize,
-    /// Whether idle proxy threads take tasks queued on busy ones (pingora's work stealing).
-    pub work_stealing: bool,
-    /// Idle connections to the backends kept for reuse, in all.
-    pub upstream_keepalive_pool_size: usize,
-    /// The limit on requests with a missing or invalid key: per minute, per client (an IPv4
-    /// address or an IPv6 network), how many clients are tracked, and which peers' `X-Forwarded-For`
-    /// is believed.
-    pub unauthenticated: UnauthSettings,
-    /// The whole request head (request line and headers) must arrive within this, however it
-    /// trickles in; otherwise the connection is closed.
-    pub request_header_timeout: Duration,
-    pub ban: BanPolicy,
-    pub upstream_connect_timeout: Duration,
-    pub upstream_read_timeout: Duration,
-    /// How long a client may stall while sending a request body before it is cut off (408).
-    pub client_read_timeout: Duration,
-    /// How often the keys file, plans directory and certificate are checked for edits.
-    pub reload_interval: Duration,
-    /// `Some`: the public listener speaks TLS (HTTP/2 and HTTP/1.1); `None`: plain HTTP.
-    pub tls: Option<TlsFiles>,
-    pub log_format: LogFormat,
-    /// After SIGTERM (or SIGQUIT, handing over to a successor) the listeners close at once and
-    /// in-flight requests get this long to finish; pingora then stops, so it should cover the
-    /// upstream read timeout.
-    pub grace_period_secs: u64,
-    pub shutdown_timeout_secs: u64,
-    /// Where a running gateway hands its sockets to its successor (`serve --upgrade`).
-    pub upgrade_sock: PathBuf,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("{}: cannot read: {source}", path.display())]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{source_name}: {message}")]
-    Invalid {
-        /// The file, "command line", "environment" or "built-in default".
-        source_name: String,
-        message: String,
-    },
-}
-
-/// Which layer gave a value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Origin {
-    Default,
-    File(PathBuf),
-    Env(&'static str),
-    Flag(&'static str),
-}
-
-impl Origin {
-    /// An error about `row`'s value, naming where that value came from.
-    fn error(&self, row: &Row, message: String) -> ConfigError {
-        let (source_name, name) = match self {
-            Origin::Default => ("built-in default".to_owned(), format!("`{}`", row.name)),
-            Origin::File(path) => (path.display().to_string(), format!("field `{}`", row.name)),
-            Origin::Env(var) => ("environment".to_owned(), (*var).to_owned()),
-            Origin::Flag(flag) => ("command line".to_owned(), (*flag).to_owned()),
-        };
-        ConfigError::Invalid {
-            source_name,
-            message: format!("{name}: {message}"),
-        }
-    }
-
-    /// For `check`'s report: which layer, without the file's path (printed above it).
-    fn label(&self) -> String {
-        match self {
-            Origin::Default => "default".to_owned(),
-            Origin::File(_) => "file".to_owned(),
-            Origin::Env(var) => format!("env {var}"),
-            Origin::Flag(flag) => format!("flag {flag}"),
-        }
-    }
-}
-
-/// Every setting's row, part by part.
-fn rows() -> impl Iterator<Item = &'static Row> {
-    parts::ALL.iter().flat_map(|part| part.iter())
-}
+pub use self::model::{Config, ConfigError, KeysSource, LogFormat, TlsFiles};
+use self::parts::rows;
+use self::setting::Layers;
 
 impl Config {
     /// Reads `file` (if any), the environment and the flags, merges them and validates the
@@ -204,6 +58,29 @@ fn load_layers(
 
 /// Each part validates its own section; the parts a later one depends on come first.
 fn validate(l: &Layers) -> Result<Config, ConfigError> {
+    let config = validate_parts(l)?;
+    all_in_tables(l)?;
+    Ok(config)
+}
+
+/// A setting validated but missing from its part's table would be refused in the file and
+/// read from no flag or variable: fail at once, on the defaults every test loads.
+fn all_in_tables(l: &Layers) -> Result<(), ConfigError> {
+    match l
+        .resolved
+        .borrow()
+        .iter()
+        .find(|r| !rows().any(|row| row.name == r.name))
+    {
+        Some(r) => Err(ConfigError::Invalid {
+            source_name: "built-in default".to_owned(),
+            message: format!("`{}`: is missing from its part's table", r.name),
+        }),
+        None => Ok(()),
+    }
+}
+
+fn validate_parts(l: &Layers) -> Result<Config, ConfigError> {
     let runtime = parts::runtime::validate(l)?;
     let environment = runtime.environment.as_str();
     let listen = parts::listen::validate(l, environment)?;
@@ -378,8 +255,13 @@ fn is_loopback(host: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::setting::{Kind, Value};
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use super::setting::{Kind, Origin, Row, Value};
     use super::*;
+    use crate::quota::admission::OnStoreError;
+    use crate::quota::rules::BanPolicy;
 
     /// The flags `serve` would parse from `args`.
     fn flags(args: &[&str]) -> Overrides {
@@ -800,6 +682,22 @@ upstream_keepalive_pool_size = 16
                 .admin_listen
                 .port(),
             9998
+        );
+    }
+
+    #[test]
+    fn a_setting_validated_but_in_no_table_fails_the_load() {
+        let l = Layers::default();
+        l.resolved.borrow_mut().push(setting::Resolved {
+            name: "not_in_any_table",
+            shown: "1".to_owned(),
+            origin: Origin::Default,
+        });
+        let err = all_in_tables(&l).unwrap_err().to_string();
+        assert!(err.contains("`not_in_any_table`: is missing"), "{err}");
+        assert!(
+            validate(&Layers::default()).is_ok(),
+            "every part's settings are in a table"
         );
     }
 

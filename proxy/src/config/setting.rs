@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use clap::builder::PossibleValue;
 
-use super::{ConfigError, Origin};
+use crate::config::model::ConfigError;
 
 /// How a value is spelled: what the file must hold, and how a flag or variable is split.
 #[derive(Debug, Clone, Copy)]
@@ -287,6 +287,41 @@ impl Row {
     }
 }
 
+/// Which layer gave a value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    Default,
+    File(PathBuf),
+    Env(&'static str),
+    Flag(&'static str),
+}
+
+impl Origin {
+    /// An error about `row`'s value, naming where that value came from.
+    pub fn error(&self, row: &Row, message: String) -> ConfigError {
+        let (source_name, name) = match self {
+            Origin::Default => ("built-in default".to_owned(), format!("`{}`", row.name)),
+            Origin::File(path) => (path.display().to_string(), format!("field `{}`", row.name)),
+            Origin::Env(var) => ("environment".to_owned(), (*var).to_owned()),
+            Origin::Flag(flag) => ("command line".to_owned(), (*flag).to_owned()),
+        };
+        ConfigError::Invalid {
+            source_name,
+            message: format!("{name}: {message}"),
+        }
+    }
+
+    /// For `check`'s report: which layer, without the file's path (printed above it).
+    pub fn label(&self) -> String {
+        match self {
+            Origin::Default => "default".to_owned(),
+            Origin::File(_) => "file".to_owned(),
+            Origin::Env(var) => format!("env {var}"),
+            Origin::Flag(flag) => format!("flag {flag}"),
+        }
+    }
+}
+
 /// One layer's values, by setting name: every layer produces this one shape, so merging is the
 /// same for all of them.
 #[derive(Debug, Clone, Default)]
@@ -389,8 +424,6 @@ impl Layers {
         self.required(s).map(|sourced| sourced.value)
     }
 
-    /// A setting validated but missing from its part's table would be refused in the file and
-    /// read from no flag or variable: fail at once, on the defaults every test loads.
     fn check<T>(
         &self,
         s: &Setting<T>,
@@ -398,9 +431,6 @@ impl Layers {
         origin: Origin,
     ) -> Result<Sourced<T>, ConfigError> {
         let row = s.row;
-        if !super::rows().any(|r| r.name == row.name) {
-            return Err(origin.error(&row, "is missing from its part's table".to_owned()));
-        }
         let shown = row.shown(&value);
         let value = (s.parse)(value).map_err(|m| origin.error(&row, m))?;
         self.record(&row, shown, origin.clone());

@@ -2,9 +2,10 @@
 
 use std::net::SocketAddr;
 
-use super::super::setting::{Kind, Layers, Preset, Row, Setting, Value};
-use super::super::{ConfigError, MAX_TOKEN_LEN};
-use super::socket_addr;
+use super::values::socket_addr;
+use crate::config::model::ConfigError;
+use crate::config::setting::{Kind, Layers, Preset, Row, Setting, Value};
+use crate::http::auth::MAX_TOKEN_LEN;
 
 const ADMIN_LISTEN: Setting<SocketAddr> = Setting::new(
     "admin_listen",

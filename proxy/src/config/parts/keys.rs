@@ -2,9 +2,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::super::setting::{Kind, Layers, Preset, Row, Setting, Value};
-use super::super::{default_prefix, valid_prefix, ConfigError, KeysSource};
-use super::{choice, parse_choice};
+use super::values::{choice, parse_choice};
+use crate::config::model::{ConfigError, KeysSource};
+use crate::config::setting::{Kind, Layers, Preset, Row, Setting, Value};
+use crate::keys::format::{default_prefix, valid_prefix};
 
 const KEYS_SOURCE: Setting<KeysSource> = Setting::new(
     "keys_source",

@@ -1,9 +1,11 @@
 //! The limits outside the plans: unauthenticated requests per client, and bans of keys that keep
 //! sending after a 429.
 
-use super::super::setting::{Kind, Layers, Preset, Row, Setting, Value};
-use super::super::{BanPolicy, ConfigError, UnauthSettings};
-use super::at_least_one;
+use super::values::at_least_one;
+use crate::config::model::ConfigError;
+use crate::config::setting::{Kind, Layers, Preset, Row, Setting, Value};
+use crate::quota::rules::BanPolicy;
+use crate::quota::unauth::UnauthSettings;
 
 const UNAUTHENTICATED_PER_MINUTE: Setting<u32> = Setting::new(
     "unauthenticated_per_minute",

@@ -5,9 +5,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::super::setting::{Kind, Layers, Preset, Row, Setting, Value};
-use super::super::ConfigError;
-use super::{millis, socket_addr};
+use super::values::{millis, socket_addr};
+use crate::config::model::ConfigError;
+use crate::config::setting::{Kind, Layers, Preset, Row, Setting, Value};
 
 const LISTEN: Setting<SocketAddr> = Setting::new(
     "listen",

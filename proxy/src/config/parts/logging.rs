@@ -1,8 +1,8 @@
 //! How log lines are written.
 
-use super::super::setting::{Layers, Preset, Row, Setting};
-use super::super::{ConfigError, LogFormat};
-use super::{choice, parse_choice};
+use super::values::{choice, parse_choice};
+use crate::config::model::{ConfigError, LogFormat};
+use crate::config::setting::{Layers, Preset, Row, Setting};
 
 const LOG_FORMAT: Setting<LogFormat> = Setting::new(
     "log_format",

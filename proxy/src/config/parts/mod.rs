@@ -11,13 +11,9 @@ pub mod store;
 pub mod tls;
 pub mod upstreams;
 
-use std::net::{SocketAddr, ToSocketAddrs};
-use std::time::Duration;
+mod values;
 
-use clap::builder::PossibleValue;
-use clap::ValueEnum;
-
-use super::setting::{Kind, Row, Value};
+use crate::config::setting::Row;
 
 /// Every part's table, in the order the README and `check` show them.
 pub const ALL: &[&[Row]] = &[
@@ -32,50 +28,7 @@ pub const ALL: &[&[Row]] = &[
     logging::SETTINGS,
 ];
 
-fn at_least_one<T: PartialEq + From<u8>>(v: T) -> Result<T, String> {
-    if v == T::from(0) {
-        Err("must be at least 1".into())
-    } else {
-        Ok(v)
-    }
-}
-
-fn millis(v: Value) -> Result<Duration, String> {
-    at_least_one(v.int::<u64>()?).map(Duration::from_millis)
-}
-
-/// `host:port`, resolved once at start-up.
-fn socket_addr(v: Value) -> Result<SocketAddr, String> {
-    let s = v.text()?;
-    if let Ok(addr) = s.parse() {
-        return Ok(addr);
-    }
-    s.to_socket_addrs()
-        .map_err(|e| format!("`{s}` is not a host:port address: {e}"))?
-        .next()
-        .ok_or_else(|| format!("`{s}` resolves to no address"))
-}
-
-/// The kind of a setting that is one of `E`'s names.
-const fn choice<E: ValueEnum>() -> Kind {
-    Kind::Choice(possible_values::<E>)
-}
-
-fn possible_values<E: ValueEnum>() -> Vec<PossibleValue> {
-    E::value_variants()
-        .iter()
-        .filter_map(ValueEnum::to_possible_value)
-        .collect()
-}
-
-/// One of `E`'s names, exactly (case-sensitive), as clap checks the flag.
-fn parse_choice<E: ValueEnum>(v: Value) -> Result<E, String> {
-    let v = v.text()?;
-    E::from_str(&v, false).map_err(|_| {
-        let names: Vec<String> = possible_values::<E>()
-            .iter()
-            .map(|p| p.get_name().to_owned())
-            .collect();
-        format!("`{v}` is not one of {}", names.join(", "))
-    })
+/// Every setting's row, part by part.
+pub fn rows() -> impl Iterator<Item = &'static Row> {
+    ALL.iter().flat_map(|part| part.iter())
 }

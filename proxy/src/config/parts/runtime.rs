@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use super::super::setting::{Kind, Layers, Preset, Row, Setting, Value};
-use super::super::ConfigError;
-use super::{at_least_one, millis};
+use super::values::{at_least_one, millis};
+use crate::config::model::ConfigError;
+use crate::config::setting::{Kind, Layers, Preset, Row, Setting, Value};
 
 pub const ENVIRONMENT: Setting<String> = Setting::new(
     "environment",

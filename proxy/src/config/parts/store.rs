@@ -2,9 +2,12 @@
 
 use std::time::Duration;
 
-use super::super::setting::{Kind, Layers, Preset, Row, Setting, Value};
-use super::super::{ConfigError, OnStoreError, RedisTarget, DEFAULT_BATCH_MAX};
-use super::{choice, millis, parse_choice};
+use super::values::{choice, millis, parse_choice};
+use crate::base::redis::RedisTarget;
+use crate::config::model::ConfigError;
+use crate::config::setting::{Kind, Layers, Preset, Row, Setting, Value};
+use crate::quota::admission::OnStoreError;
+use crate::quota::store::redis::DEFAULT_BATCH_MAX;
 
 /// A script run blocks the Redis it runs on; past this many decisions one run would hold it for
 /// milliseconds, delaying every other client.

@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
-use super::super::setting::{Kind, Layers, Preset, Row, Setting, Value};
-use super::super::{ConfigError, TlsFiles};
+use crate::config::model::{ConfigError, TlsFiles};
+use crate::config::setting::{Kind, Layers, Preset, Row, Setting, Value};
 
 const TLS_CERT: Setting<PathBuf> = Setting::new(
     "tls_cert",

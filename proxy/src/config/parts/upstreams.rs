@@ -3,9 +3,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::super::setting::{Kind, Layers, Preset, Row, Setting, Value};
-use super::super::ConfigError;
-use super::{at_least_one, millis, socket_addr};
+use super::values::{at_least_one, millis, socket_addr};
+use crate::config::model::ConfigError;
+use crate::config::setting::{Kind, Layers, Preset, Row, Setting, Value};
 
 const UPSTREAMS: Setting<Vec<SocketAddr>> = Setting::new(
     "upstreams",
