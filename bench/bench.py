@@ -26,6 +26,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "target" / "release"
+# Where pet-gateway and pet-backend come from; `--bin-dir` points it at another build (an A/B of
+# two commits). The bench's own tools (passthrough, store-load) always come from BIN.
+GATEWAY_BIN = BIN
+# `--only REGEX`: the scenarios measured; the others are left out of the run and the table.
+ONLY = None
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -179,6 +184,8 @@ def wrk(url, seconds, script=None, headers=(), connections=32, cpus=None):
 
 
 def measure(name, url, pids, seconds, **kw):
+    if ONLY and not ONLY.search(name):
+        return {"name": name, "skipped": True, "requests": 0}
     before = cpu_seconds(pids)
     r = wrk(url, seconds, **kw)
     after = cpu_seconds(pids)
@@ -250,7 +257,14 @@ def main():
                     help="skip the table by proxy thread count")
     ap.add_argument("--charts", default=str(ROOT / "bench" / "charts"),
                     help="where the PNG charts go ('' skips them)")
+    ap.add_argument("--bin-dir", help="where pet-gateway and pet-backend are (default target/release)")
+    ap.add_argument("--only", help="measure only the scenarios whose name matches this regex")
     args = ap.parse_args()
+    global GATEWAY_BIN, ONLY
+    if args.bin_dir:
+        GATEWAY_BIN = Path(args.bin_dir).resolve()
+    if args.only:
+        ONLY = re.compile(args.only)
     for tool in ("wrk", "nginx", "haproxy", "redis-server", "redis-cli"):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
             raise SystemExit(f"{tool} is missing: bench/run installs it")
@@ -272,7 +286,7 @@ def main():
 
         # pet-backend with a page of pets.
         backend = free_port()
-        procs.start([str(BIN / "pet-backend"), "--listen", f"127.0.0.1:{backend}", "--db", str(work / "pets.db")],
+        procs.start([str(GATEWAY_BIN / "pet-backend"), "--listen", f"127.0.0.1:{backend}", "--db", str(work / "pets.db")],
                     env={**os.environ, "RUST_LOG": "warn"})
         wait_port(backend)
         for i in range(20):
@@ -325,7 +339,7 @@ def main():
                 + (f'redis_url = "redis://127.0.0.1:{redis_port}/"\nstore_timeout_ms = 1000\n' if redis else "")
                 + extra
                 + ("" if bans else "[ban]\nstrikes = 1000000000\n"))
-            p = procs.start(pinned(cpus, [str(BIN / "pet-gateway"), "serve", "--config", str(cfg)]),
+            p = procs.start(pinned(cpus, [str(GATEWAY_BIN / "pet-gateway"), "serve", "--config", str(cfg)]),
                             env={**os.environ, "RUST_LOG": "warn"}, stderr=open(work / f"{name}.log", "w"))
             wait_port(port)
             return p, port
@@ -355,9 +369,10 @@ def main():
                             headers=auth(admitted_key)))
         rows.append(measure("HAProxy (stick table)", f"http://127.0.0.1:{hp}/v1/pets", [haproxy.pid], s,
                             headers=auth(admitted_key)))
-        pt, pt_port = passthrough("passthrough")
+        pt, pt_port = passthrough("passthrough") if not ONLY or ONLY.search("pingora pass-through") \
+            else (None, 0)
         rows.append(measure("pingora pass-through (no auth, no quota)", f"http://127.0.0.1:{pt_port}/v1/pets",
-                            [pt.pid], s, headers=auth(admitted_key)))
+                            [pt.pid] if pt else [], s, headers=auth(admitted_key)))
         rows.append(measure("pet-gateway, embedded, admitted", f"http://127.0.0.1:{emb_port}/v1/pets",
                             [embedded.pid], s, headers=auth(admitted_key)))
         rows.append(measure("pet-gateway, embedded, refused (429)", f"http://127.0.0.1:{emb_port}/v1/pets",
@@ -420,10 +435,11 @@ def main():
     finally:
         procs.stop_all()
 
+    rows = [r for r in rows if not r.get("skipped")]
     if not rows:
         report_memory(memory)
         return
-    nginx_row = next(r for r in rows if r["name"].startswith("nginx"))
+    nginx_row = next((r for r in rows if r["name"].startswith("nginx")), rows[0])
     static_row = rows[0]
     lines = ["| scenario | req/s | p50 ms | p99 ms | p99.9 ms | proxy CPU µs/req | × nginx req/s | × upstream req/s | Redis calls/req |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -437,9 +453,10 @@ def main():
     report_memory(memory)
     print(f"\nwrk -t1 -c32 -d{args.seconds}s per row; every proxy with one worker/thread; "
           f"{os.cpu_count()} CPUs; upstream: nginx returning [] (static) unless named.")
-    pt_row = next(r for r in rows if r["name"].startswith("pingora pass-through"))
-    print("\nThe gateway's CPU per request over plain pingora's (the same pingora, runtime settings and upstream):")
-    for r in rows:
+    pt_row = next((r for r in rows if r["name"].startswith("pingora pass-through")), None)
+    if pt_row is not None:
+        print("\nThe gateway's CPU per request over plain pingora's (the same pingora, runtime settings and upstream):")
+    for r in rows if pt_row is not None else []:
         if r["name"].startswith("pet-gateway") and "admitted" in r["name"] or "10,000" in r["name"]:
             print(f"- {r['name']}: {r['cpu_us']:.1f} µs vs {pt_row['cpu_us']:.1f} µs: "
                   f"{(r['cpu_us'] / pt_row['cpu_us'] - 1) * 100:+.0f} %")

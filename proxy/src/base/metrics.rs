@@ -49,23 +49,156 @@ fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registr
     metric
 }
 
-fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let vec = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric definition");
-    register(registry, vec)
+/// A metric as data: its name, its help and its labels (none for a plain counter or gauge).
+struct Def {
+    name: &'static str,
+    help: &'static str,
+    labels: &'static [&'static str],
 }
 
-fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    let vec = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric definition");
-    register(registry, vec)
+fn opts(def: &Def) -> Opts {
+    Opts::new(def.name, def.help)
 }
 
-fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
-    let opts = HistogramOpts::new(name, help).buckets(LATENCY.to_vec());
+fn counter(r: &Registry, def: &Def) -> IntCounterVec {
     register(
-        registry,
-        HistogramVec::new(opts, labels).expect("valid metric definition"),
+        r,
+        IntCounterVec::new(opts(def), def.labels).expect("valid metric definition"),
     )
 }
+
+fn gauge(r: &Registry, def: &Def) -> IntGaugeVec {
+    register(
+        r,
+        IntGaugeVec::new(opts(def), def.labels).expect("valid metric definition"),
+    )
+}
+
+fn histogram(r: &Registry, def: &Def) -> HistogramVec {
+    let opts = HistogramOpts::new(def.name, def.help).buckets(LATENCY.to_vec());
+    register(
+        r,
+        HistogramVec::new(opts, def.labels).expect("valid metric definition"),
+    )
+}
+
+fn plain_counter(r: &Registry, def: &Def) -> IntCounter {
+    register(
+        r,
+        IntCounter::with_opts(opts(def)).expect("valid metric definition"),
+    )
+}
+
+fn plain_gauge(r: &Registry, def: &Def) -> IntGauge {
+    register(
+        r,
+        IntGauge::with_opts(opts(def)).expect("valid metric definition"),
+    )
+}
+
+fn plain_histogram(r: &Registry, def: &Def, buckets: &[f64]) -> Histogram {
+    let opts = HistogramOpts::new(def.name, def.help).buckets(buckets.to_vec());
+    register(
+        r,
+        Histogram::with_opts(opts).expect("valid metric definition"),
+    )
+}
+
+// The request path: requests, latency, refusals, bans, authentication failures.
+const REQUESTS: Def = Def {
+    name: "pet_gateway_requests_total",
+    help: "Requests answered, by environment, operation, plan and HTTP status.",
+    labels: &["env", "route", "plan", "status"],
+};
+const REQUEST_DURATION: Def = Def {
+    name: "pet_gateway_request_duration_seconds",
+    help: "Time from request head to the end of the response, by operation.",
+    labels: &["route"],
+};
+const UPSTREAM_DURATION: Def = Def {
+    name: "pet_gateway_upstream_duration_seconds",
+    help: "Time from choosing a backend to its response head, by operation.",
+    labels: &["route"],
+};
+const RATE_LIMITED: Def = Def {
+    name: "pet_gateway_rate_limited_total",
+    help: "Requests refused with 429, by plan and the window that refused them (minute, day, ban).",
+    labels: &["plan", "window"],
+};
+const BANS: Def = Def {
+    name: "pet_gateway_bans_total",
+    help: "Bans started, by plan.",
+    labels: &["plan"],
+};
+const AUTH_FAILURES: Def = Def {
+    name: "pet_gateway_auth_failures_total",
+    help: "Requests refused with 401, by reason (missing, malformed, unknown, expired).",
+    labels: &["reason"],
+};
+
+// The quota store: latency, batch size, errors, fallback.
+const STORE_DURATION: Def = Def {
+    name: "pet_gateway_store_duration_seconds",
+    help: "Time of one quota-store decision.",
+    labels: &[],
+};
+const STORE_BATCH_SIZE: Def = Def {
+    name: "pet_gateway_store_batch_size",
+    help: "Decisions carried by one Redis script run (group commit; 1 at low load).",
+    labels: &[],
+};
+const BATCH_SIZES: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+const STORE_ERRORS: Def = Def {
+    name: "pet_gateway_store_errors_total",
+    help: "Quota-store calls that failed, by kind (timeout, unavailable, protocol).",
+    labels: &["kind"],
+};
+const STORE_FALLBACK: Def = Def {
+    name: "pet_gateway_store_fallback",
+    help: "1 while the quota store fails and on_store_error decides instead, else 0.",
+    labels: &[],
+};
+
+// Reloads, aborted responses, slow heads, the catalog and its keys.
+const CONFIG_RELOADS: Def = Def {
+    name: "pet_gateway_config_reloads_total",
+    help: "Reloads of keys, plans or the TLS certificate, by result (applied, refused).",
+    labels: &["result"],
+};
+const RESPONSES_ABORTED: Def = Def {
+    name: "pet_gateway_responses_aborted_total",
+    help: "Responses cut off after their head had gone out (the backend failed mid-body): \
+           the client saw an incomplete response, never an error spliced into it.",
+    labels: &[],
+};
+const SLOW_REQUEST_HEADS: Def = Def {
+    name: "pet_gateway_slow_request_heads_total",
+    help: "Connections closed because a request head did not arrive within \
+           request_header_timeout_ms (a slow or trickling client).",
+    labels: &[],
+};
+const CATALOG_RELOAD_FAILING: Def = Def {
+    name: "pet_gateway_catalog_reload_failing",
+    help: "1 while the newest version of the keys file or the plans directory (part) is \
+           refused and the previous one stays in force, else 0.",
+    labels: &["part"],
+};
+const CATALOG_KEYS_SKIPPED: Def = Def {
+    name: "pet_gateway_catalog_keys_skipped",
+    help: "Active keys in the keys file left out because their plan is not in force \
+           (they get 401; check and a restart refuse such a file).",
+    labels: &[],
+};
+const KEYS: Def = Def {
+    name: "pet_gateway_keys",
+    help: "Records of the keys file (or the registry's replica) in force, by status (active, expired, revoked; skipped: active but naming a plan not in force).",
+    labels: &["status"],
+};
+const CATALOG_LAST_RELOAD: Def = Def {
+    name: "pet_gateway_catalog_last_reload_timestamp_seconds",
+    help: "When the keys or the plans (part) in force were loaded, Unix seconds.",
+    labels: &["part"],
+};
 
 impl Metrics {
     /// Creates the zero-valued series of every plan, so dashboards and alerts see 0 rather
@@ -102,199 +235,25 @@ impl Metrics {
     }
 
     fn register_all(r: &Registry) -> Metrics {
-        let (requests, request_duration, upstream_duration, rate_limited, bans, auth_failures) =
-            Self::request_metrics(r);
-        let (store_duration, store_batch_size, store_errors, store_fallback) =
-            Self::store_metrics(r);
-        let (
-            config_reloads,
-            responses_aborted,
-            slow_request_heads,
-            catalog_reload_failing,
-            catalog_keys_skipped,
-            keys,
-            catalog_last_reload,
-        ) = Self::ops_metrics(r);
         Metrics {
-            requests,
-            request_duration,
-            upstream_duration,
-            rate_limited,
-            bans,
-            auth_failures,
-            store_duration,
-            store_batch_size,
-            store_errors,
-            store_fallback,
-            config_reloads,
-            responses_aborted,
-            slow_request_heads,
-            catalog_reload_failing,
-            catalog_keys_skipped,
-            keys,
-            catalog_last_reload,
+            requests: counter(r, &REQUESTS),
+            request_duration: histogram(r, &REQUEST_DURATION),
+            upstream_duration: histogram(r, &UPSTREAM_DURATION),
+            rate_limited: counter(r, &RATE_LIMITED),
+            bans: counter(r, &BANS),
+            auth_failures: counter(r, &AUTH_FAILURES),
+            store_duration: plain_histogram(r, &STORE_DURATION, LATENCY),
+            store_batch_size: plain_histogram(r, &STORE_BATCH_SIZE, BATCH_SIZES),
+            store_errors: counter(r, &STORE_ERRORS),
+            store_fallback: plain_gauge(r, &STORE_FALLBACK),
+            config_reloads: counter(r, &CONFIG_RELOADS),
+            responses_aborted: plain_counter(r, &RESPONSES_ABORTED),
+            slow_request_heads: plain_counter(r, &SLOW_REQUEST_HEADS),
+            catalog_reload_failing: gauge(r, &CATALOG_RELOAD_FAILING),
+            catalog_keys_skipped: plain_gauge(r, &CATALOG_KEYS_SKIPPED),
+            keys: gauge(r, &KEYS),
+            catalog_last_reload: gauge(r, &CATALOG_LAST_RELOAD),
         }
-    }
-
-    /// The request path: requests, latency, refusals, bans, authentication failures.
-    fn request_metrics(
-        r: &Registry,
-    ) -> (
-        IntCounterVec,
-        HistogramVec,
-        HistogramVec,
-        IntCounterVec,
-        IntCounterVec,
-        IntCounterVec,
-    ) {
-        (
-            counter(
-                r,
-                "pet_gateway_requests_total",
-                "Requests answered, by environment, operation, plan and HTTP status.",
-                &["env", "route", "plan", "status"],
-            ),
-            histogram(
-                r,
-                "pet_gateway_request_duration_seconds",
-                "Time from request head to the end of the response, by operation.",
-                &["route"],
-            ),
-            histogram(
-                r,
-                "pet_gateway_upstream_duration_seconds",
-                "Time from choosing a backend to its response head, by operation.",
-                &["route"],
-            ),
-            counter(
-                r,
-                "pet_gateway_rate_limited_total",
-                "Requests refused with 429, by plan and the window that refused them (minute, day, ban).",
-                &["plan", "window"],
-            ),
-            counter(
-                r,
-                "pet_gateway_bans_total",
-                "Bans started, by plan.",
-                &["plan"],
-            ),
-            counter(
-                r,
-                "pet_gateway_auth_failures_total",
-                "Requests refused with 401, by reason (missing, malformed, unknown, expired).",
-                &["reason"],
-            ),
-        )
-    }
-
-    /// The quota store: latency, batch size, errors, fallback.
-    fn store_metrics(r: &Registry) -> (Histogram, Histogram, IntCounterVec, IntGauge) {
-        (
-            register(
-                r,
-                Histogram::with_opts(
-                    HistogramOpts::new(
-                        "pet_gateway_store_duration_seconds",
-                        "Time of one quota-store decision.",
-                    )
-                    .buckets(LATENCY.to_vec()),
-                )
-                .expect("valid metric definition"),
-            ),
-            register(
-                r,
-                Histogram::with_opts(
-                    HistogramOpts::new(
-                        "pet_gateway_store_batch_size",
-                        "Decisions carried by one Redis script run (group commit; 1 at low load).",
-                    )
-                    .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
-                )
-                .expect("valid metric definition"),
-            ),
-            counter(
-                r,
-                "pet_gateway_store_errors_total",
-                "Quota-store calls that failed, by kind (timeout, unavailable, protocol).",
-                &["kind"],
-            ),
-            register(
-                r,
-                IntGauge::new(
-                    "pet_gateway_store_fallback",
-                    "1 while the quota store fails and on_store_error decides instead, else 0.",
-                )
-                .expect("valid metric definition"),
-            ),
-        )
-    }
-
-    /// Reloads, aborted responses, slow heads, the catalog and its keys.
-    fn ops_metrics(
-        r: &Registry,
-    ) -> (
-        IntCounterVec,
-        IntCounter,
-        IntCounter,
-        IntGaugeVec,
-        IntGauge,
-        IntGaugeVec,
-        IntGaugeVec,
-    ) {
-        (
-            counter(
-                r,
-                "pet_gateway_config_reloads_total",
-                "Reloads of keys, plans or the TLS certificate, by result (applied, refused).",
-                &["result"],
-            ),
-            register(
-                r,
-                IntCounter::new(
-                    "pet_gateway_responses_aborted_total",
-                    "Responses cut off after their head had gone out (the backend failed mid-body): \
-                     the client saw an incomplete response, never an error spliced into it.",
-                )
-                .expect("valid metric definition"),
-            ),
-            register(
-                r,
-                IntCounter::new(
-                    "pet_gateway_slow_request_heads_total",
-                    "Connections closed because a request head did not arrive within \
-                     request_header_timeout_ms (a slow or trickling client).",
-                )
-                .expect("valid metric definition"),
-            ),
-            gauge(
-                r,
-                "pet_gateway_catalog_reload_failing",
-                "1 while the newest version of the keys file or the plans directory (part) is \
-                 refused and the previous one stays in force, else 0.",
-                &["part"],
-            ),
-            register(
-                r,
-                IntGauge::new(
-                    "pet_gateway_catalog_keys_skipped",
-                    "Active keys in the keys file left out because their plan is not in force \
-                     (they get 401; check and a restart refuse such a file).",
-                )
-                .expect("valid metric definition"),
-            ),
-            gauge(
-                r,
-                "pet_gateway_keys",
-                "Records of the keys file (or the registry's replica) in force, by status (active, expired, revoked; skipped: active but naming a plan not in force).",
-                &["status"],
-            ),
-            gauge(
-                r,
-                "pet_gateway_catalog_last_reload_timestamp_seconds",
-                "When the keys or the plans (part) in force were loaded, Unix seconds.",
-                &["part"],
-            ),
-        )
     }
 }
 

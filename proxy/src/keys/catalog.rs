@@ -443,6 +443,7 @@ fn plans_fingerprint(dir: &Path) -> Fingerprint {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::service::tests::test_key;
 
     const FREE: &str = "requests_per_minute = 60\nrequests_per_day = 1000\n";
 
@@ -460,15 +461,7 @@ mod tests {
     fn a_broken_plan_file_does_not_hold_back_a_key_change() {
         let (_dir, keys, plans_dir, catalog) = setup();
         let plans = Plans::load_dir(&plans_dir).unwrap();
-        let (record, key) = crate::keys::service::issue(
-            &keys,
-            &plans,
-            "free",
-            None,
-            "pet_test_",
-            &Default::default(),
-        )
-        .unwrap();
+        let (record, key) = test_key(&keys, &plans, "free");
         assert_eq!(catalog.reload(false).keys, Reload::Applied);
         assert!(catalog.snapshot().keys.lookup(&key).is_some());
 
@@ -487,15 +480,7 @@ mod tests {
         std::fs::write(plans_dir.join("pro.toml"), FREE).unwrap();
         catalog.reload(false);
         let plans = Plans::load_dir(&plans_dir).unwrap();
-        let (_, key) = crate::keys::service::issue(
-            &keys,
-            &plans,
-            "pro",
-            None,
-            "pet_test_",
-            &Default::default(),
-        )
-        .unwrap();
+        let (_, key) = test_key(&keys, &plans, "pro");
         catalog.reload(false);
         std::fs::remove_file(plans_dir.join("pro.toml")).unwrap();
         let report = catalog.reload(false);
@@ -511,24 +496,8 @@ mod tests {
         std::fs::write(plans_dir.join("pro.toml"), FREE).unwrap();
         catalog.reload(false);
         let plans = Plans::load_dir(&plans_dir).unwrap();
-        let (free, free_key) = crate::keys::service::issue(
-            &keys,
-            &plans,
-            "free",
-            None,
-            "pet_test_",
-            &Default::default(),
-        )
-        .unwrap();
-        let (pro, _) = crate::keys::service::issue(
-            &keys,
-            &plans,
-            "pro",
-            None,
-            "pet_test_",
-            &Default::default(),
-        )
-        .unwrap();
+        let (free, free_key) = test_key(&keys, &plans, "free");
+        let (pro, _) = test_key(&keys, &plans, "pro");
         catalog.reload(false);
 
         // The rename is refused: a key still uses `pro`.
@@ -536,15 +505,7 @@ mod tests {
         assert!(matches!(catalog.reload(false).plans, Reload::Refused(_)));
         // A key on the new name: skipped for now, the rest of the file applies.
         let plans = Plans::load_dir(&plans_dir).unwrap();
-        let (_, pro2_key) = crate::keys::service::issue(
-            &keys,
-            &plans,
-            "pro2",
-            None,
-            "pet_test_",
-            &Default::default(),
-        )
-        .unwrap();
+        let (_, pro2_key) = test_key(&keys, &plans, "pro2");
         assert_eq!(catalog.reload(false).keys, Reload::Applied);
         assert!(catalog.snapshot().keys.lookup(&pro2_key).is_none());
         // A revocation applies regardless.
@@ -566,15 +527,7 @@ mod tests {
     fn an_edit_keeping_size_and_mtime_is_still_noticed() {
         let (_dir, keys, plans_dir, catalog) = setup();
         let plans = Plans::load_dir(&plans_dir).unwrap();
-        let (record, key) = crate::keys::service::issue(
-            &keys,
-            &plans,
-            "free",
-            None,
-            "pet_test_",
-            &Default::default(),
-        )
-        .unwrap();
+        let (record, key) = test_key(&keys, &plans, "free");
         catalog.reload(false);
         let before = std::fs::read_to_string(&keys).unwrap();
         let mtime = std::fs::metadata(&keys).unwrap().modified().unwrap();

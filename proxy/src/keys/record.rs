@@ -329,6 +329,47 @@ impl KeyRecordOptions {
     }
 }
 
+/// A key to issue, as `keys issue`'s flags and the admin API's `POST /keys` body both give it:
+/// one set of fields, so the two doors cannot drift apart.
+#[derive(Debug, Clone, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct NewKey {
+    /// Plan of the key: the name of a file in the plans directory.
+    #[arg(long)]
+    pub plan: String,
+    /// A label for people (customer, purpose).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// The key stops working this long from now: a number with `s`, `m`, `h` or `d` (`90d`).
+    #[arg(long, value_name = "DURATION", conflicts_with = "expires_at")]
+    pub expires_in: Option<String>,
+    /// The key stops working at this RFC 3339 time (`2027-01-31T00:00:00Z`).
+    #[arg(long, value_name = "RFC3339")]
+    pub expires_at: Option<String>,
+    /// This key's requests per minute, in place of its plan's.
+    #[arg(long, value_name = "N")]
+    pub per_minute: Option<u64>,
+    /// This key's requests per day, in place of its plan's.
+    #[arg(long, value_name = "N")]
+    pub per_day: Option<u64>,
+}
+
+impl NewKey {
+    /// The key's own settings, checked.
+    pub fn options(&self) -> Result<KeyRecordOptions, String> {
+        if self.expires_in.is_some() && self.expires_at.is_some() {
+            // clap refuses the pair of flags first; a JSON body can still hold both.
+            return Err("give expires_in or expires_at, not both".to_owned());
+        }
+        KeyRecordOptions::checked(
+            self.expires_in.as_deref(),
+            self.expires_at.as_deref(),
+            self.per_minute,
+            self.per_day,
+        )
+    }
+}
+
 impl KeyRecord {
     /// Whether the key has expired at `now` (Unix seconds).
     pub fn expired(&self, now: u64) -> bool {

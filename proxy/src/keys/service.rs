@@ -249,9 +249,22 @@ impl KeyService {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::keys::record::valid_key_id;
+
+    /// A key of `plan` with no settings of its own, issued into the keys file at `path`.
+    pub(crate) fn test_key(path: &Path, plans: &Plans, plan: &str) -> (KeyRecord, String) {
+        issue(
+            path,
+            plans,
+            plan,
+            None,
+            "pet_test_",
+            &KeyRecordOptions::default(),
+        )
+        .unwrap()
+    }
 
     fn plans(dir: &Path) -> Plans {
         std::fs::write(
@@ -294,24 +307,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let plans = plans(dir.path());
         let path = dir.path().join("keys.toml");
-        let (a, key_a) = issue(
-            &path,
-            &plans,
-            "free",
-            None,
-            "pet_test_",
-            &KeyRecordOptions::default(),
-        )
-        .unwrap();
-        let (_, key_b) = issue(
-            &path,
-            &plans,
-            "free",
-            None,
-            "pet_test_",
-            &KeyRecordOptions::default(),
-        )
-        .unwrap();
+        let (a, key_a) = test_key(&path, &plans, "free");
+        let (_, key_b) = test_key(&path, &plans, "free");
         revoke(&path, &a.id).unwrap();
         let file = KeysFile::load(&path).unwrap();
         assert_eq!(file.keys.len(), 2);
@@ -354,15 +351,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let plans = plans(dir.path());
         let path = dir.path().join("keys.toml");
-        issue(
-            &path,
-            &plans,
-            "free",
-            None,
-            "pet_test_",
-            &KeyRecordOptions::default(),
-        )
-        .unwrap();
+        test_key(&path, &plans, "free");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
         // As root (CI), hand the file to another user as a service account would own it.
         let root = std::fs::metadata(&path).unwrap().uid() == 0;
@@ -370,15 +359,7 @@ mod tests {
             std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
         }
         let before = std::fs::metadata(&path).unwrap();
-        issue(
-            &path,
-            &plans,
-            "free",
-            None,
-            "pet_test_",
-            &KeyRecordOptions::default(),
-        )
-        .unwrap();
+        test_key(&path, &plans, "free");
         let after = std::fs::metadata(&path).unwrap();
         assert_ne!(before.ino(), after.ino(), "replaced by rename");
         assert_eq!(after.mode() & 0o7777, 0o640);
@@ -391,15 +372,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let plans = plans(dir.path());
         let path = dir.path().join("keys.toml");
-        let (a, _) = issue(
-            &path,
-            &plans,
-            "free",
-            None,
-            "pet_test_",
-            &KeyRecordOptions::default(),
-        )
-        .unwrap();
+        let (a, _) = test_key(&path, &plans, "free");
         assert!(matches!(
             rotate(&path, &a.id, u64::MAX / 2, "pet_test_"),
             Err(KeysError::Invalid { .. })

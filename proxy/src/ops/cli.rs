@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{ArgMatches, Args, FromArgMatches, Parser, Subcommand};
 
 use crate::config::{FlagSet, Overrides};
+use crate::keys::record::NewKey;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -100,24 +101,8 @@ pub enum KeysCommand {
     Issue {
         #[command(flatten)]
         files: KeyFiles,
-        /// Plan of the key: the name of a file in the plans directory.
-        #[arg(long)]
-        plan: String,
-        /// A label for people (customer, purpose).
-        #[arg(long)]
-        name: Option<String>,
-        /// The key stops working this long from now: a number with `s`, `m`, `h` or `d` (`90d`).
-        #[arg(long, value_name = "DURATION", conflicts_with = "expires_at")]
-        expires_in: Option<String>,
-        /// The key stops working at this RFC 3339 time (`2027-01-31T00:00:00Z`).
-        #[arg(long, value_name = "RFC3339")]
-        expires_at: Option<String>,
-        /// This key's requests per minute, in place of its plan's.
-        #[arg(long, value_name = "N")]
-        per_minute: Option<u64>,
-        /// This key's requests per day, in place of its plan's.
-        #[arg(long, value_name = "N")]
-        per_day: Option<u64>,
+        #[command(flatten)]
+        key: NewKey,
     },
     /// List keys (never the keys themselves).
     List {

@@ -13,20 +13,8 @@ use super::Admin;
 use crate::base::clock::rfc3339;
 use crate::http::responses::ErrorCode;
 use crate::keys::index::KeyInfo;
-use crate::keys::record::KeysError;
+use crate::keys::record::{KeysError, NewKey};
 use crate::keys::service::{Changed, KeyService};
-
-/// `POST /keys`: the key's settings; anything else, or a wrong type, is a 400.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct IssueBody {
-    plan: String,
-    name: Option<String>,
-    expires_in: Option<String>,
-    expires_at: Option<String>,
-    per_minute: Option<u64>,
-    per_day: Option<u64>,
-}
 
 /// `POST /keys/{id}/rotate`.
 #[derive(Debug, Deserialize)]
@@ -94,28 +82,16 @@ impl Admin {
     /// `POST /keys` `{"plan", "name"?, "expires_in"? | "expires_at"?, "per_minute"?,
     /// "per_day"?}`: 201 with the record and the key, shown only in this answer.
     pub(super) async fn issue_key(&self, body: serde_json::Value) -> Response<Vec<u8>> {
-        let body: IssueBody = match serde_json::from_value(body) {
+        // Anything but the key's settings, or a wrong type, is a 400.
+        let new: NewKey = match serde_json::from_value(body) {
             Ok(b) => b,
             Err(e) => return error(400, ErrorCode::InvalidRequest, &format!("body: {e}")),
         };
-        if body.expires_in.is_some() && body.expires_at.is_some() {
-            return error(
-                400,
-                ErrorCode::InvalidRequest,
-                "give expires_in or expires_at, not both",
-            );
-        }
-        let own = crate::keys::record::KeyRecordOptions::checked(
-            body.expires_in.as_deref(),
-            body.expires_at.as_deref(),
-            body.per_minute,
-            body.per_day,
-        );
-        let own = match own {
+        let own = match new.options() {
             Ok(own) => own,
             Err(e) => return error(400, ErrorCode::InvalidRequest, &e),
         };
-        let (plan, name) = (body.plan, body.name);
+        let (plan, name) = (new.plan, new.name);
         let plans = Arc::clone(&self.catalog.snapshot().plans);
         let issued = self
             .change_keys("issue", move |keys| {

@@ -8,7 +8,7 @@ use super::bans::{ban_of, fetch_bans};
 use super::output::{self, table};
 use crate::config::{Config, KeysSource};
 use crate::keys::plans::Plans;
-use crate::keys::record::{self, KeysFile};
+use crate::keys::record::{KeysFile, NewKey};
 use crate::keys::service::{KeyService, KeyStore};
 use crate::ops::admin::bans::Bans;
 use crate::ops::admin_client::AdminClient;
@@ -16,17 +16,7 @@ use crate::ops::cli::{KeyFiles, KeysCommand};
 
 pub fn keys_command(cmd: KeysCommand) -> Result<(), String> {
     match cmd {
-        KeysCommand::Issue {
-            files,
-            plan,
-            name,
-            expires_in,
-            expires_at,
-            per_minute,
-            per_day,
-        } => issue(
-            files, plan, name, expires_in, expires_at, per_minute, per_day,
-        ),
+        KeysCommand::Issue { files, key } => issue(files, key),
         KeysCommand::List {
             files,
             admin_listen,
@@ -53,26 +43,12 @@ pub fn keys_command(cmd: KeysCommand) -> Result<(), String> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn issue(
-    files: KeyFiles,
-    plan: String,
-    name: Option<String>,
-    expires_in: Option<String>,
-    expires_at: Option<String>,
-    per_minute: Option<u64>,
-    per_day: Option<u64>,
-) -> Result<(), String> {
+fn issue(files: KeyFiles, new: NewKey) -> Result<(), String> {
     let config = key_config(&files, None)?;
     let plans = Plans::load_dir(&config.plans_dir).map_err(|e| e.to_string())?;
-    let own = record::KeyRecordOptions::checked(
-        expires_in.as_deref(),
-        expires_at.as_deref(),
-        per_minute,
-        per_day,
-    )?;
+    let own = new.options()?;
     let changed = key_service(&config)?
-        .issue(&plans, &plan, name.as_deref(), &own)
+        .issue(&plans, &new.plan, new.name.as_deref(), &own)
         .map_err(|e| e.to_string())?;
     let (record, key) = changed.value;
     println!(
