@@ -158,10 +158,19 @@ impl Env {
         }
     }
 
-    /// Only the named variables: a command that needs a few settings (`keys`, `bans`) is not
-    /// stopped by a bad value of one it never uses.
-    pub fn only(mut self, names: &[&str]) -> Env {
-        self.vars.retain(|k, _| names.contains(&k.as_str()));
+    /// Only the variables of the named settings: a command that needs a few settings (`keys`,
+    /// `bans`) is not stopped by a bad value of one it never uses.
+    pub fn only(mut self, settings: &[&str]) -> Env {
+        let vars: Vec<&str> = rows()
+            .filter(|row| settings.contains(&row.name))
+            .filter_map(|row| row.env)
+            .collect();
+        debug_assert_eq!(
+            rows().filter(|row| settings.contains(&row.name)).count(),
+            settings.len(),
+            "a name in {settings:?} is no setting"
+        );
+        self.vars.retain(|k, _| vars.contains(&k.as_str()));
         self
     }
 

@@ -491,8 +491,7 @@ upstream_keepalive_pool_size = 16
         assert_eq!(c.on_store_error, OnStoreError::Closed);
         let upper = Env::from_pairs([("PET_GATEWAY_ON_STORE_ERROR", "Closed")]);
         assert!(Config::load(None, &upper, &Overrides::default()).is_err());
-        let unrelated =
-            Env::from_pairs([("PET_GATEWAY_LISTEN", "nowhere")]).only(&["PET_GATEWAY_KEYS_FILE"]);
+        let unrelated = Env::from_pairs([("PET_GATEWAY_LISTEN", "nowhere")]).only(&["keys_file"]);
         assert!(Config::load(None, &unrelated, &Overrides::default()).is_ok());
     }
 

@@ -188,7 +188,22 @@ pub struct KeyService {
 /// caller shows what was made (a new key is shown only once) before it reports a failed audit.
 pub struct Changed<T> {
     pub value: T,
-    pub audit: Result<(), String>,
+    pub audit: Result<(), AuditFailed>,
+}
+
+/// A change that is done but could not be written to the audit log.
+#[derive(Debug, thiserror::Error)]
+#[error("{action} of {key_id} is done, but it could not be written to the audit log: {reason}")]
+pub struct AuditFailed {
+    pub action: String,
+    pub key_id: String,
+    pub reason: String,
+}
+
+impl From<AuditFailed> for String {
+    fn from(e: AuditFailed) -> String {
+        e.to_string()
+    }
 }
 
 impl KeyService {
@@ -237,13 +252,12 @@ impl KeyService {
 
     /// Logs a change of `record` already made (also one made elsewhere, such as a usage reset
     /// in the quota store); a failure says that the change is done.
-    pub fn audit(&self, action: &str, record: &KeyRecord) -> Result<(), String> {
+    pub fn audit(&self, action: &str, record: &KeyRecord) -> Result<(), AuditFailed> {
         let line = crate::keys::audit::line(action, record, &self.who);
-        crate::keys::audit::write(self.audit_log.as_deref(), &line).map_err(|e| {
-            format!(
-                "{action} of {} is done, but it could not be written to the audit log: {e}",
-                record.id
-            )
+        crate::keys::audit::write(self.audit_log.as_deref(), &line).map_err(|e| AuditFailed {
+            action: action.to_owned(),
+            key_id: record.id.clone(),
+            reason: e.to_string(),
         })
     }
 }

@@ -60,7 +60,7 @@ impl Admin {
         let done = tokio::task::spawn_blocking(move || {
             let changed = change(&keys)?;
             if let Err(e) = changed.audit {
-                tracing::error!(error = %e, action, "audit log not written");
+                tracing::error!(error = %e.reason, action, key_id = %e.key_id, "audit log not written");
             }
             catalog.reload(false);
             Ok::<T, KeysError>(changed.value)
@@ -235,7 +235,7 @@ impl Admin {
         let _ = tokio::task::spawn_blocking(move || {
             let record = keys.list().ok()?.get(&id).ok()?.clone();
             if let Err(e) = keys.audit(action, &record) {
-                tracing::error!(error = %e, action, "audit log not written");
+                tracing::error!(error = %e.reason, action, key_id = %e.key_id, "audit log not written");
             }
             Some(())
         })

@@ -59,7 +59,7 @@ fn issue(files: KeyFiles, new: NewKey) -> Result<(), String> {
     );
     println!("{key}");
     // After the key is shown: a failed audit line must not lose a key already made.
-    changed.audit
+    changed.audit.map_err(String::from)
 }
 
 fn list(files: KeyFiles, admin_listen: Option<String>, json: bool) -> Result<(), String> {
@@ -274,7 +274,7 @@ fn rotate(files: KeyFiles, overlap: String, id: String) -> Result<(), String> {
         old.expires_at.as_deref().unwrap_or("?")
     );
     println!("{key}");
-    changed.audit
+    changed.audit.map_err(String::from)
 }
 
 fn revoke(files: KeyFiles, admin_listen: Option<String>, id: String) -> Result<(), String> {

@@ -38,14 +38,14 @@ fn load(file: Option<&std::path::Path>, flags: &Overrides) -> Result<Config, Str
 /// variable must never stop, say, revoking a leaked key.
 fn load_for_admin(file: Option<&std::path::Path>, flags: &Overrides) -> Result<Config, String> {
     let env = Env::process().only(&[
-        "PET_GATEWAY_KEYS_SOURCE",
-        "PET_GATEWAY_REDIS_URL",
-        "PET_GATEWAY_KEY_PREFIX",
-        "PET_GATEWAY_KEYS_FILE",
-        "PET_GATEWAY_PLANS_DIR",
-        "PET_GATEWAY_ADMIN_LISTEN",
-        "PET_GATEWAY_AUDIT_LOG",
-        "PET_GATEWAY_ADMIN_TOKEN",
+        "keys_source",
+        "redis_url",
+        "key_prefix",
+        "keys_file",
+        "plans_dir",
+        "admin_listen",
+        "audit_log",
+        "admin_token",
     ]);
     Config::load(file, &env, flags).map_err(|e| e.to_string())
 }
