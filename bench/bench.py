@@ -29,6 +29,7 @@ BIN = ROOT / "target" / "release"
 # Where pet-gateway and pet-backend come from; `--bin-dir` points it at another build (an A/B of
 # two commits). The bench's own tools (passthrough, store-load) always come from BIN.
 GATEWAY_BIN = BIN
+PASSTHROUGH = "pingora pass-through (no auth, no quota)"
 # `--only REGEX`: the scenarios measured; the others are left out of the run and the table.
 ONLY = None
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -183,8 +184,13 @@ def wrk(url, seconds, script=None, headers=(), connections=32, cpus=None):
     return res
 
 
+def wanted(name):
+    """Whether `--only` lets scenario `name` run."""
+    return not ONLY or bool(ONLY.search(name))
+
+
 def measure(name, url, pids, seconds, **kw):
-    if ONLY and not ONLY.search(name):
+    if not wanted(name):
         return {"name": name, "skipped": True, "requests": 0}
     before = cpu_seconds(pids)
     r = wrk(url, seconds, **kw)
@@ -369,9 +375,8 @@ def main():
                             headers=auth(admitted_key)))
         rows.append(measure("HAProxy (stick table)", f"http://127.0.0.1:{hp}/v1/pets", [haproxy.pid], s,
                             headers=auth(admitted_key)))
-        pt, pt_port = passthrough("passthrough") if not ONLY or ONLY.search("pingora pass-through") \
-            else (None, 0)
-        rows.append(measure("pingora pass-through (no auth, no quota)", f"http://127.0.0.1:{pt_port}/v1/pets",
+        pt, pt_port = passthrough("passthrough") if wanted(PASSTHROUGH) else (None, 0)
+        rows.append(measure(PASSTHROUGH, f"http://127.0.0.1:{pt_port}/v1/pets",
                             [pt.pid] if pt else [], s, headers=auth(admitted_key)))
         rows.append(measure("pet-gateway, embedded, admitted", f"http://127.0.0.1:{emb_port}/v1/pets",
                             [embedded.pid], s, headers=auth(admitted_key)))
@@ -439,8 +444,10 @@ def main():
     if not rows:
         report_memory(memory)
         return
-    nginx_row = next((r for r in rows if r["name"].startswith("nginx")), rows[0])
-    static_row = rows[0]
+    # The ratio columns stay empty when `--only` left their reference out.
+    nginx_row = next((r for r in rows if r["name"].startswith("nginx")), None)
+    static_row = next((r for r in rows if r["name"] == "upstream alone: static"), None)
+    ratio = lambda r, ref: f"{r['rps'] / ref['rps']:.2f}" if ref else ""
     lines = ["| scenario | req/s | p50 ms | p99 ms | p99.9 ms | proxy CPU µs/req | × nginx req/s | × upstream req/s | Redis calls/req |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -448,7 +455,7 @@ def main():
         redis = f"{r['redis_per_req']:.3f}" if "redis_per_req" in r else ""
         note = f" ({r['non2xx']} non-2xx)" if r["non2xx"] and "429" not in r["name"] else ""
         lines.append(f"| {r['name']}{note} | {r['rps']:.0f} | {r['p50']:.3f} | {r['p99']:.3f} | {r['p99.9']:.3f} | "
-                     f"{cpu} | {r['rps'] / nginx_row['rps']:.2f} | {r['rps'] / static_row['rps']:.2f} | {redis} |")
+                     f"{cpu} | {ratio(r, nginx_row)} | {ratio(r, static_row)} | {redis} |")
     print("\n".join(lines))
     report_memory(memory)
     print(f"\nwrk -t1 -c32 -d{args.seconds}s per row; every proxy with one worker/thread; "
@@ -520,18 +527,24 @@ def thread_scaling(procs, gateway, passthrough, nginx_bin, static, work, seconds
     wrk_cpus = "0-1" if pin else None
     out = []
     for n in counts:
-        port = free_port()
-        ng = start_nginx(procs, nginx_bin, work / f"nginx-{n}", port, nginx_proxy(static, port),
-                         workers=n, cpus=proxy_cpus(n))
-        targets = [("nginx", ng, port, lambda p: [p.pid] + children(p.pid))]
-        p, pp = passthrough(f"pt-{n}", threads=n, cpus=proxy_cpus(n))
-        targets.append(("pingora pass-through", p, pp, lambda p: [p.pid]))
-        p, gp = gateway(f"emb-{n}", redis=False, bans=False, threads=n, cpus=proxy_cpus(n))
-        targets.append(("pet-gateway, embedded", p, gp, lambda p: [p.pid]))
-        p, rp = gateway(f"red-{n}", redis=True, bans=False, threads=n, cpus=proxy_cpus(n))
-        targets.append(("pet-gateway, Redis", p, rp, lambda p: [p.pid]))
+        row = lambda name: f"{name}, {n} thread(s)"
+        targets = []
+        if wanted(row("nginx")):
+            port = free_port()
+            ng = start_nginx(procs, nginx_bin, work / f"nginx-{n}", port, nginx_proxy(static, port),
+                             workers=n, cpus=proxy_cpus(n))
+            targets.append(("nginx", ng, port, lambda p: [p.pid] + children(p.pid)))
+        if wanted(row("pingora pass-through")):
+            p, pp = passthrough(f"pt-{n}", threads=n, cpus=proxy_cpus(n))
+            targets.append(("pingora pass-through", p, pp, lambda p: [p.pid]))
+        if wanted(row("pet-gateway, embedded")):
+            p, gp = gateway(f"emb-{n}", redis=False, bans=False, threads=n, cpus=proxy_cpus(n))
+            targets.append(("pet-gateway, embedded", p, gp, lambda p: [p.pid]))
+        if wanted(row("pet-gateway, Redis")):
+            p, rp = gateway(f"red-{n}", redis=True, bans=False, threads=n, cpus=proxy_cpus(n))
+            targets.append(("pet-gateway, Redis", p, rp, lambda p: [p.pid]))
         for name, proc, port, pids in targets:
-            r = measure(f"{name}, {n} thread(s)", f"http://127.0.0.1:{port}/v1/pets", pids(proc), seconds,
+            r = measure(row(name), f"http://127.0.0.1:{port}/v1/pets", pids(proc), seconds,
                         headers=(f"Authorization: Bearer {key}",), connections=32 * n, cpus=wrk_cpus)
             r["proxy"], r["threads"] = name, n
             out.append(r)

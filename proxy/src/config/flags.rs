@@ -33,6 +33,11 @@ impl FlagSet {
     }
 }
 
+/// The environment variable of the setting named `name`, if it has one.
+pub fn env_var(name: &str) -> Option<&'static str> {
+    rows().find(|row| row.name == name).and_then(|row| row.env)
+}
+
 /// The flags that override the file and the environment: the flag layer.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
@@ -161,15 +166,7 @@ impl Env {
     /// Only the variables of the named settings: a command that needs a few settings (`keys`,
     /// `bans`) is not stopped by a bad value of one it never uses.
     pub fn only(mut self, settings: &[&str]) -> Env {
-        let vars: Vec<&str> = rows()
-            .filter(|row| settings.contains(&row.name))
-            .filter_map(|row| row.env)
-            .collect();
-        debug_assert_eq!(
-            rows().filter(|row| settings.contains(&row.name)).count(),
-            settings.len(),
-            "a name in {settings:?} is no setting"
-        );
+        let vars: Vec<&str> = settings.iter().filter_map(|name| env_var(name)).collect();
         self.vars.retain(|k, _| vars.contains(&k.as_str()));
         self
     }

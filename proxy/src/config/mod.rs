@@ -24,7 +24,7 @@ mod setting;
 
 use std::path::Path;
 
-pub use self::flags::{Env, FlagSet, Overrides};
+pub use self::flags::{env_var, Env, FlagSet, Overrides};
 pub use self::model::{Config, ConfigError, KeysSource, LogFormat, TlsFiles};
 use self::parts::rows;
 use self::setting::Layers;

@@ -34,18 +34,33 @@ fn load(file: Option<&std::path::Path>, flags: &Overrides) -> Result<Config, Str
     Config::load(file, &Env::process(), flags).map_err(|e| e.to_string())
 }
 
+/// The settings a `keys` or `bans` command reads from the environment.
+const ADMIN_COMMAND_SETTINGS: &[&str] = &[
+    "keys_source",
+    "redis_url",
+    "key_prefix",
+    "keys_file",
+    "plans_dir",
+    "admin_listen",
+    "audit_log",
+    "admin_token",
+];
+
 /// The same, reading only the variables a `keys` or `bans` command uses: a bad unrelated
 /// variable must never stop, say, revoking a leaked key.
 fn load_for_admin(file: Option<&std::path::Path>, flags: &Overrides) -> Result<Config, String> {
-    let env = Env::process().only(&[
-        "keys_source",
-        "redis_url",
-        "key_prefix",
-        "keys_file",
-        "plans_dir",
-        "admin_listen",
-        "audit_log",
-        "admin_token",
-    ]);
+    let env = Env::process().only(ADMIN_COMMAND_SETTINGS);
     Config::load(file, &env, flags).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_setting_the_keys_and_bans_commands_read_has_a_variable() {
+        for name in ADMIN_COMMAND_SETTINGS {
+            assert!(crate::config::env_var(name).is_some(), "{name}");
+        }
+    }
 }
