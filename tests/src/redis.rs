@@ -223,3 +223,141 @@ impl RedisCluster {
         }
     }
 }
+
+/// Redis exactly as `deploy/redis/redis.conf` ships it (AOF on, no eviction, ACL users written by
+/// `deploy/redis/acl-users`), with only what a test must change given on the command line: the
+/// port, the data directory, where the ACL file and the log are. Restartable on the same data.
+pub struct ShippedRedis {
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    prefix: String,
+    process: Option<Process>,
+}
+
+/// The users `deploy/redis/acl-users` defines.
+pub const REDIS_USERS: [&str; 3] = ["default", "gateway", "admin"];
+
+impl ShippedRedis {
+    /// A server for the environment whose `key_prefix` is `prefix`.
+    pub fn start(prefix: &str) -> ShippedRedis {
+        let dir = tempfile::tempdir().expect("redis dir");
+        let mut args = vec!["--prefix".to_owned(), prefix.to_owned()];
+        for user in REDIS_USERS {
+            let file = dir.path().join(format!("{user}.password"));
+            std::fs::write(&file, format!("{}\n", Self::password_of(user, dir.path())))
+                .expect("password file");
+            args.push(format!("--{user}-password-file"));
+            args.push(file.display().to_string());
+        }
+        let out = Command::new(repo_root().join("deploy/redis/acl-users"))
+            .args(&args)
+            .output()
+            .expect("run deploy/redis/acl-users");
+        assert!(out.status.success(), "acl-users: {out:?}");
+        std::fs::write(dir.path().join("users.acl"), &out.stdout).expect("users.acl");
+        let mut redis = ShippedRedis {
+            addr: free_addr(),
+            dir,
+            prefix: prefix.to_owned(),
+            process: None,
+        };
+        redis.restart();
+        redis
+    }
+
+    /// A password per user and server, URL-safe, in the test's own directory's name.
+    fn password_of(user: &str, dir: &std::path::Path) -> String {
+        let salt: String = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .collect();
+        format!("{user}-{salt}-0123456789abcdef")
+    }
+
+    /// `redis://user:password@addr/`.
+    pub fn url(&self, user: &str) -> String {
+        format!(
+            "redis://{user}:{}@{}/",
+            Self::password_of(user, self.dir.path()),
+            self.addr
+        )
+    }
+
+    /// Starts the server (again) on its data directory.
+    pub fn restart(&mut self) {
+        assert!(self.process.is_none(), "already running");
+        let dir = self.dir.path();
+        let process = Process::spawn(
+            "redis-server (shipped config)",
+            Command::new(redis_server_path())
+                .arg(repo_root().join("deploy/redis/redis.conf"))
+                .args(["--port", &self.addr.port().to_string()])
+                .args(["--bind", "127.0.0.1"])
+                .arg("--dir")
+                .arg(dir)
+                .arg("--aclfile")
+                .arg(dir.join("users.acl"))
+                .arg("--logfile")
+                .arg(dir.join("redis.log"))
+                .stdout(Stdio::null()),
+        );
+        wait_for_listener(self.addr, Duration::from_secs(10));
+        // Listening comes before the AOF is loaded; PING answers LOADING until it is.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.cli(&["PING"]) != "PONG" {
+            assert!(Instant::now() < deadline, "redis never finished loading");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.process = Some(process);
+    }
+
+    /// SIGTERM, as `systemctl stop` does, and waits for the exit (Redis flushes the AOF).
+    pub fn terminate(&mut self) {
+        let process = self.process.take().expect("running");
+        process.signal(15);
+        assert_eq!(process.wait_exit(Duration::from_secs(10)), Some(0));
+    }
+
+    /// SIGKILL, as a crash or the OOM killer would.
+    pub fn kill(&mut self) {
+        self.process.take().expect("running").kill_hard();
+    }
+
+    /// One command as the default user (the operator's).
+    pub fn cli(&self, args: &[&str]) -> String {
+        self.cli_as("default", args)
+    }
+
+    /// One command as `user`; a refusal comes back as its error text.
+    pub fn cli_as(&self, user: &str, args: &[&str]) -> String {
+        let out = redis_cli()
+            .args(["-p", &self.addr.port().to_string(), "--user", user])
+            .env("REDISCLI_AUTH", Self::password_of(user, self.dir.path()))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// The server's log, across restarts.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+    }
+
+    /// The registry's hash of key records.
+    pub fn registry_records(&self) -> String {
+        format!("{}:{{registry}}:keys", self.prefix)
+    }
+}
+
+/// The repository's root (this crate is `tests/`).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is inside the repository")
+        .to_owned()
+}
