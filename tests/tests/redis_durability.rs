@@ -146,7 +146,11 @@ async fn a_restart_of_the_shipped_redis_keeps_every_count_and_record() {
     reaches(&gw, &a, 401, Duration::from_secs(1)).await;
     let later = node(&f, &upstream, &redis, 1);
     reaches(&later, &b, 200, Duration::from_secs(2)).await;
-    assert_eq!(status(&later, &a).await, 401, "A is revoked on a new node too");
+    assert_eq!(
+        status(&later, &a).await,
+        401,
+        "A is revoked on a new node too"
+    );
     assert_eq!(
         gw.metric("pet_gateway_store_errors_total{kind=\"protocol\"}")
             .await,
@@ -198,7 +202,11 @@ fn the_gateway_user_is_confined_to_its_prefix_and_cannot_delete_records() {
     let records = redis.registry_records();
     redis.cli_as("admin", &["HSET", &records, "k1", "{}"]);
     let gateway = |args: &[&str]| redis.cli_as("gateway", args);
-    assert_eq!(gateway(&["HGET", &records, "k1"]), "{}", "reads the registry");
+    assert_eq!(
+        gateway(&["HGET", &records, "k1"]),
+        "{}",
+        "reads the registry"
+    );
     assert_eq!(gateway(&["SET", "pet:test:state:{k1}", "x"]), "OK");
     for refused in [
         vec!["DEL", records.as_str()],
@@ -209,7 +217,12 @@ fn the_gateway_user_is_confined_to_its_prefix_and_cannot_delete_records() {
         vec!["CONFIG", "SET", "appendonly", "no"],
         vec!["GET", "pet:other:state:{k1}"],
         vec!["SET", "pet:test:anything", "x"],
-        vec!["EVAL", "return redis.call('DEL', KEYS[1])", "1", records.as_str()],
+        vec![
+            "EVAL",
+            "return redis.call('DEL', KEYS[1])",
+            "1",
+            records.as_str(),
+        ],
     ] {
         assert!(gateway(&refused).starts_with("NOPERM"), "{refused:?}");
     }

@@ -29,6 +29,9 @@ pub struct Metrics {
     pub catalog_keys_skipped: IntGauge,
     pub keys: IntGaugeVec,
     pub catalog_last_reload: IntGaugeVec,
+    pub registry_repairs: IntCounter,
+    pub registry_rejected_records: IntCounterVec,
+    pub registry_in_step: IntGauge,
 }
 
 /// Latency buckets from 100 µs (a local decision) to 10 s (the upstream read timeout).
@@ -200,6 +203,27 @@ const CATALOG_LAST_RELOAD: Def = Def {
     labels: &["part"],
 };
 
+// The key registry (`keys_source = "store"`): healing and refused records.
+const REGISTRY_REPAIRS: Def = Def {
+    name: "pet_gateway_registry_repairs_total",
+    help: "Key records this node wrote back into the registry because the registry had lost them \
+           or held an older version (a Redis restart without persistence, a flush, a failover to a \
+           lagging replica).",
+    labels: &[],
+};
+const REGISTRY_REJECTED_RECORDS: Def = Def {
+    name: "pet_gateway_registry_rejected_records_total",
+    help: "Key records read from the registry and refused, by reason (unsigned, bad_signature, \
+           older: a lower version than this node holds, unparsable); the version held stays in force.",
+    labels: &["reason"],
+};
+const REGISTRY_IN_STEP: Def = Def {
+    name: "pet_gateway_registry_in_step",
+    help: "1 while this node's replica and the registry agree (or keys_source is file), 0 while they \
+           do not: the registry lost records this node could not write back, or is another registry.",
+    labels: &[],
+};
+
 impl Metrics {
     /// Creates the zero-valued series of every plan, so dashboards and alerts see 0 rather
     /// than nothing before the first event (a missing series makes `rate()` and `increase()`
@@ -231,6 +255,10 @@ impl Metrics {
         for reason in ["missing", "malformed", "unknown", "expired"] {
             m.auth_failures.with_label_values(&[reason]);
         }
+        for reason in ["unsigned", "bad_signature", "older", "unparsable"] {
+            m.registry_rejected_records.with_label_values(&[reason]);
+        }
+        m.registry_in_step.set(1);
         m
     }
 
@@ -253,6 +281,9 @@ impl Metrics {
             catalog_keys_skipped: plain_gauge(r, &CATALOG_KEYS_SKIPPED),
             keys: gauge(r, &KEYS),
             catalog_last_reload: gauge(r, &CATALOG_LAST_RELOAD),
+            registry_repairs: plain_counter(r, &REGISTRY_REPAIRS),
+            registry_rejected_records: counter(r, &REGISTRY_REJECTED_RECORDS),
+            registry_in_step: plain_gauge(r, &REGISTRY_IN_STEP),
         }
     }
 }

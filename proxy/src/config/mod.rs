@@ -100,6 +100,8 @@ fn validate_parts(l: &Layers) -> Result<Config, ConfigError> {
         keys_source: keys.keys_source,
         audit_log: keys.audit_log,
         keys_file: keys.keys_file,
+        registry_verify_keys: keys.registry_verify_keys,
+        registry_signing_key_file: keys.registry_signing_key_file,
         plans_dir: keys.plans_dir,
         store_timeout: store.store_timeout,
         store_batch_max: store.store_batch_max,
@@ -205,6 +207,14 @@ impl Config {
         }
         if self.environment != "production" {
             return warnings;
+        }
+        if self.keys_source == KeysSource::Store && self.registry_verify_keys.is_empty() {
+            warnings.push(
+                "environment `production` takes the key registry's records unsigned: whoever can \
+                 write to its Redis can mint a key; sign the registry (`registry keygen`, \
+                 `registry sign`) and set `registry_verify_keys`"
+                    .to_owned(),
+            );
         }
         match &self.redis_url {
             None => warnings.push(
@@ -539,6 +549,16 @@ upstream_keepalive_pool_size = 16
             ("keys_file", "--keys-file", "PET_GATEWAY_KEYS_FILE"),
             ("plans_dir", "--plans-dir", "PET_GATEWAY_PLANS_DIR"),
             ("audit_log", "--audit-log", "PET_GATEWAY_AUDIT_LOG"),
+            (
+                "registry_verify_keys",
+                "--registry-verify-key",
+                "PET_GATEWAY_REGISTRY_VERIFY_KEYS",
+            ),
+            (
+                "registry_signing_key_file",
+                "--registry-signing-key-file",
+                "PET_GATEWAY_REGISTRY_SIGNING_KEY_FILE",
+            ),
             ("tls_cert", "--tls-cert", "PET_GATEWAY_TLS_CERT"),
             ("tls_key", "--tls-key", "PET_GATEWAY_TLS_KEY"),
             ("log_format", "--log-format", "PET_GATEWAY_LOG_FORMAT"),

@@ -60,6 +60,10 @@ pub struct Config {
     /// Where key changes are logged, one JSON line each; `None`: standard error.
     pub audit_log: Option<PathBuf>,
     pub keys_file: PathBuf,
+    /// Public keys every registry record must be signed by; empty: unsigned records are taken.
+    pub registry_verify_keys: Vec<String>,
+    /// The fleet's signing key, for what changes records from this process.
+    pub registry_signing_key_file: Option<PathBuf>,
     pub plans_dir: PathBuf,
     pub store_timeout: Duration,
     /// The most decisions one Redis script run carries (group commit); 1: one run each.

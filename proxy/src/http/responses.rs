@@ -25,6 +25,8 @@ pub enum ErrorCode {
     ApiKeyBanned,
     BadGateway,
     GatewayTimeout,
+    /// The admin API's: a change this node cannot make as configured.
+    Conflict,
     Internal,
 }
 
@@ -40,6 +42,7 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::BadGateway => "bad_gateway",
             ErrorCode::GatewayTimeout => "gateway_timeout",
+            ErrorCode::Conflict => "conflict",
             ErrorCode::Internal => "internal",
         }
     }

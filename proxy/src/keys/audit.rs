@@ -104,6 +104,8 @@ mod tests {
             per_day: None,
             quota_of: None,
             rotated_to: None,
+            version: 0,
+            signature: None,
         };
         let v: serde_json::Value = serde_json::from_str(&line("issue", &key, "alice")).unwrap();
         assert_eq!(v["action"], "issue");

@@ -11,6 +11,7 @@
 //! | [`registry`] | the fleet-wide key registry in Redis (records and change feed) |
 //! | [`catalog`] | the keys and plans in force on this node, reloaded on edits |
 //! | [`replica`] | each node's replica of the registry: follows the feed into the catalog |
+//! | [`signing`] | the fleet's Ed25519 signing key and the public keys nodes verify records with |
 //! | [`audit`] | the audit log of key changes |
 //! | [`service`] | the one key service (issue, rotate, revoke) that the CLI and admin API call |
 
@@ -24,3 +25,4 @@ pub mod record;
 pub mod registry;
 pub mod replica;
 pub mod service;
+pub mod signing;

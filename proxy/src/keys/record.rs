@@ -40,6 +40,10 @@ pub enum KeysError {
     NotActive(String),
     #[error("key registry: {0}")]
     Registry(String),
+    /// This writer cannot sign, and the fleet verifies: a change it made would be refused by
+    /// every node, so it makes none.
+    #[error("key registry: this node cannot change keys: {0}")]
+    CannotSign(String),
     #[error("key `{0}` was rotated to `{1}` already: rotate that one, or revoke")]
     AlreadyRotated(String, String),
 }
@@ -71,11 +75,28 @@ pub struct KeyRecord {
     /// The successor this key was rotated to; it stops at its `expires_at`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rotated_to: Option<String>,
+    /// Grows by one with every change the registry records (0: a record from before versions,
+    /// or of a keys file). A node never takes a lower version of a record than it holds, so a
+    /// replayed old record (before its revocation, say) is refused.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub version: u64,
+    /// `ed25519:<base64>` by the fleet's signing key over everything else in the record
+    /// ([`crate::keys::signing`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeysFile {
+    /// In a node's snapshot of the registry: the registry's identity, so the node knows a
+    /// registry that lost its data (no identity) from another registry (another identity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry: Option<String>,
     #[serde(default, rename = "key")]
     pub keys: Vec<KeyRecord>,
 }

@@ -9,9 +9,14 @@
 //! |---|---|
 //! | `<prefix>:{registry}:keys` | hash: key id → the key record as JSON (the keys file's fields: a hash, never the key) |
 //! | `<prefix>:{registry}:changes` | stream, trimmed to about 10,000 entries: one entry (`id`) per changed record |
+//! | `<prefix>:{registry}:meta` | hash: `id`, the registry's identity, created with it; nodes remember it |
 //!
-//! A change ([`Registry::modify`], used by the `keys` commands and the admin key API) writes
-//! the changed records and their feed entries in one script. Each node polls the feed every
+//! A change ([`Registry::modify`], used by the `keys` commands and the admin key API) raises each
+//! changed record's version, signs it with the fleet's key when the writer has one, and writes
+//! the changed records and their feed entries in one script. Records are read through the
+//! public keys the reader trusts ([`VerifyKeys`]): one that does not verify is left out (and
+//! counted), never built upon. A node that finds records missing or older in the registry than
+//! it holds writes its own back ([`Registry::heal`]). Each node polls the feed every
 //! [`POLL`] from the last entry it applied, fetches the changed records, writes its replica to
 //! its local snapshot (the `keys_file`, in the keys file's format) and reloads from it; a node
 //! whose feed position was trimmed away, or that lost Redis for a while, reloads the whole
@@ -23,8 +28,10 @@ use std::time::Duration;
 
 use redis::ConnectionLike;
 
+use crate::base::metrics::METRICS;
 use crate::base::redis::RedisTarget;
 use crate::keys::record::{KeyRecord, KeysError, KeysFile};
+use crate::keys::signing::{SigningKey, VerifyKeys};
 
 /// How often a node asks the change feed for news: a change reaches every node within this
 /// plus a reload.
@@ -35,28 +42,66 @@ const FEED_LENGTH: u64 = 10_000;
 
 /// Writes records and their feed entries, only if every record is still as the writer read it
 /// (compare-and-set: two writers changing one record never lose either change; the loser
-/// reads again and retries).
+/// reads again and retries), and gives a registry without an identity one.
 ///
-/// - `KEYS[1]`: the records hash; `KEYS[2]`: the change stream (same slot: `{registry}`).
-/// - `ARGV`: key id, the record JSON as read (empty: it was absent), the new record JSON, …;
-///   the last one is the feed length.
+/// - `KEYS[1]`: the records hash; `KEYS[2]`: the change stream; `KEYS[3]`: the meta hash (one
+///   slot: `{registry}`).
+/// - `ARGV[1]`: the feed length; `ARGV[2]`: an identity for a registry that has none; then key
+///   id, the record JSON as read (empty: it was absent), the new record JSON, ….
 ///
 /// Returns `{1, last feed id}`, or `{0, key id}` for the first record that changed meanwhile
 /// (then nothing was written).
 const PUT: &str = r#"
-local n = #ARGV - 1
-for i = 1, n, 3 do
+for i = 3, #ARGV, 3 do
   local current = redis.call('HGET', KEYS[1], ARGV[i]) or ''
   if current ~= ARGV[i + 1] then
     return {0, ARGV[i]}
   end
 end
+redis.call('HSETNX', KEYS[3], 'id', ARGV[2])
 local last = ''
-for i = 1, n, 3 do
+for i = 3, #ARGV, 3 do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
-  last = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[#ARGV], '*', 'id', ARGV[i])
+  last = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'id', ARGV[i])
 end
 return {1, last}
+"#;
+
+/// A node writing back what the registry lost: a record absent from it, or held there at a
+/// lower version than the node's, or (when the node names it) one that failed verification.
+/// Never lowers a version, so a failover to a lagging replica cannot bring back a revoked key;
+/// and never writes into a registry of another identity.
+///
+/// - `KEYS`: as [`PUT`].
+/// - `ARGV[1]`: the feed length; `ARGV[2]`: the node's identity of the registry; then key id,
+///   version, record JSON, and the JSON to replace whatever its version (empty: compare
+///   versions), ….
+///
+/// Returns the number of records written, or -1 when the registry has another identity.
+const HEAL: &str = r#"
+local have = redis.call('HGET', KEYS[3], 'id')
+if have and have ~= ARGV[2] then
+  return -1
+end
+if not have then
+  redis.call('HSET', KEYS[3], 'id', ARGV[2])
+end
+local written = 0
+for i = 3, #ARGV, 4 do
+  local current = redis.call('HGET', KEYS[1], ARGV[i])
+  local write = not current or current == ARGV[i + 3]
+  if current and not write then
+    local ok, stored = pcall(cjson.decode, current)
+    local version = ok and type(stored) == 'table' and tonumber(stored['version']) or 0
+    write = version < tonumber(ARGV[i + 1])
+  end
+  if write then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'id', ARGV[i])
+    written = written + 1
+  end
+end
+return written
 "#;
 
 /// Attempts of one change against concurrent writers.
@@ -66,7 +111,25 @@ pub struct Registry {
     target: RedisTarget,
     records: String,
     changes: String,
+    meta: String,
     timeout: Duration,
+    trust: Trust,
+}
+
+/// What a reader verifies records with, and what a writer signs them with.
+#[derive(Debug, Default)]
+pub struct Trust {
+    pub verify: VerifyKeys,
+    pub signer: Option<SigningKey>,
+}
+
+/// The registry as read: the records that verify, the raw JSON of every record (for
+/// compare-and-set), the ids of those that did not verify, and its identity.
+pub struct Loaded {
+    pub file: KeysFile,
+    pub position: String,
+    pub raw: BTreeMap<String, String>,
+    pub refused: Vec<String>,
 }
 
 pub(crate) enum Conn {
@@ -94,6 +157,9 @@ pub enum Changes {
     None,
     /// The position is older than the feed: reload everything.
     Trimmed,
+    /// The feed ends before the position: the registry went back in time (a failover to a
+    /// lagging replica, a restore): reload everything and write back what it lacks.
+    Behind,
 }
 
 impl Registry {
@@ -102,8 +168,20 @@ impl Registry {
             target: RedisTarget::parse(url).map_err(err)?,
             records: format!("{prefix}:{{registry}}:keys"),
             changes: format!("{prefix}:{{registry}}:changes"),
+            meta: format!("{prefix}:{{registry}}:meta"),
             timeout,
+            trust: Trust::default(),
         })
+    }
+
+    /// Verifies what it reads with `trust.verify` and signs what it writes with `trust.signer`.
+    pub fn with_trust(mut self, trust: Trust) -> Registry {
+        self.trust = trust;
+        self
+    }
+
+    pub fn verify_keys(&self) -> &VerifyKeys {
+        &self.trust.verify
     }
 
     /// A blocking connection with the deadline on every read and write. (The registry is
@@ -140,24 +218,24 @@ impl Registry {
     /// racing with the read is applied again later rather than lost).
     pub fn load(&self) -> Result<(KeysFile, String), KeysError> {
         let mut conn = self.connect()?;
-        self.load_on(conn.as_mut())
+        let loaded = self.load_on(conn.as_mut())?;
+        Ok((loaded.file, loaded.position))
     }
 
-    pub(crate) fn load_on(
-        &self,
-        conn: &mut dyn ConnectionLike,
-    ) -> Result<(KeysFile, String), KeysError> {
-        let (file, position, _) = self.load_raw(conn)?;
-        Ok((file, position))
+    /// As [`Registry::load`], with each record's JSON as stored and the identity. Records that
+    /// cannot be read or do not verify are left out with an error in the log and a count, never
+    /// fatal: one bad record must not stop every other change from applying.
+    pub(crate) fn load_on(&self, conn: &mut dyn ConnectionLike) -> Result<Loaded, KeysError> {
+        self.load_checked(conn, true)
     }
 
-    /// As [`Registry::load_on`], with each record's JSON as stored (for compare-and-set).
-    /// Records that cannot be read are skipped with an error in the log, never fatal: one bad
-    /// record must not stop every other change from applying.
-    fn load_raw(
+    /// As [`Registry::load_on`]; `verify` false takes every record that parses (for signing
+    /// an existing registry).
+    fn load_checked(
         &self,
         conn: &mut dyn ConnectionLike,
-    ) -> Result<(KeysFile, String, BTreeMap<String, String>), KeysError> {
+        verify: bool,
+    ) -> Result<Loaded, KeysError> {
         let last: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
             .arg(&self.changes)
             .arg("+")
@@ -167,49 +245,146 @@ impl Registry {
             .query(conn)
             .map_err(err)?;
         let position = last.first().map_or("0-0".to_owned(), |(id, _)| id.clone());
-        let all: BTreeMap<String, String> = redis::cmd("HGETALL")
+        // Two commands, not a pipeline: a blocking cluster connection takes no pipelines.
+        let raw: BTreeMap<String, String> = redis::cmd("HGETALL")
             .arg(&self.records)
             .query(conn)
             .map_err(err)?;
-        let mut file = KeysFile::default();
-        for (id, json) in &all {
-            match parse_record(id, json) {
-                Ok(record) => file.keys.push(record),
-                Err(e) => tracing::error!(error = %e, "key registry: record skipped"),
+        let identity: Option<String> = redis::cmd("HGET")
+            .arg(&self.meta)
+            .arg("id")
+            .query(conn)
+            .map_err(err)?;
+        let mut file = KeysFile {
+            registry: identity,
+            ..KeysFile::default()
+        };
+        let mut refused = Vec::new();
+        for (id, json) in &raw {
+            let record = if verify {
+                self.accept(id, json)
+            } else {
+                parse_record(id, json).ok()
+            };
+            match record {
+                Some(record) => file.keys.push(record),
+                None => refused.push(id.clone()),
             }
         }
         file.sort();
-        Ok((file, position, all))
+        Ok(Loaded {
+            file,
+            position,
+            raw,
+            refused,
+        })
+    }
+
+    /// A stored record if it parses and verifies; otherwise logged, counted, `None`.
+    pub(crate) fn accept(&self, id: &str, json: &str) -> Option<KeyRecord> {
+        let record = match parse_record(id, json) {
+            Ok(record) => record,
+            Err(e) => {
+                reject("unparsable", &e.to_string());
+                return None;
+            }
+        };
+        match self.trust.verify.verify(&record) {
+            Ok(()) => Some(record),
+            Err(why) => {
+                reject(
+                    why.reason(),
+                    &format!(
+                        "record `{id}` (version {}): {}",
+                        record.version,
+                        why.reason()
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// The registry's identity, and how many records it holds (one round trip): how a node
+    /// notices a registry that lost data.
+    pub(crate) fn health(
+        &self,
+        conn: &mut dyn ConnectionLike,
+    ) -> Result<(Option<String>, usize), KeysError> {
+        let identity: Option<String> = redis::cmd("HGET")
+            .arg(&self.meta)
+            .arg("id")
+            .query(conn)
+            .map_err(err)?;
+        let len: usize = redis::cmd("HLEN")
+            .arg(&self.records)
+            .query(conn)
+            .map_err(err)?;
+        Ok((identity, len))
     }
 
     /// Applies `change` to the current records and writes back the records it changed, unless
-    /// another writer changed one of them meanwhile: then it reads again and re-applies.
+    /// another writer changed one of them meanwhile: then it reads again and re-applies. Each
+    /// changed record gets a higher version and this writer's signature.
     pub fn modify<T>(
         &self,
+        change: impl FnMut(&mut KeysFile) -> Result<T, KeysError>,
+    ) -> Result<T, KeysError> {
+        self.modify_checked(true, change)
+    }
+
+    fn modify_checked<T>(
+        &self,
+        verify: bool,
         mut change: impl FnMut(&mut KeysFile) -> Result<T, KeysError>,
     ) -> Result<T, KeysError> {
         let mut conn = self.connect()?;
         for _ in 0..ATTEMPTS {
-            let (mut file, _, stored) = self.load_raw(conn.as_mut())?;
+            let Loaded { mut file, raw, .. } = self.load_checked(conn.as_mut(), verify)?;
             let before: BTreeMap<String, KeyRecord> = file
                 .keys
                 .iter()
                 .map(|k| (k.id.clone(), k.clone()))
                 .collect();
             let out = change(&mut file)?;
-            let changed: Vec<(&KeyRecord, &str)> = file
-                .keys
-                .iter()
-                .filter(|k| before.get(&k.id) != Some(k))
-                .map(|k| (k, stored.get(&k.id).map_or("", String::as_str)))
-                .collect();
-            if self.put_on(conn.as_mut(), &changed)? {
+            let mut changed = Vec::new();
+            for record in file.keys.iter().filter(|k| before.get(&k.id) != Some(k)) {
+                let was = before.get(&record.id).map_or(0, |b| b.version);
+                let read = raw.get(&record.id).map_or("", String::as_str);
+                changed.push((self.prepare(record.clone(), was)?, read));
+            }
+            let identity = file.registry.clone().unwrap_or_else(new_identity);
+            if self.put_on(conn.as_mut(), &identity, &changed)? {
                 return Ok(out);
             }
         }
         Err(KeysError::Registry(format!(
             "the records changed under {ATTEMPTS} attempts in a row (other writers); try again"
         )))
+    }
+
+    /// A changed record as it is written: a record that already carries a trusted signature and
+    /// a newer version (a signed backup restored) as it is; any other one at a higher version,
+    /// signed by this writer. A writer that cannot sign for a fleet that verifies changes
+    /// nothing.
+    fn prepare(&self, mut record: KeyRecord, was: u64) -> Result<KeyRecord, KeysError> {
+        let verify = &self.trust.verify;
+        if record.version > was && !verify.is_empty() && verify.verify(&record).is_ok() {
+            return Ok(record);
+        }
+        record.version = record.version.max(was) + 1;
+        match &self.trust.signer {
+            Some(key) => key.sign(&mut record),
+            None if verify.is_empty() => record.signature = None,
+            None => {
+                return Err(KeysError::CannotSign(
+                    "registry_verify_keys is set but registry_signing_key_file is not: every \
+                     node would refuse an unsigned record"
+                        .to_owned(),
+                ))
+            }
+        }
+        Ok(record)
     }
 
     /// Copies `records` in: those the registry lacks are added; those it holds already stay
@@ -231,30 +406,93 @@ impl Registry {
         })
     }
 
+    /// Signs every record that this writer's own key has not signed (records from before
+    /// signing, or signed by a retired key), each at a higher version; returns them. Every
+    /// record that parses is signed, verified or not: run it once, on a registry known to be
+    /// clean, when the fleet moves to signed records.
+    pub fn sign_all(&self) -> Result<Vec<KeyRecord>, KeysError> {
+        let Some(key) = &self.trust.signer else {
+            return Err(KeysError::CannotSign(
+                "registry_signing_key_file is not set".to_owned(),
+            ));
+        };
+        let own = VerifyKeys::parse(&[key.public_key()]).map_err(err)?;
+        self.modify_checked(false, |file| {
+            let mut signed = Vec::new();
+            for record in &mut file.keys {
+                if own.verify(record).is_err() {
+                    signed.push(record.clone());
+                    record.version += 1;
+                }
+            }
+            Ok(signed)
+        })
+    }
+
     /// Writes the changed records (each with its JSON as read); false when another writer
     /// changed one of them first (nothing was written).
     fn put_on(
         &self,
         conn: &mut dyn ConnectionLike,
-        records: &[(&KeyRecord, &str)],
+        identity: &str,
+        records: &[(KeyRecord, &str)],
     ) -> Result<bool, KeysError> {
         for chunk in records.chunks(500) {
             let script = redis::Script::new(PUT);
             let mut invocation = script.key(&self.records);
-            invocation.key(&self.changes);
+            invocation.key(&self.changes).key(&self.meta);
+            invocation.arg(FEED_LENGTH).arg(identity);
             for (record, read) in chunk {
                 invocation
                     .arg(&record.id)
                     .arg(*read)
                     .arg(serde_json::to_string(record).map_err(err)?);
             }
-            invocation.arg(FEED_LENGTH);
             let (done, _): (i64, String) = invocation.invoke(conn).map_err(err)?;
             if done == 0 {
                 return Ok(false);
             }
         }
         Ok(true)
+    }
+
+    /// Writes back records a node holds that the registry lost or holds older (see [`HEAL`]);
+    /// `replace` maps a key id to the stored JSON to overwrite whatever its version (a record
+    /// there that failed verification). Returns how many were written, or `None` when the
+    /// registry is another one (another identity).
+    pub(crate) fn heal(
+        &self,
+        conn: &mut dyn ConnectionLike,
+        identity: &str,
+        records: &[&KeyRecord],
+        replace: &BTreeMap<String, String>,
+    ) -> Result<Option<usize>, KeysError> {
+        let mut written = 0;
+        // One run even with no records: it gives a registry without an identity this one.
+        let chunks: Vec<&[&KeyRecord]> = if records.is_empty() {
+            vec![&[]]
+        } else {
+            records.chunks(500).collect()
+        };
+        for chunk in chunks {
+            let script = redis::Script::new(HEAL);
+            let mut invocation = script.key(&self.records);
+            invocation.key(&self.changes).key(&self.meta);
+            invocation.arg(FEED_LENGTH).arg(identity);
+            for record in chunk {
+                invocation
+                    .arg(&record.id)
+                    .arg(record.version)
+                    .arg(serde_json::to_string(record).map_err(err)?)
+                    .arg(replace.get(&record.id).map_or("", String::as_str));
+            }
+            let n: i64 = invocation.invoke(conn).map_err(err)?;
+            match usize::try_from(n) {
+                Ok(n) => written += n,
+                Err(_) => return Ok(None),
+            }
+        }
+        Ok(Some(written))
     }
 
     /// The records changed after feed position `after`.
@@ -285,8 +523,13 @@ impl Registry {
                 }
             })
             .map_err(err)?;
-        if max_deleted(&info).is_some_and(|deleted| deleted >= stream_id(after)) {
+        if stream_field(&info, "max-deleted-entry-id")
+            .is_some_and(|deleted| deleted >= stream_id(after))
+        {
             return Ok(Changes::Trimmed);
+        }
+        if stream_field(&info, "last-generated-id").unwrap_or((0, 0)) < stream_id(after) {
+            return Ok(Changes::Behind);
         }
         let Some((position, _)) = entries.last() else {
             return Ok(Changes::None);
@@ -307,14 +550,27 @@ impl Registry {
             .arg(&ids)
             .query(conn)
             .map_err(err)?;
-        let mut records = Vec::new();
-        for (id, json) in ids.iter().zip(json) {
-            if let Some(json) = json {
-                records.push(parse_record(id, &json)?);
-            }
-        }
+        let records = ids
+            .iter()
+            .zip(json)
+            .filter_map(|(id, json)| self.accept(id, &json?))
+            .collect();
         Ok(Changes::Some(records, position.clone()))
     }
+}
+
+/// A new registry's identity: 128 random bits.
+fn new_identity() -> String {
+    hex::encode(rand::random::<[u8; 16]>())
+}
+
+/// A record refused: logged and counted by reason.
+fn reject(reason: &'static str, message: &str) {
+    METRICS
+        .registry_rejected_records
+        .with_label_values(&[reason])
+        .inc();
+    tracing::error!(reason, "key registry: record refused: {message}");
 }
 
 fn parse_record(id: &str, json: &str) -> Result<KeyRecord, KeysError> {
@@ -337,8 +593,9 @@ fn parse_record(id: &str, json: &str) -> Result<KeyRecord, KeysError> {
     Ok(record)
 }
 
-/// `max-deleted-entry-id` of an `XINFO STREAM` answer (a map, or a flat list in RESP2).
-fn max_deleted(info: &redis::Value) -> Option<(u64, u64)> {
+/// A stream id field of an `XINFO STREAM` answer (a map, or a flat list in RESP2), such as
+/// `max-deleted-entry-id`; `None` when absent or `0-0`.
+fn stream_field(info: &redis::Value, name: &str) -> Option<(u64, u64)> {
     let text = |v: &redis::Value| match v {
         redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
         redis::Value::SimpleString(s) => Some(s.clone()),
@@ -354,7 +611,7 @@ fn max_deleted(info: &redis::Value) -> Option<(u64, u64)> {
     };
     let (_, id) = pairs
         .into_iter()
-        .find(|(k, _)| text(k).as_deref() == Some("max-deleted-entry-id"))?;
+        .find(|(k, _)| text(k).as_deref() == Some(name))?;
     let id = stream_id(&text(id)?);
     (id != (0, 0)).then_some(id)
 }

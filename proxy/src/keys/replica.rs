@@ -2,38 +2,65 @@
 //! every applied change written to the node's snapshot (its `keys_file`) and reloaded into the
 //! catalog. Apart from the registry itself, so that the registry (which the key service writes
 //! through) never depends on the catalog (which reads what the service wrote).
+//!
+//! The node is also the registry's memory. It holds the highest version of every record it has
+//! seen (in its snapshot, across restarts) and never takes a lower one, so a replayed old record
+//! is refused. When the registry lost records (a restart without persistence, a flush, a
+//! failover to a lagging replica, a wrong prefix) the node writes back the ones it holds,
+//! add-if-absent or older-only, under the registry's identity, which the node remembers too.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use crate::base::metrics::METRICS;
 use crate::keys::catalog::Catalog;
 use crate::keys::record::{KeyRecord, KeysError, KeysFile};
-use crate::keys::registry::{Changes, Conn, Registry, POLL};
+use crate::keys::registry::{Changes, Conn, Loaded, Registry, POLL};
 
-/// Where a node's keys come from right now, for `/readyz` and the log.
+/// Where a node's keys come from right now, for `/readyz`, `keys list` and the log.
 #[derive(Debug, Default)]
-pub struct SyncState(AtomicU8);
+pub struct SyncState {
+    code: AtomicU8,
+    /// What `Repairing` and `Apart` say.
+    detail: Mutex<String>,
+}
 
 /// 0: nothing yet; then one of these.
 impl SyncState {
     const SNAPSHOT: u8 = 1;
     const SYNCED: u8 = 2;
+    const REPAIRING: u8 = 3;
+    const APART: u8 = 4;
 
     pub fn snapshot_only(&self) {
-        self.0.store(Self::SNAPSHOT, Ordering::Relaxed)
+        self.code.store(Self::SNAPSHOT, Ordering::Relaxed)
     }
 
-    /// `Ok(how)` when the node may serve: from the registry, or from its snapshot while the
-    /// registry is unreachable; `Err` when it has neither.
-    pub fn readiness(&self) -> Result<&'static str, &'static str> {
-        match self.0.load(Ordering::Relaxed) {
-            Self::SYNCED => Ok("registry"),
-            Self::SNAPSHOT => {
-                Ok("snapshot (the registry is unreachable; catching up when it returns)")
-            }
-            _ => Err("no snapshot and the registry is unreachable"),
+    fn set(&self, code: u8, detail: String) {
+        if let Ok(mut d) = self.detail.lock() {
+            *d = detail;
+        }
+        self.code.store(code, Ordering::Relaxed);
+        METRICS
+            .registry_in_step
+            .set(i64::from(code == Self::SYNCED));
+    }
+
+    /// `Ok(how)` when the node may serve: from the registry (also while it heals it), or from
+    /// its snapshot while the registry is unreachable or disagrees; `Err` when it has neither.
+    /// One Redis restart must not take the whole fleet out of the load balancer.
+    pub fn readiness(&self) -> Result<String, String> {
+        let detail = || self.detail.lock().map(|d| d.clone()).unwrap_or_default();
+        match self.code.load(Ordering::Relaxed) {
+            Self::SYNCED => Ok("registry".to_owned()),
+            Self::REPAIRING => Ok(format!("repairing: {}", detail())),
+            Self::APART => Ok(format!("snapshot: {}", detail())),
+            Self::SNAPSHOT => Ok(
+                "snapshot (the registry is unreachable; catching up when it returns)".to_owned(),
+            ),
+            _ => Err("no snapshot and the registry is unreachable".to_owned()),
         }
     }
 }
@@ -47,66 +74,68 @@ pub struct Sync {
     pub state: Arc<SyncState>,
 }
 
+/// The records this node holds (the highest version of each it has seen), and the registry's
+/// identity.
+#[derive(Default)]
+struct Replica {
+    records: BTreeMap<String, KeyRecord>,
+    identity: Option<String>,
+}
+
+impl Replica {
+    /// Takes `record` unless it is older than (or a different record at the same version as)
+    /// the one held; records from before versions (both 0) are taken as they come. Returns
+    /// whether anything changed.
+    fn take(&mut self, record: KeyRecord) -> bool {
+        match self.records.get(&record.id) {
+            Some(held) if *held == record => false,
+            Some(held) if record.version > held.version || record.version + held.version == 0 => {
+                self.records.insert(record.id.clone(), record);
+                true
+            }
+            Some(held) => {
+                METRICS
+                    .registry_rejected_records
+                    .with_label_values(&["older"])
+                    .inc();
+                tracing::error!(key_id = %record.id, version = record.version,
+                    held = held.version,
+                    "key registry: record refused: not newer than the version this node holds");
+                false
+            }
+            None => {
+                self.records.insert(record.id.clone(), record);
+                true
+            }
+        }
+    }
+}
+
+/// How one round with the registry ended.
+enum Round {
+    InStep,
+    /// Records written back.
+    Repaired(usize),
+    /// The registry is another one, or could not be healed; the reason.
+    Apart(String),
+}
+
 impl Sync {
     /// Runs until `stop` says so (checked between polls). Blocking: run it on its own thread.
     pub fn run(&self, stop: &dyn Fn() -> bool) {
-        let mut replica: Option<(BTreeMap<String, KeyRecord>, String)> = None;
+        let mut replica = self.snapshot_replica();
+        let mut position: Option<String> = None;
         let mut conn: Option<Conn> = None;
         let mut failing = false;
-        // Records are never deleted (a revoked key keeps its record): a full load with fewer
-        // than this node already holds means the registry lost data (flushed, evicted, a
-        // wrong prefix, not imported yet), and applying it would wipe keys fleet-wide.
-        let mut known = KeysFile::load(&self.snapshot).map_or(0, |f| f.keys.len());
         while !stop() {
-            let result = (|| -> Result<(), KeysError> {
-                let c = match &mut conn {
-                    Some(c) => c,
-                    None => conn.insert(self.registry.connect()?),
-                };
-                match &mut replica {
-                    None => {
-                        let (file, position) = self.registry.load_on(c.as_mut())?;
-                        if file.keys.len() < known {
-                            return Err(KeysError::Registry(format!(
-                                "it holds {} key record(s), fewer than the {known} this node \
-                                 has: refusing to apply it (flushed, evicted, another \
-                                 key_prefix, or not imported yet: `pet-gateway keys import`)",
-                                file.keys.len()
-                            )));
-                        }
-                        let map: BTreeMap<String, KeyRecord> =
-                            file.keys.into_iter().map(|k| (k.id.clone(), k)).collect();
-                        known = map.len();
-                        self.apply(&map);
-                        replica = Some((map, position));
-                    }
-                    Some((map, position)) => match self.registry.changes(c.as_mut(), position)? {
-                        Changes::None => {}
-                        Changes::Trimmed => {
-                            tracing::warn!("the key change feed was trimmed past this node's position: reloading every key");
-                            replica = None;
-                        }
-                        Changes::Some(records, next) => {
-                            for r in records {
-                                map.insert(r.id.clone(), r);
-                            }
-                            known = map.len();
-                            self.apply(map);
-                            *position = next;
-                        }
-                    },
-                }
-                Ok(())
-            })();
-            match result {
-                Ok(()) => {
+            let round = self.round(&mut conn, &mut replica, &mut position);
+            let slow = match round {
+                Ok(round) => {
                     if failing {
                         tracing::info!("key registry reachable again: caught up");
                     }
                     failing = false;
-                    if replica.is_some() {
-                        self.state.0.store(SyncState::SYNCED, Ordering::Relaxed);
-                    }
+                    self.report(round)
                 }
                 Err(e) => {
                     if !failing {
@@ -116,22 +145,169 @@ impl Sync {
                     // A new connection next time; the replica and its feed position stay,
                     // so the feed catches up on what was missed.
                     conn = None;
-                    if self.state.0.load(Ordering::Relaxed) == SyncState::SYNCED {
+                    let code = self.state.code.load(Ordering::Relaxed);
+                    if code == SyncState::SYNCED || code == SyncState::REPAIRING {
                         self.state.snapshot_only();
                     }
+                    true
                 }
-            }
-            // Poll quickly while in step, back off while failing.
-            std::thread::sleep(if failing { POLL * 5 } else { POLL });
+            };
+            // Poll quickly while in step, back off while failing or apart.
+            std::thread::sleep(if slow { POLL * 5 } else { POLL });
         }
+    }
+
+    /// Sets the state a round ended in; true when the next round should wait longer.
+    fn report(&self, round: Round) -> bool {
+        match round {
+            Round::InStep => {
+                self.state.set(SyncState::SYNCED, String::new());
+                false
+            }
+            Round::Repaired(n) => {
+                METRICS.registry_repairs.inc_by(n as u64);
+                tracing::warn!(records = n, "key registry: it had lost key records (or held older versions); this node wrote back the ones it holds");
+                self.state.set(
+                    SyncState::REPAIRING,
+                    format!("wrote back {n} record(s) the registry had lost or held older"),
+                );
+                false
+            }
+            Round::Apart(why) => {
+                if self.state.code.load(Ordering::Relaxed) != SyncState::APART {
+                    tracing::error!(reason = %why, "key registry: this node and the registry disagree; serving this node's keys");
+                }
+                self.state.set(SyncState::APART, why);
+                true
+            }
+        }
+    }
+
+    /// The records and identity of this node's snapshot (the keys it served last time).
+    fn snapshot_replica(&self) -> Replica {
+        let file = KeysFile::load(&self.snapshot).unwrap_or_default();
+        Replica {
+            records: file.keys.into_iter().map(|k| (k.id.clone(), k)).collect(),
+            identity: file.registry,
+        }
+    }
+
+    /// One poll: a full load (first, after losing the feed, or when the registry lost data),
+    /// or the changes since `position`.
+    fn round(
+        &self,
+        conn: &mut Option<Conn>,
+        replica: &mut Replica,
+        position: &mut Option<String>,
+    ) -> Result<Round, KeysError> {
+        let c = match conn {
+            Some(c) => c,
+            None => conn.insert(self.registry.connect()?),
+        };
+        if let Some(at) = position.as_deref() {
+            let (identity, len) = self.registry.health(c.as_mut())?;
+            let lost = identity.is_none() || len < replica.records.len();
+            if identity == replica.identity && !lost {
+                return match self.registry.changes(c.as_mut(), at)? {
+                    Changes::None => Ok(Round::InStep),
+                    Changes::Trimmed | Changes::Behind => {
+                        tracing::warn!("the key change feed no longer holds this node's position (trimmed, or the registry went back): reloading every key");
+                        self.full(c, replica, position)
+                    }
+                    Changes::Some(records, next) => {
+                        let mut changed = false;
+                        for record in records {
+                            changed |= replica.take(record);
+                        }
+                        if changed {
+                            self.apply(replica);
+                        }
+                        *position = Some(next);
+                        Ok(Round::InStep)
+                    }
+                };
+            }
+        }
+        self.full(c, replica, position)
+    }
+
+    /// Loads the whole registry, takes what is newer than held, writes back what the registry
+    /// lacks or holds older, and applies the result.
+    fn full(
+        &self,
+        c: &mut Conn,
+        replica: &mut Replica,
+        position: &mut Option<String>,
+    ) -> Result<Round, KeysError> {
+        let loaded = self.registry.load_on(c.as_mut())?;
+        if let (Some(theirs), Some(ours)) = (&loaded.file.registry, &replica.identity) {
+            if theirs != ours {
+                *position = None;
+                return Ok(Round::Apart(format!(
+                    "the registry's identity is {theirs}, this node's is {ours}: another \
+                     registry (key_prefix, redis_url)? Move this node's snapshot aside to adopt it"
+                )));
+            }
+        }
+        let identity = loaded
+            .file
+            .registry
+            .clone()
+            .or_else(|| replica.identity.clone())
+            .unwrap_or_else(|| hex::encode(rand::random::<[u8; 16]>()));
+        for record in loaded.file.keys.iter().cloned() {
+            replica.take(record);
+        }
+        let written = self.write_back(c, &identity, replica, &loaded)?;
+        replica.identity = Some(identity);
+        self.apply(replica);
+        *position = Some(loaded.position);
+        Ok(match written {
+            None => Round::Apart("the registry changed identity while it was healed".to_owned()),
+            Some(0) => Round::InStep,
+            Some(n) => Round::Repaired(n),
+        })
+    }
+
+    /// Writes back the held records the registry lacks, holds older, or holds in a form that
+    /// did not verify; `Some(0)` when nothing was missing.
+    fn write_back(
+        &self,
+        c: &mut Conn,
+        identity: &str,
+        replica: &Replica,
+        loaded: &Loaded,
+    ) -> Result<Option<usize>, KeysError> {
+        let stored: BTreeMap<&str, u64> = loaded
+            .file
+            .keys
+            .iter()
+            .map(|k| (k.id.as_str(), k.version))
+            .collect();
+        let replace: BTreeMap<String, String> = loaded
+            .refused
+            .iter()
+            .filter_map(|id| Some((id.clone(), loaded.raw.get(id)?.clone())))
+            .collect();
+        let missing: Vec<&KeyRecord> = replica
+            .records
+            .values()
+            .filter(|r| stored.get(r.id.as_str()).is_none_or(|v| *v < r.version))
+            .filter(|r| self.registry.verify_keys().verify(r).is_ok())
+            .collect();
+        if missing.is_empty() && loaded.file.registry.is_some() {
+            return Ok(Some(0));
+        }
+        self.registry.heal(c.as_mut(), identity, &missing, &replace)
     }
 
     /// Writes the replica to the snapshot and reloads the catalog from it. A snapshot that
     /// cannot be written is logged (the catalog keeps its keys; the next change tries again),
     /// never a reason to stop following the feed.
-    fn apply(&self, map: &BTreeMap<String, KeyRecord>) {
+    fn apply(&self, replica: &Replica) {
         let mut file = KeysFile {
-            keys: map.values().cloned().collect(),
+            registry: replica.identity.clone(),
+            keys: replica.records.values().cloned().collect(),
         };
         file.sort();
         if let Err(e) = crate::keys::file::write_snapshot(&self.snapshot, &file) {

@@ -92,6 +92,8 @@ pub fn issue(
             per_day: own.per_day,
             quota_of: None,
             rotated_to: None,
+            version: 0,
+            signature: None,
         };
         file.keys.push(record.clone());
         Ok((record, key))
@@ -137,6 +139,8 @@ pub fn rotate(
             revoked_at: None,
             quota_of: Some(old.quota_of.clone().unwrap_or_else(|| old.id.clone())),
             rotated_to: None,
+            version: 0,
+            signature: None,
             ..old.clone()
         };
         let old = file.get_mut(id)?;

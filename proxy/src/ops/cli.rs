@@ -30,6 +30,26 @@ pub enum Command {
     /// List and lift bans, through the running gateway's admin listener.
     #[command(subcommand)]
     Bans(BansCommand),
+    /// The fleet's signing key for key records: make one, sign an existing registry.
+    #[command(subcommand)]
+    Registry(RegistryCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RegistryCommand {
+    /// Write a new Ed25519 signing key to FILE (mode 0600; an existing file is never
+    /// overwritten) and print its public key, the form `registry_verify_keys` takes.
+    Keygen {
+        /// Where the private key goes.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
+    /// Sign every record of the key registry that the signing key has not signed yet (records
+    /// from before signing, or signed by a retired key), each at a higher version.
+    Sign {
+        #[command(flatten)]
+        files: KeyFiles,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -69,6 +89,8 @@ const KEYS_COMMAND_FLAGS: FlagSet = FlagSet::Named(&[
     "keys_source",
     "redis_url",
     "audit_log",
+    "registry_verify_keys",
+    "registry_signing_key_file",
 ]);
 
 #[derive(Debug, Clone, Default)]

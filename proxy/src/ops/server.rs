@@ -236,10 +236,8 @@ fn key_source(
     else {
         return Ok((KeyStore::File(config.keys_file.clone()), None));
     };
-    let registry = Arc::new(
-        crate::keys::registry::Registry::new(url, &config.key_prefix, Duration::from_secs(1))
-            .map_err(|e| ServeError::Registry(e.to_string()))?,
-    );
+    let registry =
+        Arc::new(open_registry(config, url, Duration::from_secs(1)).map_err(ServeError::Registry)?);
     let state = Arc::new(SyncState::default());
     if config.keys_file.exists() {
         state.snapshot_only();
@@ -403,6 +401,27 @@ impl BackgroundService for StoreProbe {
             }
         }
     }
+}
+
+/// The key registry at `url`, reading through the configured verify keys and signing with the
+/// configured signing key: for a node and for the `keys` commands alike.
+pub fn open_registry(
+    config: &Config,
+    url: &str,
+    timeout: Duration,
+) -> Result<crate::keys::registry::Registry, String> {
+    let verify = crate::keys::signing::VerifyKeys::parse(&config.registry_verify_keys)
+        .map_err(|e| format!("registry_verify_keys: {e}"))?;
+    let signer = match &config.registry_signing_key_file {
+        Some(path) => Some(
+            crate::keys::signing::SigningKey::load(path)
+                .map_err(|e| format!("registry_signing_key_file: {e}"))?,
+        ),
+        None => None,
+    };
+    let registry = crate::keys::registry::Registry::new(url, &config.key_prefix, timeout)
+        .map_err(|e| e.to_string())?;
+    Ok(registry.with_trust(crate::keys::registry::Trust { verify, signer }))
 }
 
 /// Runs the registry sync on a thread of its own (its calls block, with deadlines) until

@@ -6,6 +6,7 @@ use super::values::{choice, parse_choice};
 use crate::config::model::{ConfigError, KeysSource};
 use crate::config::setting::{Kind, Layers, Preset, Row, Setting, Value};
 use crate::keys::format::{default_prefix, valid_prefix};
+use crate::keys::signing::{parse_public, SigningKey};
 
 const KEYS_SOURCE: Setting<KeysSource> = Setting::new(
     "keys_source",
@@ -59,6 +60,43 @@ const AUDIT_LOG: Setting<Option<PathBuf>> = Setting::new(
 .flag("--audit-log", "PATH")
 .keys_commands_only()
 .env("PET_GATEWAY_AUDIT_LOG");
+const REGISTRY_VERIFY_KEYS: Setting<Vec<String>> = Setting::new(
+    "registry_verify_keys",
+    Kind::Texts,
+    Preset::Value(""),
+    "with `keys_source = \"store\"`: the public keys (`ed25519:<base64>`, from `registry keygen`) \
+     a key record must be signed by; a record that is unsigned, fails verification or is older \
+     than the version this node holds is refused. Several, so the signing key can be rotated; \
+     empty: records are taken unsigned (sign the registry first, then set this; see \"Signed \
+     key records\")",
+    |v| {
+        let keys = v.texts()?;
+        for key in &keys {
+            parse_public(key).map_err(|e| e.to_string())?;
+        }
+        Ok(keys)
+    },
+)
+.flag("--registry-verify-key", "KEY")
+.env("PET_GATEWAY_REGISTRY_VERIFY_KEYS");
+const REGISTRY_SIGNING_KEY_FILE: Setting<Option<PathBuf>> = Setting::new(
+    "registry_signing_key_file",
+    Kind::Path,
+    Preset::Absent("none: with verify keys set, no key change here"),
+    "the fleet's private signing key (`registry keygen --out FILE`), for whatever changes key \
+     records here (the `keys` commands, this node's admin key API); without it, where \
+     `registry_verify_keys` is set, changes are refused (409 from the admin API)",
+    |v| {
+        let path = v.path()?;
+        if path.as_os_str().is_empty() {
+            return Ok(None);
+        }
+        SigningKey::load(&path).map_err(|e| e.to_string())?;
+        Ok(Some(path))
+    },
+)
+.flag("--registry-signing-key-file", "PATH")
+.env("PET_GATEWAY_REGISTRY_SIGNING_KEY_FILE");
 
 pub const SETTINGS: &[Row] = &[
     KEYS_SOURCE.row,
@@ -66,6 +104,8 @@ pub const SETTINGS: &[Row] = &[
     PLANS_DIR.row,
     API_KEY_PREFIX.row,
     AUDIT_LOG.row,
+    REGISTRY_VERIFY_KEYS.row,
+    REGISTRY_SIGNING_KEY_FILE.row,
 ];
 
 pub struct Keys {
@@ -74,6 +114,8 @@ pub struct Keys {
     pub plans_dir: PathBuf,
     pub api_key_prefix: String,
     pub audit_log: Option<PathBuf>,
+    pub registry_verify_keys: Vec<String>,
+    pub registry_signing_key_file: Option<PathBuf>,
 }
 
 pub fn validate(l: &Layers, environment: &str, redis: bool) -> Result<Keys, ConfigError> {
@@ -89,6 +131,8 @@ pub fn validate(l: &Layers, environment: &str, redis: bool) -> Result<Keys, Conf
         plans_dir: l.or(&PLANS_DIR, beside_the_file(l, "plans"))?.value,
         api_key_prefix: l.or(&API_KEY_PREFIX, api_key_prefix)?.value,
         audit_log: l.get(&AUDIT_LOG)?.and_then(|a| a.value),
+        registry_verify_keys: l.value(&REGISTRY_VERIFY_KEYS)?,
+        registry_signing_key_file: l.get(&REGISTRY_SIGNING_KEY_FILE)?.and_then(|k| k.value),
     })
 }
 

@@ -32,7 +32,7 @@ impl Admin {
         };
         let store_ok = store == "ok" || store.starts_with("fallback");
         let keys = match &self.registry {
-            None => Ok("file"),
+            None => Ok("file".to_owned()),
             Some(state) => state.readiness(),
         };
         let ready = upstream && store_ok && keys.is_ok();

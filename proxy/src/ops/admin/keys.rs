@@ -71,6 +71,9 @@ impl Admin {
             Ok(Err(e @ KeysError::NoSuchKey(_))) => {
                 Err(error(404, ErrorCode::NotFound, &e.to_string()))
             }
+            Ok(Err(e @ KeysError::CannotSign(_))) => {
+                Err(error(409, ErrorCode::Conflict, &e.to_string()))
+            }
             Ok(Err(e @ (KeysError::UnknownPlan { .. } | KeysError::NotActive(_)))) => {
                 Err(error(400, ErrorCode::InvalidRequest, &e.to_string()))
             }

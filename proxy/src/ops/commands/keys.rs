@@ -305,7 +305,7 @@ fn revoke(files: KeyFiles, admin_listen: Option<String>, id: String) -> Result<(
     Ok(())
 }
 
-fn key_config(files: &KeyFiles, admin_listen: Option<&str>) -> Result<Config, String> {
+pub(super) fn key_config(files: &KeyFiles, admin_listen: Option<&str>) -> Result<Config, String> {
     let over = files.overrides.0.clone().with("admin_listen", admin_listen);
     super::load_for_admin(files.config.as_deref(), &over)
 }
@@ -315,12 +315,7 @@ fn key_config(files: &KeyFiles, admin_listen: Option<&str>) -> Result<Config, St
 fn key_service(config: &Config) -> Result<KeyService, String> {
     let store = match (config.keys_source, &config.redis_url) {
         (KeysSource::Store, Some(url)) => KeyStore::Registry(std::sync::Arc::new(
-            crate::keys::registry::Registry::new(
-                url,
-                &config.key_prefix,
-                std::time::Duration::from_secs(2),
-            )
-            .map_err(|e| e.to_string())?,
+            crate::ops::server::open_registry(config, url, std::time::Duration::from_secs(2))?,
         )),
         _ => KeyStore::File(config.keys_file.clone()),
     };

@@ -1,4 +1,5 @@
 //! What each command does, one file per command: [`serve`], [`check`], [`keys`], [`bans`],
+//! [`registry`],
 //! with the output helpers they share in [`output`]. Errors end here as one clear line on
 //! standard error and a non-zero exit code.
 
@@ -6,6 +7,7 @@ mod bans;
 mod check;
 mod keys;
 mod output;
+mod registry;
 mod serve;
 
 use std::process::ExitCode;
@@ -19,6 +21,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Check(args) => check::check(args),
         Command::Keys(cmd) => keys::keys_command(cmd),
         Command::Bans(cmd) => bans::bans_command(cmd),
+        Command::Registry(cmd) => registry::registry_command(cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -44,6 +47,8 @@ const ADMIN_COMMAND_SETTINGS: &[&str] = &[
     "admin_listen",
     "audit_log",
     "admin_token",
+    "registry_verify_keys",
+    "registry_signing_key_file",
 ];
 
 /// The same, reading only the variables a `keys` or `bans` command uses: a bad unrelated
