@@ -432,7 +432,9 @@ fn check_passes_on_every_shipped_config_and_names_the_field_of_a_broken_one() {
             // The one warning a shipped config may give: production's registry has no verify
             // keys yet (the fleet's own key is made at deployment, `registry keygen`).
             let unsigned = "takes the key registry's records unsigned";
-            let others = err.lines().filter(|l| l.contains("warning") && !l.contains(unsigned));
+            let others = err
+                .lines()
+                .filter(|l| l.contains("warning") && !l.contains(unsigned));
             assert_eq!(others.count(), 0, "{}: {err}", path.display());
             if path.ends_with("production.toml") {
                 assert!(err.contains(unsigned), "{err}");

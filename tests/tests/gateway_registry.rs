@@ -249,7 +249,10 @@ async fn an_empty_registry_never_wipes_a_nodes_keys_and_is_healed_from_them() {
     let gw = f.gateway(&spec);
     let started = Instant::now();
     while redis.cli(&["HLEN", "pet:test:{registry}:keys"]) != "1" {
-        assert!(started.elapsed() < Duration::from_secs(2), "never written back");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "never written back"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(status(&gw, &key).await, 200, "the keys were kept");

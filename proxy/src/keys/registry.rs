@@ -152,8 +152,9 @@ fn err(e: impl std::fmt::Display) -> KeysError {
 
 /// What a poll of the change feed found.
 pub enum Changes {
-    /// Records changed since the position, and the new position.
-    Some(Vec<KeyRecord>, String),
+    /// Records changed since the position (those that verify), the new position, and the ids
+    /// of changed records that did not verify.
+    Some(Vec<KeyRecord>, String, Vec<String>),
     None,
     /// The position is older than the feed: reload everything.
     Trimmed,
@@ -550,12 +551,16 @@ impl Registry {
             .arg(&ids)
             .query(conn)
             .map_err(err)?;
-        let records = ids
-            .iter()
-            .zip(json)
-            .filter_map(|(id, json)| self.accept(id, &json?))
-            .collect();
-        Ok(Changes::Some(records, position.clone()))
+        let mut records = Vec::new();
+        let mut refused = Vec::new();
+        for (id, json) in ids.iter().zip(json) {
+            match json.map(|json| self.accept(id, &json)) {
+                Some(Some(record)) => records.push(record),
+                Some(None) => refused.push(id.clone()),
+                None => {}
+            }
+        }
+        Ok(Changes::Some(records, position.clone(), refused))
     }
 }
 

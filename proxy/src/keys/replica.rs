@@ -84,14 +84,13 @@ struct Replica {
 
 impl Replica {
     /// Takes `record` unless it is older than (or a different record at the same version as)
-    /// the one held; records from before versions (both 0) are taken as they come. Returns
-    /// whether anything changed.
-    fn take(&mut self, record: KeyRecord) -> bool {
+    /// the one held; records from before versions (both 0) are taken as they come.
+    fn take(&mut self, record: KeyRecord) -> Taken {
         match self.records.get(&record.id) {
-            Some(held) if *held == record => false,
+            Some(held) if *held == record => Taken::Same,
             Some(held) if record.version > held.version || record.version + held.version == 0 => {
                 self.records.insert(record.id.clone(), record);
-                true
+                Taken::Changed
             }
             Some(held) => {
                 METRICS
@@ -101,14 +100,23 @@ impl Replica {
                 tracing::error!(key_id = %record.id, version = record.version,
                     held = held.version,
                     "key registry: record refused: not newer than the version this node holds");
-                false
+                Taken::Older
             }
             None => {
                 self.records.insert(record.id.clone(), record);
-                true
+                Taken::Changed
             }
         }
     }
+}
+
+/// What became of a record read from the registry.
+#[derive(PartialEq)]
+enum Taken {
+    Changed,
+    Same,
+    /// Refused: the registry holds an older version than this node, which it writes back.
+    Older,
 }
 
 /// How one round with the registry ended.
@@ -214,15 +222,19 @@ impl Sync {
                         tracing::warn!("the key change feed no longer holds this node's position (trimmed, or the registry went back): reloading every key");
                         self.full(c, replica, position)
                     }
-                    Changes::Some(records, next) => {
-                        let mut changed = false;
-                        for record in records {
-                            changed |= replica.take(record);
-                        }
-                        if changed {
+                    Changes::Some(records, next, refused) => {
+                        let taken: Vec<Taken> =
+                            records.into_iter().map(|r| replica.take(r)).collect();
+                        if taken.contains(&Taken::Changed) {
                             self.apply(replica);
                         }
                         *position = Some(next);
+                        // The registry holds an older or a forged version of a record this
+                        // node holds: write the node's back.
+                        let held = refused.iter().any(|id| replica.records.contains_key(id));
+                        if taken.contains(&Taken::Older) || held {
+                            return self.full(c, replica, position);
+                        }
                         Ok(Round::InStep)
                     }
                 };

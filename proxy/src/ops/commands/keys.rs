@@ -67,10 +67,14 @@ fn list(files: KeyFiles, admin_listen: Option<String>, json: bool) -> Result<(),
     let file = key_service(&config)?.list().map_err(|e| e.to_string())?;
     // The table first, whole; a note about it after, on its own line, so that a
     // terminal showing both streams never runs the note into the last row.
-    let (bans, note) = match fetch_bans(&AdminClient::of(&config)) {
+    let admin = AdminClient::of(&config);
+    let (bans, mut note) = match fetch_bans(&admin) {
         Ok(bans) => (Some(bans), None),
         Err(e) => (None, Some(format!("note: ban status unknown: {e}"))),
     };
+    if bans.is_some() && config.keys_source == KeysSource::Store {
+        note = registry_disagreement(&admin);
+    }
     let now = crate::base::clock::unix_now();
     if json {
         println!("{}", list_json(&config, &file, bans.as_ref(), now));
@@ -99,6 +103,16 @@ fn list(files: KeyFiles, admin_listen: Option<String>, json: bool) -> Result<(),
         eprintln!("\n{note}");
     }
     Ok(())
+}
+
+/// What the node says of its replica when it and the registry disagree (repairing, or
+/// serving its snapshot): the list above is the registry's, and may not be what it serves.
+fn registry_disagreement(admin: &AdminClient) -> Option<String> {
+    let (_, body) = admin.call("GET", "/readyz").ok()?;
+    let ready: serde_json::Value = serde_json::from_str(&body).ok()?;
+    let keys = ready["checks"]["keys"].as_str()?;
+    (keys != "registry")
+        .then(|| format!("note: the gateway and the registry disagree; the gateway's keys: {keys}"))
 }
 
 /// Every key as JSON with, while the gateway answers, its usage as `keys show` gives it.

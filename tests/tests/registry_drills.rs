@@ -1,0 +1,376 @@
+//! Fault drills on the key registry (`keys_source = "store"`), with real `redis-server` and
+//! gateway processes: Redis restarted without persistence or flushed (the nodes heal it), a
+//! forged record and a replayed older one written with `redis-cli` (refused on every node, also
+//! by a node restarted afterwards), and Redis unreachable for 30 s.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use e2e::{gateway_cli, EchoUpstream, Fixture, GatewayProcess, GatewaySpec, RedisServer};
+use serde_json::Value;
+
+const RECORDS: &str = "pet:test:{registry}:keys";
+const FEED: &str = "pet:test:{registry}:changes";
+const META: &str = "pet:test:{registry}:meta";
+
+/// A node on `redis`'s registry; `trust` is more TOML (verify keys, signing key).
+fn node_spec(
+    f: &Fixture,
+    upstream: &EchoUpstream,
+    redis: &RedisServer,
+    n: usize,
+    trust: &str,
+) -> GatewaySpec {
+    let mut spec = f.spec(upstream.addr);
+    spec.redis_url = Some(redis.url());
+    spec.keys_file = f.dir.path().join(format!("node-{n}-keys.toml"));
+    spec.extra = format!("keys_source = \"store\"\nstore_timeout_ms = 500\n{trust}");
+    spec
+}
+
+fn cli(config: &Path, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["keys"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--config", config.to_str().unwrap()]);
+    gateway_cli(&all)
+}
+
+/// Issues a key on `plan`; its id and the key.
+fn issue(config: &Path, plan: &str) -> (String, String) {
+    let out = cli(config, &["issue", "--plan", plan]);
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let id = stdout
+        .split_whitespace()
+        .nth(1)
+        .expect("issued <id>")
+        .to_owned();
+    (id, stdout.lines().last().unwrap().trim().to_owned())
+}
+
+/// A fleet signing key: its private key file, and the TOML that makes a node verify with its
+/// public key and sign with it.
+fn signing_key(f: &Fixture) -> (PathBuf, String) {
+    let path = f.dir.path().join("fleet.key");
+    let out = gateway_cli(&["registry", "keygen", "--out", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let public = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(public.starts_with("ed25519:"), "{public}");
+    let again = gateway_cli(&["registry", "keygen", "--out", path.to_str().unwrap()]);
+    assert!(!again.status.success(), "keygen never overwrites a key");
+    let trust = format!(
+        "registry_verify_keys = [\"{public}\"]\nregistry_signing_key_file = \"{}\"\n",
+        path.display()
+    );
+    (path, trust)
+}
+
+async fn status(gw: &GatewayProcess, key: &str) -> u16 {
+    reqwest::Client::new()
+        .get(gw.url("/v1/pets"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// Waits until every node answers `want` for `key`.
+async fn all_reach(nodes: &[&GatewayProcess], key: &str, want: u16, within: Duration) {
+    let started = Instant::now();
+    for gw in nodes {
+        while status(gw, key).await != want {
+            assert!(
+                started.elapsed() < within,
+                "a node never answered {want} within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Waits until `check` holds, for at most `within`.
+async fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !check() {
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Writes `json` as `id`'s record and announces it on the feed, as anyone with write access to
+/// Redis could.
+fn write_record(redis: &RedisServer, id: &str, json: &str) {
+    redis.cli(&["HSET", RECORDS, id, json]);
+    redis.cli(&["XADD", FEED, "*", "id", id]);
+}
+
+/// Redis restarted without persistence under a running fleet: within 2 s of it accepting
+/// connections every record is back (written back by the nodes), a key issued before can be
+/// revoked and its revocation applies on every node within 1 s, and a node started afterwards
+/// knows the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_without_persistence_is_healed_by_the_nodes() {
+    let f = Fixture::new(600, 100_000);
+    let redis = RedisServer::start();
+    let upstream = EchoUpstream::start();
+    let a = f.gateway(&node_spec(&f, &upstream, &redis, 0, ""));
+    let b = f.gateway(&node_spec(&f, &upstream, &redis, 1, ""));
+    let (a_id, key_a) = issue(&a.config, "free");
+    let (_, key_b) = issue(&a.config, "free");
+    all_reach(&[&a, &b], &key_b, 200, Duration::from_secs(2)).await;
+    let identity = redis.cli(&["HGET", META, "id"]);
+    assert_eq!(
+        identity.len(),
+        32,
+        "the registry has an identity: {identity}"
+    );
+
+    let addr = redis.addr;
+    drop(redis);
+    let redis = RedisServer::start_at(addr);
+    eventually(Duration::from_secs(2), "every record back", || {
+        redis.cli(&["HLEN", RECORDS]) == "2"
+    })
+    .await;
+    assert_eq!(
+        redis.cli(&["HGET", META, "id"]),
+        identity,
+        "the same registry"
+    );
+    let repairs = a.metric("pet_gateway_registry_repairs_total").await
+        + b.metric("pet_gateway_registry_repairs_total").await;
+    assert!(repairs >= 2.0, "{repairs}");
+    assert!(
+        a.log_text().contains("wrote back") || b.log_text().contains("wrote back"),
+        "the repair is logged"
+    );
+
+    let later = f.gateway(&node_spec(&f, &upstream, &redis, 2, ""));
+    all_reach(&[&later], &key_a, 200, Duration::from_secs(2)).await;
+    let out = cli(&a.config, &["revoke", &a_id]);
+    assert!(out.status.success(), "A can be revoked: {out:?}");
+    all_reach(&[&a, &b, &later], &key_a, 401, Duration::from_secs(1)).await;
+    assert_eq!(status(&later, &key_b).await, 200);
+}
+
+/// Signed records: a replayed older record (A before its revocation) is refused by every node
+/// and by a node restarted afterwards, and the nodes put the newer one back; `FLUSHALL` is
+/// healed like a restart, signatures and all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_older_record_is_refused_and_a_flush_is_healed() {
+    let f = Fixture::new(600, 100_000);
+    let (_, trust) = signing_key(&f);
+    let redis = RedisServer::start();
+    let upstream = EchoUpstream::start();
+    let specs: Vec<GatewaySpec> = (0..2)
+        .map(|n| node_spec(&f, &upstream, &redis, n, &trust))
+        .collect();
+    let a = f.gateway(&specs[0]);
+    let b = f.gateway(&specs[1]);
+    let (a_id, key_a) = issue(&a.config, "free");
+    all_reach(&[&a, &b], &key_a, 200, Duration::from_secs(2)).await;
+    let before_revocation = redis.cli(&["HGET", RECORDS, &a_id]);
+    assert!(
+        before_revocation.contains("\"signature\":\"ed25519:"),
+        "{before_revocation}"
+    );
+    let out = cli(&a.config, &["revoke", &a_id]);
+    assert!(out.status.success(), "{out:?}");
+    all_reach(&[&a, &b], &key_a, 401, Duration::from_secs(1)).await;
+
+    write_record(&redis, &a_id, &before_revocation);
+    eventually(
+        Duration::from_secs(2),
+        "the newer record written back",
+        || redis.cli(&["HGET", RECORDS, &a_id]).contains("revoked_at"),
+    )
+    .await;
+    let older = "pet_gateway_registry_rejected_records_total{reason=\"older\"}";
+    // The first node to read the replay refuses it and writes the newer one back; a node that
+    // reads the feed after that finds the newer one already.
+    assert!(a.metric(older).await + b.metric(older).await >= 1.0);
+    for gw in [&a, &b] {
+        assert_eq!(
+            status(gw, &key_a).await,
+            401,
+            "the replay undid no revocation"
+        );
+    }
+    // Replayed again while a node is down: the restarted node remembers the version it held.
+    drop(b);
+    write_record(&redis, &a_id, &before_revocation);
+    let b = f.gateway(&specs[1]);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(status(&b, &key_a).await, 401, "refused after a restart too");
+
+    let identity = redis.cli(&["HGET", META, "id"]);
+    redis.cli(&["FLUSHALL"]);
+    eventually(Duration::from_secs(2), "healed after FLUSHALL", || {
+        redis.cli(&["HGET", RECORDS, &a_id]).contains("revoked_at")
+            && redis.cli(&["HGET", META, "id"]) == identity
+    })
+    .await;
+    let (_, key_c) = issue(&a.config, "free");
+    all_reach(&[&a, &b], &key_c, 200, Duration::from_secs(2)).await;
+}
+
+/// With verify keys, write access to Redis alone mints no key and upgrades no plan: a record of
+/// the writer's own making (unsigned) and a signed record with its plan changed are refused on
+/// every node, also after a restart; the version in force stays. A node that can verify but not
+/// sign answers the admin API's key changes with 409 naming the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_records_are_refused_on_every_node() {
+    let f = Fixture::new(50, 100_000);
+    e2e::write_plan(&f.plans, "enterprise", 1_000, 1_000_000);
+    let (_, trust) = signing_key(&f);
+    let redis = RedisServer::start();
+    let upstream = EchoUpstream::start();
+    let verify_only: String = trust.lines().next().unwrap().to_owned() + "\n";
+    let a = f.gateway(&node_spec(&f, &upstream, &redis, 0, &trust));
+    let b = f.gateway(&node_spec(&f, &upstream, &redis, 1, &verify_only));
+    let (a_id, key_a) = issue(&a.config, "free");
+    all_reach(&[&a, &b], &key_a, 200, Duration::from_secs(2)).await;
+
+    // A key of the forger's own making: a valid key and its record, from a keys file.
+    let mint = f.dir.path().join("minted.toml");
+    let minted = e2e::issue_key(&mint, &f.plans, "enterprise");
+    let record = std::fs::read_to_string(&mint).unwrap();
+    let field = |name: &str| {
+        record
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} = \"")))
+            .map(|v| v.trim_end_matches('"').to_owned())
+            .unwrap()
+    };
+    let forged = serde_json::json!({
+        "id": field("id"), "plan": "enterprise", "sha256": field("sha256"),
+        "created_at": field("created_at"), "version": 1,
+    });
+    write_record(&redis, &field("id"), &forged.to_string());
+    // A's record with its plan raised and its version too, signature kept.
+    let mut upgraded: Value = serde_json::from_str(&redis.cli(&["HGET", RECORDS, &a_id])).unwrap();
+    upgraded["plan"] = "enterprise".into();
+    upgraded["version"] = (upgraded["version"].as_u64().unwrap() + 1).into();
+    write_record(&redis, &a_id, &upgraded.to_string());
+
+    for gw in [&a, &b] {
+        let unsigned = "pet_gateway_registry_rejected_records_total{reason=\"unsigned\"}";
+        let started = Instant::now();
+        while gw.metric(unsigned).await < 1.0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "the minted record taken"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(status(gw, &minted).await, 401, "no key minted");
+        let resp = reqwest::Client::new()
+            .get(gw.url("/v1/pets"))
+            .bearer_auth(&key_a)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.headers()["x-ratelimit-limit"],
+            "50",
+            "A is still on its plan"
+        );
+    }
+    // The first node to read the raised record refuses it and writes the signed one back.
+    let bad = "pet_gateway_registry_rejected_records_total{reason=\"bad_signature\"}";
+    assert!(a.metric(bad).await + b.metric(bad).await >= 1.0);
+    eventually(
+        Duration::from_secs(2),
+        "A's signed record written back",
+        || {
+            redis
+                .cli(&["HGET", RECORDS, &a_id])
+                .contains("\"plan\":\"free\"")
+        },
+    )
+    .await;
+    drop(b);
+    let b = f.gateway(&node_spec(&f, &upstream, &redis, 1, &verify_only));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        status(&b, &minted).await,
+        401,
+        "refused after a restart too"
+    );
+
+    let refused = reqwest::Client::new()
+        .post(b.admin_url("/keys"))
+        .json(&serde_json::json!({"plan": "free"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 409);
+    let body: Value = refused.json().await.unwrap();
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("registry_signing_key_file"),
+        "{body}"
+    );
+    assert_eq!(redis.cli(&["HLEN", RECORDS]), "2", "no half-done change");
+}
+
+/// Redis unreachable (stopped) for 30 s under traffic: requests go on (`on_store_error`), and
+/// once it answers again counting resumes from where it was and a key change reaches every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_unreachable_for_30_seconds_and_back() {
+    let f = Fixture::new(600, 100_000);
+    let redis = RedisServer::start();
+    let upstream = EchoUpstream::start();
+    let a = f.gateway(&node_spec(&f, &upstream, &redis, 0, ""));
+    let b = f.gateway(&node_spec(&f, &upstream, &redis, 1, ""));
+    let (_, key) = issue(&a.config, "free");
+    all_reach(&[&a, &b], &key, 200, Duration::from_secs(2)).await;
+    for _ in 0..9 {
+        assert_eq!(status(&a, &key).await, 200);
+    }
+    let day = |gw: &GatewayProcess| {
+        let (gw, key) = (gw.url("/v1/rate_limit"), key.clone());
+        async move {
+            let resp = reqwest::Client::new()
+                .get(gw)
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap();
+            let body: Value = resp.json().await.unwrap();
+            body["day"]["remaining"].as_u64().unwrap()
+        }
+    };
+    let before = day(&a).await;
+    assert!(before <= 99_991, "{before}");
+
+    redis.process.signal(19); // SIGSTOP: connections hang, as behind a dead network
+    let outage = Instant::now();
+    while outage.elapsed() < Duration::from_secs(30) {
+        for gw in [&a, &b] {
+            assert_eq!(status(gw, &key).await, 200, "requests go on");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    redis.process.signal(18); // SIGCONT
+    let started = Instant::now();
+    while a.metric("pet_gateway_store_fallback").await != 0.0 {
+        assert_eq!(status(&a, &key).await, 200);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the store never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let remaining = day(&a).await;
+    assert!(
+        remaining <= 99_990,
+        "counting went on from where it was, not from zero: {remaining}"
+    );
+    let (_, fresh) = issue(&a.config, "free");
+    all_reach(&[&a, &b], &fresh, 200, Duration::from_secs(2)).await;
+}
