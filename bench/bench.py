@@ -118,6 +118,28 @@ def start_redis(procs):
     return p, port
 
 
+def start_tls_redis(procs, work):
+    """A Redis that speaks only TLS, with a CA and server certificate made by `openssl`; returns
+    the process, its port and the CA file the gateway trusts."""
+    d = work / "redis-tls"
+    d.mkdir(exist_ok=True)
+    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True)
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=bench CA",
+        "-keyout", str(d / "ca.key"), "-out", str(d / "ca.crt"))
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+        "-keyout", str(d / "redis.key"), "-out", str(d / "redis.csr"))
+    (d / "san.ext").write_text("subjectAltName = IP:127.0.0.1\n")
+    run("x509", "-req", "-in", str(d / "redis.csr"), "-CA", str(d / "ca.crt"), "-CAkey", str(d / "ca.key"),
+        "-CAcreateserial", "-days", "2", "-extfile", str(d / "san.ext"), "-out", str(d / "redis.crt"))
+    port = free_port()
+    p = procs.start(["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+                     "--tls-cert-file", str(d / "redis.crt"), "--tls-key-file", str(d / "redis.key"),
+                     "--tls-ca-cert-file", str(d / "ca.crt"), "--tls-auth-clients", "no",
+                     "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    wait_port(port)
+    return p, port, d / "ca.crt"
+
+
 def cpu_seconds(pids):
     total = 0
     for pid in pids:
@@ -335,14 +357,16 @@ def main():
         rotation = append_keys(keys_file, "unlimited", 10_000, "rot")
         rot_script = rotation_script(work, rotation, "rotation")
 
-        def gateway(name, redis, bans, threads=1, extra="", cpus=None):
+        default_redis = f"redis://127.0.0.1:{redis_port}/"
+
+        def gateway(name, redis, bans, threads=1, extra="", cpus=None, redis_url=None):
             port, admin = free_port(), free_port()
             cfg = work / f"{name}.toml"
             cfg.write_text(
                 f'environment = "bench"\nlisten = "127.0.0.1:{port}"\nadmin_listen = "127.0.0.1:{admin}"\n'
                 f'upstreams = ["127.0.0.1:{static}"]\nkeys_file = "{keys_file}"\nplans_dir = "{plans}"\n'
                 f'key_prefix = "bench:{name}"\nthreads = {threads}\nupgrade_sock = "{work}/{name}.sock"\n'
-                + (f'redis_url = "redis://127.0.0.1:{redis_port}/"\nstore_timeout_ms = 1000\n' if redis else "")
+                + (f'redis_url = "{redis_url or default_redis}"\nstore_timeout_ms = 1000\n' if redis else "")
                 + extra
                 + ("" if bans else "[ban]\nstrikes = 1000000000\n"))
             p = procs.start(pinned(cpus, [str(GATEWAY_BIN / "pet-gateway"), "serve", "--config", str(cfg)]),
@@ -391,6 +415,14 @@ def main():
                     headers=auth(admitted_key))
         r["redis_per_req"] = (redis_calls(redis_port) - calls0) / max(r["requests"], 1)
         rows.append(r)
+        tls_row = "pet-gateway, Redis over TLS, admitted"
+        if wanted(tls_row):
+            _, tls_port, tls_ca = start_tls_redis(procs, work)
+            with_tls, tls_gw = gateway("redis-tls", redis=True, bans=False,
+                                       redis_url=f"rediss://127.0.0.1:{tls_port}/",
+                                       extra=f'redis_tls_ca_file = "{tls_ca}"\n')
+            rows.append(measure(tls_row, f"http://127.0.0.1:{tls_gw}/v1/pets", [with_tls.pid], s,
+                                headers=auth(admitted_key)))
         calls0 = redis_calls(redis_port)
         r = measure("pet-gateway, Redis, refused (429)", f"http://127.0.0.1:{red_port}/v1/pets", [with_redis.pid], s,
                     headers=auth(refused_key))
