@@ -23,7 +23,8 @@ use std::time::Duration;
 
 use redis::ConnectionLike;
 
-use crate::base::redis::RedisTarget;
+pub(crate) use crate::base::redis::BlockingConn as Conn;
+use crate::base::redis::RedisAccess;
 use crate::keys::record::{KeyRecord, KeysError, KeysFile};
 
 /// How often a node asks the change feed for news: a change reaches every node within this
@@ -63,24 +64,10 @@ return {1, last}
 const ATTEMPTS: usize = 8;
 
 pub struct Registry {
-    target: RedisTarget,
+    redis: RedisAccess,
     records: String,
     changes: String,
     timeout: Duration,
-}
-
-pub(crate) enum Conn {
-    Single(redis::Connection),
-    Cluster(Box<redis::cluster::ClusterConnection>),
-}
-
-impl Conn {
-    pub(crate) fn as_mut(&mut self) -> &mut dyn ConnectionLike {
-        match self {
-            Conn::Single(c) => c,
-            Conn::Cluster(c) => &mut **c,
-        }
-    }
 }
 
 fn err(e: impl std::fmt::Display) -> KeysError {
@@ -97,43 +84,31 @@ pub enum Changes {
 }
 
 impl Registry {
+    /// A registry on the Redis at `url` (which carries everything needed to connect).
     pub fn new(url: &str, prefix: &str, timeout: Duration) -> Result<Registry, KeysError> {
-        Ok(Registry {
-            target: RedisTarget::parse(url).map_err(err)?,
+        Ok(Registry::connecting(
+            RedisAccess::from_url(url).map_err(err)?,
+            prefix,
+            timeout,
+        ))
+    }
+
+    /// A registry on the Redis that `redis` reaches (TLS, credentials, Sentinels).
+    pub fn connecting(redis: RedisAccess, prefix: &str, timeout: Duration) -> Registry {
+        Registry {
+            redis,
             records: format!("{prefix}:{{registry}}:keys"),
             changes: format!("{prefix}:{{registry}}:changes"),
             timeout,
-        })
+        }
     }
 
-    /// A blocking connection with the deadline on every read and write. (The registry is
-    /// used off the request path: by the CLI, and by the sync task in a blocking thread.)
+    /// A blocking connection with the deadline on every read and write, to the primary the
+    /// Sentinels name now where there are Sentinels, with the password files read now. (The
+    /// registry is used off the request path: by the CLI, and by the sync task in a blocking
+    /// thread, which reconnects after any error.)
     pub(crate) fn connect(&self) -> Result<Conn, KeysError> {
-        match &self.target {
-            RedisTarget::Single(url) => {
-                let client = redis::Client::open(url.as_str()).map_err(err)?;
-                let c = client
-                    .get_connection_with_timeout(self.timeout)
-                    .map_err(err)?;
-                c.set_read_timeout(Some(self.timeout)).map_err(err)?;
-                c.set_write_timeout(Some(self.timeout)).map_err(err)?;
-                Ok(Conn::Single(c))
-            }
-            RedisTarget::Cluster(nodes) => {
-                // One retry, soon: a call must not stretch to many deadlines.
-                let client = redis::cluster::ClusterClient::builder(nodes.clone())
-                    .connection_timeout(self.timeout)
-                    .response_timeout(self.timeout)
-                    .retries(1)
-                    .min_retry_wait(10)
-                    .max_retry_wait(100)
-                    .build()
-                    .map_err(err)?;
-                Ok(Conn::Cluster(Box::new(
-                    client.get_connection().map_err(err)?,
-                )))
-            }
-        }
+        self.redis.connect_blocking(self.timeout).map_err(err)
     }
 
     /// Every record, and the feed position they are complete up to (read first, so a change

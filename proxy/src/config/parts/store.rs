@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::values::{choice, millis, parse_choice};
-use crate::base::redis::RedisTarget;
+use crate::base::redis::RedisAccess;
 use crate::config::model::ConfigError;
 use crate::config::setting::{Kind, Layers, Preset, Row, Setting, Value};
 use crate::quota::admission::OnStoreError;
@@ -25,7 +25,7 @@ const REDIS_URL: Setting<Option<String>> = Setting::new(
         if url.trim().is_empty() {
             return Ok(None);
         }
-        RedisTarget::parse(&url)
+        RedisAccess::from_url(&url)
             .map(|_| Some(url))
             .map_err(|e| format!("not a usable Redis URL: {e}"))
     },
