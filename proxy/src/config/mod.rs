@@ -87,6 +87,7 @@ fn validate_parts(l: &Layers) -> Result<Config, ConfigError> {
     let admin = parts::admin::validate(l)?;
     let upstreams = parts::upstreams::validate(l)?;
     let store = parts::store::validate(l, environment)?;
+    let redis = parts::redis_access::validate(l, store.redis_url.as_ref())?;
     let keys = parts::keys::validate(l, environment, store.redis_url.is_some())?;
     let limits = parts::limits::validate(l)?;
     Ok(Config {
@@ -94,7 +95,8 @@ fn validate_parts(l: &Layers) -> Result<Config, ConfigError> {
         admin_listen: admin.admin_listen,
         admin_token: admin.admin_token,
         upstreams: upstreams.upstreams,
-        redis_url: store.redis_url,
+        redis_url: store.redis_url.map(|u| u.value),
+        redis,
         key_prefix: store.key_prefix,
         api_key_prefix: keys.api_key_prefix,
         keys_source: keys.keys_source,
@@ -529,6 +531,41 @@ upstream_keepalive_pool_size = 16
             ("admin_listen", "--admin-listen", "PET_GATEWAY_ADMIN_LISTEN"),
             ("upstreams", "--upstream", "PET_GATEWAY_UPSTREAM"),
             ("redis_url", "--redis-url", "PET_GATEWAY_REDIS_URL"),
+            (
+                "redis_username",
+                "--redis-username",
+                "PET_GATEWAY_REDIS_USERNAME",
+            ),
+            (
+                "redis_password_file",
+                "--redis-password-file",
+                "PET_GATEWAY_REDIS_PASSWORD_FILE",
+            ),
+            (
+                "redis_tls_ca_file",
+                "--redis-tls-ca-file",
+                "PET_GATEWAY_REDIS_TLS_CA_FILE",
+            ),
+            (
+                "redis_tls_cert_file",
+                "--redis-tls-cert-file",
+                "PET_GATEWAY_REDIS_TLS_CERT_FILE",
+            ),
+            (
+                "redis_tls_key_file",
+                "--redis-tls-key-file",
+                "PET_GATEWAY_REDIS_TLS_KEY_FILE",
+            ),
+            (
+                "redis_sentinel_username",
+                "--redis-sentinel-username",
+                "PET_GATEWAY_REDIS_SENTINEL_USERNAME",
+            ),
+            (
+                "redis_sentinel_password_file",
+                "--redis-sentinel-password-file",
+                "PET_GATEWAY_REDIS_SENTINEL_PASSWORD_FILE",
+            ),
             ("key_prefix", "--key-prefix", "PET_GATEWAY_KEY_PREFIX"),
             (
                 "on_store_error",
@@ -554,7 +591,18 @@ upstream_keepalive_pool_size = 16
             .filter(|r| r.flag.is_none())
             .filter_map(|r| Some((r.name, r.env?, r.secret)))
             .collect();
-        assert_eq!(env_only, [("admin_token", "PET_GATEWAY_ADMIN_TOKEN", true)]);
+        assert_eq!(
+            env_only,
+            [
+                ("admin_token", "PET_GATEWAY_ADMIN_TOKEN", true),
+                ("redis_password", "PET_GATEWAY_REDIS_PASSWORD", true),
+                (
+                    "redis_sentinel_password",
+                    "PET_GATEWAY_REDIS_SENTINEL_PASSWORD",
+                    true
+                ),
+            ]
+        );
         let keys_only: Vec<_> = rows()
             .filter(|r| r.flag.is_some_and(|f| !f.serve))
             .map(|r| r.name)
@@ -701,6 +749,153 @@ upstream_keepalive_pool_size = 16
     }
 
     #[test]
+    fn redis_credentials_tls_and_sentinel_settings_are_each_given_once_and_where_they_apply() {
+        use crate::base::redis::{RedisTarget, Secret};
+        let load = |env: &[(&str, &str)], args: &[&str]| {
+            Config::load(None, &Env::from_pairs(env.iter().copied()), &flags(args))
+        };
+        let err = |env: &[(&str, &str)], args: &[&str]| load(env, args).unwrap_err().to_string();
+
+        // A password in the flag shows in `ps`: refused, without repeating it.
+        let m = err(&[], &["--redis-url", "redis://gw:hunter22@10.0.0.1/0"]);
+        assert!(
+            m.starts_with("command line: --redis-url:") && m.contains("ps"),
+            "{m}"
+        );
+        assert!(!m.contains("hunter22"), "{m}");
+        // In the variable it is taken, as the URL's.
+        let c = load(
+            &[("PET_GATEWAY_REDIS_URL", "redis://gw:hunter22@10.0.0.1/0")],
+            &[],
+        )
+        .unwrap();
+        let redis = c.redis.unwrap();
+        assert_eq!(redis.auth.username.as_deref(), Some("gw"));
+        assert!(
+            matches!(&redis.auth.password, Some(Secret::Given { value, .. }) if value == "hunter22")
+        );
+        assert!(!format!("{redis:?}").contains("hunter22"));
+
+        // The user and password from settings; the password once only.
+        let c = load(
+            &[("PET_GATEWAY_REDIS_PASSWORD", "pw")],
+            &[
+                "--redis-url",
+                "redis://10.0.0.1/0",
+                "--redis-username",
+                "gateway",
+            ],
+        )
+        .unwrap();
+        let auth = c.redis.unwrap().auth;
+        assert_eq!(auth.username.as_deref(), Some("gateway"));
+        assert!(matches!(
+            auth.password,
+            Some(Secret::Given {
+                setting: "PET_GATEWAY_REDIS_PASSWORD",
+                ..
+            })
+        ));
+        let m = err(
+            &[("PET_GATEWAY_REDIS_PASSWORD", "pw")],
+            &[
+                "--redis-url",
+                "redis://10.0.0.1/0",
+                "--redis-password-file",
+                "/run/pw",
+            ],
+        );
+        assert!(m.starts_with("command line: --redis-password-file:"), "{m}");
+        let m = err(
+            &[("PET_GATEWAY_REDIS_URL", "redis://:pw@10.0.0.1/0")],
+            &["--redis-password-file", "/run/pw"],
+        );
+        assert!(
+            m.contains("--redis-password-file") && m.contains("once"),
+            "{m}"
+        );
+        let m = err(
+            &[("PET_GATEWAY_REDIS_URL", "redis://gw@10.0.0.1/0")],
+            &["--redis-username", "other"],
+        );
+        assert!(m.contains("--redis-username") && m.contains("once"), "{m}");
+
+        // TLS files only with TLS; a client certificate with its key.
+        let m = err(
+            &[],
+            &[
+                "--redis-url",
+                "redis://10.0.0.1/0",
+                "--redis-tls-ca-file",
+                "ca.pem",
+            ],
+        );
+        assert!(
+            m.starts_with("command line: --redis-tls-ca-file:") && m.contains("rediss://"),
+            "{m}"
+        );
+        let m = err(
+            &[],
+            &[
+                "--redis-url",
+                "rediss://10.0.0.1/0",
+                "--redis-tls-cert-file",
+                "c.pem",
+            ],
+        );
+        assert!(
+            m.contains("--redis-tls-cert-file") && m.contains("redis_tls_key_file"),
+            "{m}"
+        );
+        let c = load(
+            &[("PET_GATEWAY_REDIS_TLS_KEY_FILE", "k.pem")],
+            &[
+                "--redis-url",
+                "rediss://10.0.0.1/0",
+                "--redis-tls-cert-file",
+                "c.pem",
+                "--redis-tls-ca-file",
+                "ca.pem",
+            ],
+        )
+        .unwrap();
+        let redis = c.redis.unwrap();
+        assert!(redis.tls);
+        assert_eq!(redis.tls_files.key, Some(PathBuf::from("k.pem")));
+
+        // Sentinel credentials only with Sentinels.
+        let m = err(
+            &[],
+            &[
+                "--redis-url",
+                "redis://10.0.0.1/0",
+                "--redis-sentinel-username",
+                "s",
+            ],
+        );
+        assert!(
+            m.starts_with("command line: --redis-sentinel-username:"),
+            "{m}"
+        );
+        let c = load(
+            &[("PET_GATEWAY_REDIS_SENTINEL_PASSWORD", "spw")],
+            &[
+                "--redis-url",
+                "rediss+sentinel://10.0.0.1:26379,10.0.0.2/main",
+                "--redis-sentinel-username",
+                "s",
+            ],
+        )
+        .unwrap();
+        let redis = c.redis.unwrap();
+        assert!(matches!(redis.target, RedisTarget::Sentinel(ref t) if t.master == "main"));
+        assert_eq!(redis.sentinel_auth.username.as_deref(), Some("s"));
+        assert!(redis.tls && redis.auth.password.is_none());
+        let m = err(&[], &["--redis-url", "redis+sentinel://10.0.0.1:26379"]);
+        assert!(m.contains("--redis-url") && m.contains("master"), "{m}");
+    }
+
+    #[test]
     fn the_readme_shows_the_table_of_the_rows() {
         let readme =
             std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
@@ -709,6 +904,11 @@ upstream_keepalive_pool_size = 16
             readme.contains(&table),
             "README.md's settings table is not the rows'; it should read:\n{table}"
         );
+    }
+
+    fn line_of<'a>(report: &'a str, name: &str) -> Vec<&'a str> {
+        let line = report.lines().find(|l| l.starts_with(&format!("{name} ")));
+        line.unwrap_or_default().split_whitespace().collect()
     }
 
     #[test]
@@ -743,17 +943,40 @@ upstream_keepalive_pool_size = 16
         assert_eq!(report.lines().count(), rows().count() + 1, "{report}");
         let unset = settings_report(None, &Env::default(), &Overrides::default()).unwrap();
         assert!(unset.contains("(unset)"), "{unset}");
-        let redis = flags(&[
-            "--redis-url",
-            "redis://gw:pw1@10.0.0.1,redis://:pw2@10.0.0.2",
+        let redis = Env::from_pairs([
+            (
+                "PET_GATEWAY_REDIS_URL",
+                "redis://gw:pw1@10.0.0.1,redis://gw:pw1@10.0.0.2",
+            ),
+            ("PET_GATEWAY_REDIS_SENTINEL_PASSWORD", "pw2"),
         ]);
-        let report = settings_report(None, &Env::default(), &redis).unwrap();
+        let report = settings_report(None, &redis, &Overrides::default());
+        assert!(report.is_err(), "a Sentinel password without Sentinels");
+        let redis = Env::from_pairs([
+            (
+                "PET_GATEWAY_REDIS_URL",
+                "redis+sentinel://gw:pw1@10.0.0.1,10.0.0.2/main",
+            ),
+            ("PET_GATEWAY_REDIS_SENTINEL_PASSWORD", "pw2"),
+        ]);
+        let report = settings_report(None, &redis, &Overrides::default()).unwrap();
         assert!(
             !report.contains("pw1") && !report.contains("pw2"),
             "{report}"
         );
         assert!(
-            report.contains("redis://gw:***@10.0.0.1,redis://:***@10.0.0.2"),
+            report.contains("redis+sentinel://gw:***@10.0.0.1,10.0.0.2/main"),
+            "{report}"
+        );
+        assert_eq!(line_of(&report, "redis_sentinel_password")[1], "(set)");
+        let cluster = Env::from_pairs([(
+            "PET_GATEWAY_REDIS_URL",
+            "redis://gw:pw1@10.0.0.1,redis://gw:pw1@10.0.0.2",
+        )]);
+        let report = settings_report(None, &cluster, &Overrides::default()).unwrap();
+        assert!(!report.contains("pw1"), "{report}");
+        assert!(
+            report.contains("redis://gw:***@10.0.0.1,redis://gw:***@10.0.0.2"),
             "{report}"
         );
     }

@@ -68,6 +68,13 @@ const KEYS_COMMAND_FLAGS: FlagSet = FlagSet::Named(&[
     "plans_dir",
     "keys_source",
     "redis_url",
+    "redis_username",
+    "redis_password_file",
+    "redis_tls_ca_file",
+    "redis_tls_cert_file",
+    "redis_tls_key_file",
+    "redis_sentinel_username",
+    "redis_sentinel_password_file",
     "audit_log",
 ]);
 

@@ -313,14 +313,13 @@ fn key_config(files: &KeyFiles, admin_listen: Option<&str>) -> Result<Config, St
 /// The key service for the `keys` commands: the keys file or the registry
 /// (`keys_source = "store"`), changes audited as the OS user.
 fn key_service(config: &Config) -> Result<KeyService, String> {
-    let store = match (config.keys_source, &config.redis_url) {
-        (KeysSource::Store, Some(url)) => KeyStore::Registry(std::sync::Arc::new(
-            crate::keys::registry::Registry::new(
-                url,
+    let store = match (config.keys_source, &config.redis) {
+        (KeysSource::Store, Some(redis)) => KeyStore::Registry(std::sync::Arc::new(
+            crate::keys::registry::Registry::connecting(
+                redis.clone(),
                 &config.key_prefix,
                 std::time::Duration::from_secs(2),
-            )
-            .map_err(|e| e.to_string())?,
+            ),
         )),
         _ => KeyStore::File(config.keys_file.clone()),
     };
