@@ -162,7 +162,7 @@ impl RedisSentinel {
     /// `redis-cli` calls carry `cli_args` (TLS files, the Sentinels' password).
     pub fn start(dir: &Path, addr: SocketAddr, config: &str, cli_args: &[&str]) -> RedisSentinel {
         let file = dir.join(format!("sentinel-{}.conf", addr.port()));
-        let listen = if config.contains("tls-port") {
+        let listen = if config.lines().any(|l| l.starts_with("tls-port")) {
             String::new()
         } else {
             format!("port {}\n", addr.port())

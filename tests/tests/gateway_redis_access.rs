@@ -244,10 +244,28 @@ async fn an_acl_user_logs_in_by_url_variable_or_file_and_a_wrong_password_is_ref
         let before = script_calls(&redis);
         decisions_reach(&gw, &key, &redis, before, Duration::from_secs(5)).await;
         let clients = redis.cli(&["CLIENT", "LIST"]);
-        assert!(!clients.contains("user=default cmd=evalsha"), "{clients}");
         assert!(clients.contains("user=gateway"), "{clients}");
         assert_no_secret(&gw.log_text());
+        // `check` logs in the same way, and its report shows no password.
+        let out = gateway_with_env(&["check"], &gw.config, &spec.env);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("redis: redis://127.0.0.1"),
+            "{out:?}"
+        );
+        assert!(stdout.contains(" answers"), "{stdout}");
+        assert_no_secret(&stdout);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_missing_or_flag_given_redis_password_stops_the_start_unprinted() {
+    let f = Fixture::new(1000, 100_000);
+    let upstream = EchoUpstream::start();
+    let redis = RedisServer::start_custom(free_addr(), USERS, ADMIN_CLI);
+    let port = redis.addr.port();
+    let mut by_file = f.spec(upstream.addr);
+    by_file.redis_url = Some(format!("redis://127.0.0.1:{port}/0"));
 
     // A wrong password: no start, naming where the password came from, printing neither.
     let wrong = f.dir.path().join("wrong-password");
@@ -645,9 +663,47 @@ async fn a_redis_or_sentinels_merely_unreachable_at_start_up_do_not_stop_the_gat
         assert!(log.contains("unreachable at start-up"), "{url}: {log}");
         let out = gateway_cli(&["check", "--config", &path(&gw.config)]);
         assert!(out.status.success(), "{url}: {out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            String::from_utf8_lossy(&out.stderr).contains("does not answer"),
+            stdout.contains("redis: does not answer from here"),
             "{out:?}"
         );
     }
+}
+
+#[test]
+fn the_shipped_sentinel_conf_runs_and_lets_the_gateway_user_only_ask_for_the_primary() {
+    let shipped = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/redis/sentinel.conf"),
+    )
+    .unwrap();
+    // Where it listens and keeps its state are the host's; the rest is as shipped.
+    let config: Vec<&str> = shipped
+        .lines()
+        .filter(|l| !["port ", "bind ", "dir "].iter().any(|p| l.starts_with(p)))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = ["--user", "gateway", "--pass", "CHANGE-ME-gateway"];
+    let sentinel = RedisSentinel::start(dir.path(), free_addr(), &config.join("\n"), &gateway);
+    assert_eq!(
+        sentinel.cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "pet-redis"]),
+        "10.0.0.11\n6379"
+    );
+    let masters = sentinel.cli(&["SENTINEL", "MASTERS"]);
+    assert!(masters.contains("NOPERM"), "{masters}");
+    let out = e2e::redis_cli()
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &sentinel.addr.port().to_string(),
+            "PING",
+        ])
+        .output()
+        .unwrap();
+    let anonymous = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        anonymous.contains("NOAUTH"),
+        "the default user is off: {anonymous}"
+    );
 }

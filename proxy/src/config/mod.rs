@@ -524,68 +524,71 @@ upstream_keepalive_pool_size = 16
         }
     }
 
+    /// Every setting with both a flag and a variable, as operators' scripts spell them.
+    const FLAGS_AND_VARIABLES: &[(&str, &str, &str)] = &[
+        ("listen", "--listen", "PET_GATEWAY_LISTEN"),
+        ("admin_listen", "--admin-listen", "PET_GATEWAY_ADMIN_LISTEN"),
+        ("upstreams", "--upstream", "PET_GATEWAY_UPSTREAM"),
+        ("redis_url", "--redis-url", "PET_GATEWAY_REDIS_URL"),
+        (
+            "redis_username",
+            "--redis-username",
+            "PET_GATEWAY_REDIS_USERNAME",
+        ),
+        (
+            "redis_password_file",
+            "--redis-password-file",
+            "PET_GATEWAY_REDIS_PASSWORD_FILE",
+        ),
+        (
+            "redis_tls_ca_file",
+            "--redis-tls-ca-file",
+            "PET_GATEWAY_REDIS_TLS_CA_FILE",
+        ),
+        (
+            "redis_tls_cert_file",
+            "--redis-tls-cert-file",
+            "PET_GATEWAY_REDIS_TLS_CERT_FILE",
+        ),
+        (
+            "redis_tls_key_file",
+            "--redis-tls-key-file",
+            "PET_GATEWAY_REDIS_TLS_KEY_FILE",
+        ),
+        (
+            "redis_sentinel_username",
+            "--redis-sentinel-username",
+            "PET_GATEWAY_REDIS_SENTINEL_USERNAME",
+        ),
+        (
+            "redis_sentinel_password_file",
+            "--redis-sentinel-password-file",
+            "PET_GATEWAY_REDIS_SENTINEL_PASSWORD_FILE",
+        ),
+        ("key_prefix", "--key-prefix", "PET_GATEWAY_KEY_PREFIX"),
+        (
+            "on_store_error",
+            "--on-store-error",
+            "PET_GATEWAY_ON_STORE_ERROR",
+        ),
+        ("keys_source", "--keys-source", "PET_GATEWAY_KEYS_SOURCE"),
+        ("keys_file", "--keys-file", "PET_GATEWAY_KEYS_FILE"),
+        ("plans_dir", "--plans-dir", "PET_GATEWAY_PLANS_DIR"),
+        ("audit_log", "--audit-log", "PET_GATEWAY_AUDIT_LOG"),
+        ("tls_cert", "--tls-cert", "PET_GATEWAY_TLS_CERT"),
+        ("tls_key", "--tls-key", "PET_GATEWAY_TLS_KEY"),
+        ("log_format", "--log-format", "PET_GATEWAY_LOG_FORMAT"),
+    ];
+
     #[test]
     fn the_flags_and_variables_are_the_ones_operators_script_against() {
-        let expected = [
-            ("listen", "--listen", "PET_GATEWAY_LISTEN"),
-            ("admin_listen", "--admin-listen", "PET_GATEWAY_ADMIN_LISTEN"),
-            ("upstreams", "--upstream", "PET_GATEWAY_UPSTREAM"),
-            ("redis_url", "--redis-url", "PET_GATEWAY_REDIS_URL"),
-            (
-                "redis_username",
-                "--redis-username",
-                "PET_GATEWAY_REDIS_USERNAME",
-            ),
-            (
-                "redis_password_file",
-                "--redis-password-file",
-                "PET_GATEWAY_REDIS_PASSWORD_FILE",
-            ),
-            (
-                "redis_tls_ca_file",
-                "--redis-tls-ca-file",
-                "PET_GATEWAY_REDIS_TLS_CA_FILE",
-            ),
-            (
-                "redis_tls_cert_file",
-                "--redis-tls-cert-file",
-                "PET_GATEWAY_REDIS_TLS_CERT_FILE",
-            ),
-            (
-                "redis_tls_key_file",
-                "--redis-tls-key-file",
-                "PET_GATEWAY_REDIS_TLS_KEY_FILE",
-            ),
-            (
-                "redis_sentinel_username",
-                "--redis-sentinel-username",
-                "PET_GATEWAY_REDIS_SENTINEL_USERNAME",
-            ),
-            (
-                "redis_sentinel_password_file",
-                "--redis-sentinel-password-file",
-                "PET_GATEWAY_REDIS_SENTINEL_PASSWORD_FILE",
-            ),
-            ("key_prefix", "--key-prefix", "PET_GATEWAY_KEY_PREFIX"),
-            (
-                "on_store_error",
-                "--on-store-error",
-                "PET_GATEWAY_ON_STORE_ERROR",
-            ),
-            ("keys_source", "--keys-source", "PET_GATEWAY_KEYS_SOURCE"),
-            ("keys_file", "--keys-file", "PET_GATEWAY_KEYS_FILE"),
-            ("plans_dir", "--plans-dir", "PET_GATEWAY_PLANS_DIR"),
-            ("audit_log", "--audit-log", "PET_GATEWAY_AUDIT_LOG"),
-            ("tls_cert", "--tls-cert", "PET_GATEWAY_TLS_CERT"),
-            ("tls_key", "--tls-key", "PET_GATEWAY_TLS_KEY"),
-            ("log_format", "--log-format", "PET_GATEWAY_LOG_FORMAT"),
-        ];
+        let expected = FLAGS_AND_VARIABLES;
         let with_flags: Vec<_> = rows()
             .filter_map(|r| Some((r.name, r.flag?.name, r.env?)))
             .collect();
         assert_eq!(with_flags.len(), expected.len(), "{with_flags:?}");
         for triple in expected {
-            assert!(with_flags.contains(&triple), "{triple:?}");
+            assert!(with_flags.contains(triple), "{triple:?}");
         }
         let env_only: Vec<_> = rows()
             .filter(|r| r.flag.is_none())
@@ -748,150 +751,111 @@ upstream_keepalive_pool_size = 16
         );
     }
 
-    #[test]
-    fn redis_credentials_tls_and_sentinel_settings_are_each_given_once_and_where_they_apply() {
-        use crate::base::redis::{RedisTarget, Secret};
-        let load = |env: &[(&str, &str)], args: &[&str]| {
-            Config::load(None, &Env::from_pairs(env.iter().copied()), &flags(args))
-        };
-        let err = |env: &[(&str, &str)], args: &[&str]| load(env, args).unwrap_err().to_string();
+    /// The config from `env` and the flags `args`.
+    fn load_redis(env: &[(&str, &str)], args: &[&str]) -> Result<Config, ConfigError> {
+        Config::load(None, &Env::from_pairs(env.iter().copied()), &flags(args))
+    }
 
+    fn redis_error(env: &[(&str, &str)], args: &[&str]) -> String {
+        load_redis(env, args).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_redis_password_is_refused_in_the_flag_and_each_credential_is_given_once() {
+        use crate::base::redis::Secret;
+        let url = "redis://gw:hunter22@10.0.0.1/0";
         // A password in the flag shows in `ps`: refused, without repeating it.
-        let m = err(&[], &["--redis-url", "redis://gw:hunter22@10.0.0.1/0"]);
+        let m = redis_error(&[], &["--redis-url", url]);
         assert!(
             m.starts_with("command line: --redis-url:") && m.contains("ps"),
             "{m}"
         );
         assert!(!m.contains("hunter22"), "{m}");
-        // In the variable it is taken, as the URL's.
-        let c = load(
-            &[("PET_GATEWAY_REDIS_URL", "redis://gw:hunter22@10.0.0.1/0")],
-            &[],
-        )
-        .unwrap();
-        let redis = c.redis.unwrap();
+        // In the variable it is taken, as the URL's, and never shown.
+        let redis = load_redis(&[("PET_GATEWAY_REDIS_URL", url)], &[])
+            .unwrap()
+            .redis
+            .unwrap();
         assert_eq!(redis.auth.username.as_deref(), Some("gw"));
-        assert!(
-            matches!(&redis.auth.password, Some(Secret::Given { value, .. }) if value == "hunter22")
-        );
-        assert!(!format!("{redis:?}").contains("hunter22"));
+        let given = matches!(&redis.auth.password, Some(Secret::Given { value, .. }) if value == "hunter22");
+        assert!(given && !format!("{redis:?}").contains("hunter22"));
 
-        // The user and password from settings; the password once only.
-        let c = load(
-            &[("PET_GATEWAY_REDIS_PASSWORD", "pw")],
-            &[
-                "--redis-url",
-                "redis://10.0.0.1/0",
-                "--redis-username",
-                "gateway",
-            ],
-        )
-        .unwrap();
+        let plain = ["--redis-url", "redis://10.0.0.1/0"];
+        let with = |more: &[&'static str]| [&plain[..], more].concat();
+        let env = [("PET_GATEWAY_REDIS_PASSWORD", "pw")];
+        let c = load_redis(&env, &with(&["--redis-username", "gateway"])).unwrap();
         let auth = c.redis.unwrap().auth;
         assert_eq!(auth.username.as_deref(), Some("gateway"));
-        assert!(matches!(
-            auth.password,
-            Some(Secret::Given {
-                setting: "PET_GATEWAY_REDIS_PASSWORD",
-                ..
-            })
-        ));
-        let m = err(
-            &[("PET_GATEWAY_REDIS_PASSWORD", "pw")],
-            &[
-                "--redis-url",
-                "redis://10.0.0.1/0",
-                "--redis-password-file",
-                "/run/pw",
-            ],
-        );
+        let setting = match auth.password {
+            Some(Secret::Given { setting, .. }) => setting,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(setting, "PET_GATEWAY_REDIS_PASSWORD");
+        let m = redis_error(&env, &with(&["--redis-password-file", "/run/pw"]));
         assert!(m.starts_with("command line: --redis-password-file:"), "{m}");
-        let m = err(
-            &[("PET_GATEWAY_REDIS_URL", "redis://:pw@10.0.0.1/0")],
-            &["--redis-password-file", "/run/pw"],
-        );
+        let in_url = [("PET_GATEWAY_REDIS_URL", "redis://:pw@10.0.0.1/0")];
+        let m = redis_error(&in_url, &["--redis-password-file", "/run/pw"]);
         assert!(
             m.contains("--redis-password-file") && m.contains("once"),
             "{m}"
         );
-        let m = err(
-            &[("PET_GATEWAY_REDIS_URL", "redis://gw@10.0.0.1/0")],
-            &["--redis-username", "other"],
-        );
+        let user_in_url = [("PET_GATEWAY_REDIS_URL", "redis://gw@10.0.0.1/0")];
+        let m = redis_error(&user_in_url, &["--redis-username", "other"]);
         assert!(m.contains("--redis-username") && m.contains("once"), "{m}");
+    }
 
-        // TLS files only with TLS; a client certificate with its key.
-        let m = err(
+    #[test]
+    fn redis_tls_files_go_with_a_tls_url_and_a_client_certificate_with_its_key() {
+        let plain = ["--redis-url", "redis://10.0.0.1/0"];
+        let tls = ["--redis-url", "rediss://10.0.0.1/0"];
+        let m = redis_error(
             &[],
-            &[
-                "--redis-url",
-                "redis://10.0.0.1/0",
-                "--redis-tls-ca-file",
-                "ca.pem",
-            ],
+            &[&plain[..], &["--redis-tls-ca-file", "ca.pem"]].concat(),
         );
-        assert!(
-            m.starts_with("command line: --redis-tls-ca-file:") && m.contains("rediss://"),
-            "{m}"
-        );
-        let m = err(
+        assert!(m.starts_with("command line: --redis-tls-ca-file:"), "{m}");
+        assert!(m.contains("rediss://"), "{m}");
+        let m = redis_error(
             &[],
-            &[
-                "--redis-url",
-                "rediss://10.0.0.1/0",
-                "--redis-tls-cert-file",
-                "c.pem",
-            ],
+            &[&tls[..], &["--redis-tls-cert-file", "c.pem"]].concat(),
         );
         assert!(
             m.contains("--redis-tls-cert-file") && m.contains("redis_tls_key_file"),
             "{m}"
         );
-        let c = load(
-            &[("PET_GATEWAY_REDIS_TLS_KEY_FILE", "k.pem")],
-            &[
-                "--redis-url",
-                "rediss://10.0.0.1/0",
-                "--redis-tls-cert-file",
-                "c.pem",
-                "--redis-tls-ca-file",
-                "ca.pem",
-            ],
-        )
-        .unwrap();
-        let redis = c.redis.unwrap();
+        let env = [("PET_GATEWAY_REDIS_TLS_KEY_FILE", "k.pem")];
+        let args = [&tls[..], &["--redis-tls-cert-file", "c.pem"]].concat();
+        let redis = load_redis(&env, &args).unwrap().redis.unwrap();
         assert!(redis.tls);
         assert_eq!(redis.tls_files.key, Some(PathBuf::from("k.pem")));
+        assert_eq!(redis.tls_files.ca, None);
+    }
 
-        // Sentinel credentials only with Sentinels.
-        let m = err(
+    #[test]
+    fn sentinel_credentials_go_with_a_sentinel_url_which_names_its_master() {
+        use crate::base::redis::RedisTarget;
+        let user = ["--redis-sentinel-username", "s"];
+        let m = redis_error(
             &[],
-            &[
-                "--redis-url",
-                "redis://10.0.0.1/0",
-                "--redis-sentinel-username",
-                "s",
-            ],
+            &[&["--redis-url", "redis://10.0.0.1/0"][..], &user].concat(),
         );
         assert!(
             m.starts_with("command line: --redis-sentinel-username:"),
             "{m}"
         );
-        let c = load(
-            &[("PET_GATEWAY_REDIS_SENTINEL_PASSWORD", "spw")],
-            &[
-                "--redis-url",
-                "rediss+sentinel://10.0.0.1:26379,10.0.0.2/main",
-                "--redis-sentinel-username",
-                "s",
-            ],
-        )
-        .unwrap();
-        let redis = c.redis.unwrap();
+        let url = [
+            "--redis-url",
+            "rediss+sentinel://10.0.0.1:26379,10.0.0.2/main",
+        ];
+        let env = [("PET_GATEWAY_REDIS_SENTINEL_PASSWORD", "spw")];
+        let redis = load_redis(&env, &[&url[..], &user].concat())
+            .unwrap()
+            .redis
+            .unwrap();
         assert!(matches!(redis.target, RedisTarget::Sentinel(ref t) if t.master == "main"));
         assert_eq!(redis.sentinel_auth.username.as_deref(), Some("s"));
-        assert!(redis.tls && redis.auth.password.is_none());
-        let m = err(&[], &["--redis-url", "redis+sentinel://10.0.0.1:26379"]);
+        assert!(redis.sentinel_auth.password.is_some() && redis.auth.password.is_none());
+        assert!(redis.tls);
+        let m = redis_error(&[], &["--redis-url", "redis+sentinel://10.0.0.1:26379"]);
         assert!(m.contains("--redis-url") && m.contains("master"), "{m}");
     }
 
