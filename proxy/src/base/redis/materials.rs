@@ -198,3 +198,82 @@ impl Materials {
             .map_err(|e| RedisAccessError::Invalid(e.to_string()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::base::redis::access::TlsFiles;
+
+    fn with_password_file(path: &Path) -> RedisAccess {
+        let mut a = RedisAccess::from_url("redis://h:1/0").unwrap();
+        a.auth.password = Some(Secret::File {
+            path: path.to_owned(),
+            setting: "redis_password_file",
+        });
+        a
+    }
+
+    #[test]
+    fn a_password_file_is_read_at_each_call_without_its_line_break() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        let access = with_password_file(&file);
+        let e = access.read_materials().err().unwrap().to_string();
+        assert!(
+            e.starts_with("redis_password_file (`") && e.contains("cannot read"),
+            "{e}"
+        );
+        std::fs::write(&file, "first\r\n").unwrap();
+        let first = access.read_materials().unwrap();
+        assert_eq!(first.auth.password.as_deref(), Some("first"));
+        std::fs::write(&file, "second\n").unwrap();
+        let second = access.read_materials().unwrap();
+        assert_eq!(second.auth.password.as_deref(), Some("second"));
+        assert_ne!(first.digest, second.digest, "a rotation changes the digest");
+        std::fs::write(&file, "\n").unwrap();
+        let e = access.read_materials().err().unwrap().to_string();
+        assert!(
+            e.contains("is empty") && e.contains("redis_password_file"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unreadable_or_malformed_tls_files_name_their_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a certificate").unwrap();
+        let mut access = RedisAccess::from_url("rediss://h:1/0").unwrap();
+        for (files, setting, problem) in [
+            (
+                TlsFiles {
+                    ca: Some(junk.clone()),
+                    ..TlsFiles::default()
+                },
+                "redis_tls_ca_file",
+                "no PEM",
+            ),
+            (
+                TlsFiles {
+                    ca: Some(dir.path().join("none.pem")),
+                    ..TlsFiles::default()
+                },
+                "redis_tls_ca_file",
+                "cannot read",
+            ),
+            (
+                TlsFiles {
+                    cert: Some(junk.clone()),
+                    key: Some(junk.clone()),
+                    ca: None,
+                },
+                "redis_tls_cert_file",
+                "no PEM",
+            ),
+        ] {
+            access.tls_files = files;
+            let e = access.read_materials().err().unwrap().to_string();
+            assert!(e.starts_with(setting) && e.contains(problem), "{e}");
+        }
+    }
+}
