@@ -123,7 +123,7 @@ impl Link {
 
     /// Makes the connection from the prepared client; with none prepared yet (a Sentinel
     /// target before its first answer), asks for one and waits for it, within the caller's
-    /// deadline.
+    /// deadline (unless the last ask was a moment ago and failed: then it fails at once).
     async fn connect(&self) -> Result<Conn, StoreError> {
         let i = &self.inner;
         for _ in 0..2 {
@@ -145,7 +145,9 @@ impl Link {
             let refreshed = i.refreshed.notified();
             tokio::pin!(refreshed);
             refreshed.as_mut().enable();
-            self.refresh(true);
+            if !self.refresh() {
+                break;
+            }
             refreshed.await;
         }
         let why = i
@@ -160,18 +162,21 @@ impl Link {
         )))
     }
 
-    /// Starts a refresh in the background unless one runs, or (`force` false) one started less
-    /// than [`REFRESH_EVERY`] ago.
-    fn refresh(&self, force: bool) {
+    /// Starts a refresh in the background unless one runs or one started less than
+    /// [`REFRESH_EVERY`] ago (so failing calls, however many, start at most four a second).
+    /// Whether one runs now.
+    fn refresh(&self) -> bool {
         {
             let mut r = self
                 .inner
                 .refresh
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            let recent = r.last.is_some_and(|t| t.elapsed() < REFRESH_EVERY);
-            if r.running || (recent && !force) {
-                return;
+            if r.running {
+                return true;
+            }
+            if r.last.is_some_and(|t| t.elapsed() < REFRESH_EVERY) {
+                return false;
             }
             r.running = true;
             r.last = Some(Instant::now());
@@ -183,6 +188,7 @@ impl Link {
         );
         let inner = Arc::clone(&self.inner);
         tokio::spawn(async move { inner.refresh_now().await });
+        true
     }
 
     /// Runs one plain command under the deadline.
@@ -228,7 +234,7 @@ impl Link {
             Err(StoreError::Unavailable(_) | StoreError::Timeout(_))
         ) || self.recheck_due()
         {
-            self.refresh(false);
+            self.refresh();
         }
         result
     }
