@@ -60,6 +60,8 @@ pub struct GatewaySpec {
     pub plans_dir: PathBuf,
     /// More TOML for the config file (top-level keys first, then tables such as `[ban]`).
     pub extra: String,
+    /// Environment variables of the process (secrets such as `PET_GATEWAY_REDIS_PASSWORD`).
+    pub env: Vec<(String, String)>,
 }
 
 impl GatewaySpec {
@@ -72,6 +74,7 @@ impl GatewaySpec {
             keys_file: keys_file.to_owned(),
             plans_dir: plans_dir.to_owned(),
             extra: String::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -87,40 +90,9 @@ pub struct GatewayProcess {
 
 impl GatewayProcess {
     pub fn start(dir: &Path, spec: &GatewaySpec) -> GatewayProcess {
-        let addr = free_addr();
-        let admin = free_addr();
-        let upstreams: Vec<String> = spec.upstreams.iter().map(|u| format!("\"{u}\"")).collect();
-        let mut toml = format!(
-            "environment = \"{}\"\nlisten = \"{addr}\"\nadmin_listen = \"{admin}\"\n\
-             upstreams = [{}]\nkey_prefix = \"{}\"\nkeys_file = \"{}\"\nplans_dir = \"{}\"\n",
-            spec.environment,
-            upstreams.join(", "),
-            spec.key_prefix,
-            spec.keys_file.display(),
-            spec.plans_dir.display(),
-        );
-        if let Some(url) = &spec.redis_url {
-            toml.push_str(&format!("redis_url = \"{url}\"\n"));
-        }
-        // In the test's own directory: the default under /tmp is named by environment and port,
-        // and a port is reused by later tests.
-        let upgrade_sock = dir.join(format!("upgrade-{}.sock", addr.port()));
-        toml.push_str(&format!("upgrade_sock = \"{}\"\n", upgrade_sock.display()));
-        toml.push_str(&spec.extra);
-        let config = dir.join(format!("gateway-{}.toml", addr.port()));
-        std::fs::write(&config, toml).expect("write gateway config");
+        let (addr, admin, config) = write_config(dir, spec);
         let log = dir.join(format!("gateway-{}.log", addr.port()));
-        let log_file = std::fs::File::create(&log).expect("gateway log file");
-        let process = Process::spawn(
-            "pet-gateway",
-            Command::new(bin_path("pet-gateway"))
-                .arg("serve")
-                .arg("--config")
-                .arg(&config)
-                .env("RUST_LOG", "info")
-                .stdout(Stdio::null())
-                .stderr(log_file),
-        );
+        let process = spawn_serve(&config, &log, spec);
         wait_for_listener(addr, Duration::from_secs(10));
         GatewayProcess {
             addr,
@@ -129,6 +101,16 @@ impl GatewayProcess {
             config,
             process,
         }
+    }
+
+    /// Starts a gateway that is expected to refuse to start: waits for it to exit and returns
+    /// its exit code and its standard error (the log and the one-line error).
+    pub fn start_refused(dir: &Path, spec: &GatewaySpec) -> (Option<i32>, String) {
+        let (addr, _, config) = write_config(dir, spec);
+        let log = dir.join(format!("gateway-{}.log", addr.port()));
+        let process = spawn_serve(&config, &log, spec);
+        let code = process.wait_exit(Duration::from_secs(20));
+        (code, std::fs::read_to_string(&log).unwrap_or_default())
     }
 
     /// Starts a second gateway on this one's config with `--upgrade` and returns once it waits
@@ -196,6 +178,55 @@ impl GatewayProcess {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+}
+
+/// Writes `spec` as a config file in `dir` (on fresh ports), for commands such as `check`.
+pub fn write_gateway_config(dir: &Path, spec: &GatewaySpec) -> PathBuf {
+    write_config(dir, spec).2
+}
+
+/// Writes `spec` as a config file in `dir`, on fresh ports: the public and admin addresses
+/// and the file.
+fn write_config(dir: &Path, spec: &GatewaySpec) -> (SocketAddr, SocketAddr, PathBuf) {
+    let addr = free_addr();
+    let admin = free_addr();
+    let upstreams: Vec<String> = spec.upstreams.iter().map(|u| format!("\"{u}\"")).collect();
+    let mut toml = format!(
+        "environment = \"{}\"\nlisten = \"{addr}\"\nadmin_listen = \"{admin}\"\n\
+         upstreams = [{}]\nkey_prefix = \"{}\"\nkeys_file = \"{}\"\nplans_dir = \"{}\"\n",
+        spec.environment,
+        upstreams.join(", "),
+        spec.key_prefix,
+        spec.keys_file.display(),
+        spec.plans_dir.display(),
+    );
+    if let Some(url) = &spec.redis_url {
+        toml.push_str(&format!("redis_url = \"{url}\"\n"));
+    }
+    // In the test's own directory: the default under /tmp is named by environment and port,
+    // and a port is reused by later tests.
+    let upgrade_sock = dir.join(format!("upgrade-{}.sock", addr.port()));
+    toml.push_str(&format!("upgrade_sock = \"{}\"\n", upgrade_sock.display()));
+    toml.push_str(&spec.extra);
+    let config = dir.join(format!("gateway-{}.toml", addr.port()));
+    std::fs::write(&config, toml).expect("write gateway config");
+    (addr, admin, config)
+}
+
+/// `pet-gateway serve --config FILE`, its standard error into `log`, with `spec`'s variables.
+fn spawn_serve(config: &Path, log: &Path, spec: &GatewaySpec) -> Process {
+    let log_file = std::fs::File::create(log).expect("gateway log file");
+    Process::spawn(
+        "pet-gateway",
+        Command::new(bin_path("pet-gateway"))
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(Stdio::null())
+            .stderr(log_file),
+    )
 }
 
 /// Sends `total` concurrent requests with `key`, spread round-robin over `gateways`, each on a

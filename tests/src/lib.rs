@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `process` | binaries and tools, free ports, child processes killed on drop, `pet-backend` |
 //! | `redis` | a private `redis-server` or Redis Cluster |
+//! | `redis_ha` | Redis as production runs it: a CA made with `openssl`, `redis-sentinel` |
 //! | `gateway` | `pet-gateway` processes, its CLI, plans and keys, `Fixture`, response helpers |
 //! | `upstreams` | fake backends (echo, silent) |
 //! | `tls` | test certificates and a client that trusts them |
@@ -13,6 +14,7 @@
 pub mod gateway;
 pub mod process;
 pub mod redis;
+pub mod redis_ha;
 pub mod tls;
 pub mod upstreams;
 
@@ -21,6 +23,7 @@ use std::time::Duration;
 pub use crate::gateway::*;
 pub use crate::process::*;
 pub use crate::redis::*;
+pub use crate::redis_ha::*;
 pub use crate::tls::*;
 pub use crate::upstreams::*;
 

@@ -12,6 +12,8 @@ use crate::process::{free_addr, wait_for_listener, Process};
 pub struct RedisServer {
     pub addr: SocketAddr,
     pub process: Process,
+    /// What every `redis-cli` call to it carries: TLS files, a user and password.
+    cli_args: Vec<String>,
 }
 
 impl RedisServer {
@@ -26,6 +28,12 @@ impl RedisServer {
 
     /// Starts a server with more settings (`["--maxmemory", "4mb"]`).
     pub fn start_with(addr: SocketAddr, settings: &[&str]) -> RedisServer {
+        Self::start_custom(addr, settings, &[])
+    }
+
+    /// Starts a server with more settings (TLS only, ACL users, replication) whose `redis-cli`
+    /// calls carry `cli_args` (`["--tls", "--cacert", …]`, `["--user", …, "--pass", …]`).
+    pub fn start_custom(addr: SocketAddr, settings: &[&str], cli_args: &[&str]) -> RedisServer {
         let process = Process::spawn(
             "redis-server",
             Command::new(redis_server_path())
@@ -37,7 +45,11 @@ impl RedisServer {
                 .stdout(Stdio::null()),
         );
         wait_for_listener(addr, Duration::from_secs(10));
-        RedisServer { addr, process }
+        RedisServer {
+            addr,
+            process,
+            cli_args: cli_args.iter().map(|a| (*a).to_owned()).collect(),
+        }
     }
 
     pub fn url(&self) -> String {
@@ -48,6 +60,8 @@ impl RedisServer {
     pub fn cli(&self, args: &[&str]) -> String {
         let out = redis_cli()
             .args(["-p", &self.addr.port().to_string()])
+            .args(&self.cli_args)
+            .arg("--no-auth-warning")
             .args(args)
             .output()
             .expect("redis-cli runs");

@@ -87,6 +87,7 @@ fn validate_parts(l: &Layers) -> Result<Config, ConfigError> {
     let admin = parts::admin::validate(l)?;
     let upstreams = parts::upstreams::validate(l)?;
     let store = parts::store::validate(l, environment)?;
+    let redis = parts::redis_access::validate(l, store.redis_url.as_ref())?;
     let keys = parts::keys::validate(l, environment, store.redis_url.is_some())?;
     let limits = parts::limits::validate(l)?;
     Ok(Config {
@@ -94,7 +95,8 @@ fn validate_parts(l: &Layers) -> Result<Config, ConfigError> {
         admin_listen: admin.admin_listen,
         admin_token: admin.admin_token,
         upstreams: upstreams.upstreams,
-        redis_url: store.redis_url,
+        redis_url: store.redis_url.map(|u| u.value),
+        redis,
         key_prefix: store.key_prefix,
         api_key_prefix: keys.api_key_prefix,
         keys_source: keys.keys_source,
@@ -532,49 +534,98 @@ upstream_keepalive_pool_size = 16
         }
     }
 
+    /// Every setting with both a flag and a variable, as operators' scripts spell them.
+    const FLAGS_AND_VARIABLES: &[(&str, &str, &str)] = &[
+        ("listen", "--listen", "PET_GATEWAY_LISTEN"),
+        ("admin_listen", "--admin-listen", "PET_GATEWAY_ADMIN_LISTEN"),
+        ("upstreams", "--upstream", "PET_GATEWAY_UPSTREAM"),
+        ("redis_url", "--redis-url", "PET_GATEWAY_REDIS_URL"),
+        (
+            "redis_username",
+            "--redis-username",
+            "PET_GATEWAY_REDIS_USERNAME",
+        ),
+        (
+            "redis_password_file",
+            "--redis-password-file",
+            "PET_GATEWAY_REDIS_PASSWORD_FILE",
+        ),
+        (
+            "redis_tls_ca_file",
+            "--redis-tls-ca-file",
+            "PET_GATEWAY_REDIS_TLS_CA_FILE",
+        ),
+        (
+            "redis_tls_cert_file",
+            "--redis-tls-cert-file",
+            "PET_GATEWAY_REDIS_TLS_CERT_FILE",
+        ),
+        (
+            "redis_tls_key_file",
+            "--redis-tls-key-file",
+            "PET_GATEWAY_REDIS_TLS_KEY_FILE",
+        ),
+        (
+            "redis_sentinel_username",
+            "--redis-sentinel-username",
+            "PET_GATEWAY_REDIS_SENTINEL_USERNAME",
+        ),
+        (
+            "redis_sentinel_password_file",
+            "--redis-sentinel-password-file",
+            "PET_GATEWAY_REDIS_SENTINEL_PASSWORD_FILE",
+        ),
+        ("key_prefix", "--key-prefix", "PET_GATEWAY_KEY_PREFIX"),
+        (
+            "on_store_error",
+            "--on-store-error",
+            "PET_GATEWAY_ON_STORE_ERROR",
+        ),
+        ("keys_source", "--keys-source", "PET_GATEWAY_KEYS_SOURCE"),
+        ("keys_file", "--keys-file", "PET_GATEWAY_KEYS_FILE"),
+        ("plans_dir", "--plans-dir", "PET_GATEWAY_PLANS_DIR"),
+        ("audit_log", "--audit-log", "PET_GATEWAY_AUDIT_LOG"),
+        (
+            "registry_verify_keys",
+            "--registry-verify-key",
+            "PET_GATEWAY_REGISTRY_VERIFY_KEYS",
+        ),
+        (
+            "registry_signing_key_file",
+            "--registry-signing-key-file",
+            "PET_GATEWAY_REGISTRY_SIGNING_KEY_FILE",
+        ),
+        ("tls_cert", "--tls-cert", "PET_GATEWAY_TLS_CERT"),
+        ("tls_key", "--tls-key", "PET_GATEWAY_TLS_KEY"),
+        ("log_format", "--log-format", "PET_GATEWAY_LOG_FORMAT"),
+    ];
+
     #[test]
     fn the_flags_and_variables_are_the_ones_operators_script_against() {
-        let expected = [
-            ("listen", "--listen", "PET_GATEWAY_LISTEN"),
-            ("admin_listen", "--admin-listen", "PET_GATEWAY_ADMIN_LISTEN"),
-            ("upstreams", "--upstream", "PET_GATEWAY_UPSTREAM"),
-            ("redis_url", "--redis-url", "PET_GATEWAY_REDIS_URL"),
-            ("key_prefix", "--key-prefix", "PET_GATEWAY_KEY_PREFIX"),
-            (
-                "on_store_error",
-                "--on-store-error",
-                "PET_GATEWAY_ON_STORE_ERROR",
-            ),
-            ("keys_source", "--keys-source", "PET_GATEWAY_KEYS_SOURCE"),
-            ("keys_file", "--keys-file", "PET_GATEWAY_KEYS_FILE"),
-            ("plans_dir", "--plans-dir", "PET_GATEWAY_PLANS_DIR"),
-            ("audit_log", "--audit-log", "PET_GATEWAY_AUDIT_LOG"),
-            (
-                "registry_verify_keys",
-                "--registry-verify-key",
-                "PET_GATEWAY_REGISTRY_VERIFY_KEYS",
-            ),
-            (
-                "registry_signing_key_file",
-                "--registry-signing-key-file",
-                "PET_GATEWAY_REGISTRY_SIGNING_KEY_FILE",
-            ),
-            ("tls_cert", "--tls-cert", "PET_GATEWAY_TLS_CERT"),
-            ("tls_key", "--tls-key", "PET_GATEWAY_TLS_KEY"),
-            ("log_format", "--log-format", "PET_GATEWAY_LOG_FORMAT"),
-        ];
+        let expected = FLAGS_AND_VARIABLES;
         let with_flags: Vec<_> = rows()
             .filter_map(|r| Some((r.name, r.flag?.name, r.env?)))
             .collect();
         assert_eq!(with_flags.len(), expected.len(), "{with_flags:?}");
         for triple in expected {
-            assert!(with_flags.contains(&triple), "{triple:?}");
+            assert!(with_flags.contains(triple), "{triple:?}");
         }
         let env_only: Vec<_> = rows()
             .filter(|r| r.flag.is_none())
             .filter_map(|r| Some((r.name, r.env?, r.secret)))
             .collect();
-        assert_eq!(env_only, [("admin_token", "PET_GATEWAY_ADMIN_TOKEN", true)]);
+        assert_eq!(
+            env_only,
+            [
+                ("admin_token", "PET_GATEWAY_ADMIN_TOKEN", true),
+                ("redis_password", "PET_GATEWAY_REDIS_PASSWORD", true),
+                (
+                    "redis_sentinel_password",
+                    "PET_GATEWAY_REDIS_SENTINEL_PASSWORD",
+                    true
+                ),
+            ]
+        );
         let keys_only: Vec<_> = rows()
             .filter(|r| r.flag.is_some_and(|f| !f.serve))
             .map(|r| r.name)
@@ -720,6 +771,114 @@ upstream_keepalive_pool_size = 16
         );
     }
 
+    /// The config from `env` and the flags `args`.
+    fn load_redis(env: &[(&str, &str)], args: &[&str]) -> Result<Config, ConfigError> {
+        Config::load(None, &Env::from_pairs(env.iter().copied()), &flags(args))
+    }
+
+    fn redis_error(env: &[(&str, &str)], args: &[&str]) -> String {
+        load_redis(env, args).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_redis_password_is_refused_in_the_flag_and_each_credential_is_given_once() {
+        use crate::base::redis::Secret;
+        let url = "redis://gw:hunter22@10.0.0.1/0";
+        // A password in the flag shows in `ps`: refused, without repeating it.
+        let m = redis_error(&[], &["--redis-url", url]);
+        assert!(
+            m.starts_with("command line: --redis-url:") && m.contains("ps"),
+            "{m}"
+        );
+        assert!(!m.contains("hunter22"), "{m}");
+        // In the variable it is taken, as the URL's, and never shown.
+        let redis = load_redis(&[("PET_GATEWAY_REDIS_URL", url)], &[])
+            .unwrap()
+            .redis
+            .unwrap();
+        assert_eq!(redis.auth.username.as_deref(), Some("gw"));
+        let given = matches!(&redis.auth.password, Some(Secret::Given { value, .. }) if value == "hunter22");
+        assert!(given && !format!("{redis:?}").contains("hunter22"));
+
+        let plain = ["--redis-url", "redis://10.0.0.1/0"];
+        let with = |more: &[&'static str]| [&plain[..], more].concat();
+        let env = [("PET_GATEWAY_REDIS_PASSWORD", "pw")];
+        let c = load_redis(&env, &with(&["--redis-username", "gateway"])).unwrap();
+        let auth = c.redis.unwrap().auth;
+        assert_eq!(auth.username.as_deref(), Some("gateway"));
+        let setting = match auth.password {
+            Some(Secret::Given { setting, .. }) => setting,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(setting, "PET_GATEWAY_REDIS_PASSWORD");
+        let m = redis_error(&env, &with(&["--redis-password-file", "/run/pw"]));
+        assert!(m.starts_with("command line: --redis-password-file:"), "{m}");
+        let in_url = [("PET_GATEWAY_REDIS_URL", "redis://:pw@10.0.0.1/0")];
+        let m = redis_error(&in_url, &["--redis-password-file", "/run/pw"]);
+        assert!(
+            m.contains("--redis-password-file") && m.contains("once"),
+            "{m}"
+        );
+        let user_in_url = [("PET_GATEWAY_REDIS_URL", "redis://gw@10.0.0.1/0")];
+        let m = redis_error(&user_in_url, &["--redis-username", "other"]);
+        assert!(m.contains("--redis-username") && m.contains("once"), "{m}");
+    }
+
+    #[test]
+    fn redis_tls_files_go_with_a_tls_url_and_a_client_certificate_with_its_key() {
+        let plain = ["--redis-url", "redis://10.0.0.1/0"];
+        let tls = ["--redis-url", "rediss://10.0.0.1/0"];
+        let m = redis_error(
+            &[],
+            &[&plain[..], &["--redis-tls-ca-file", "ca.pem"]].concat(),
+        );
+        assert!(m.starts_with("command line: --redis-tls-ca-file:"), "{m}");
+        assert!(m.contains("rediss://"), "{m}");
+        let m = redis_error(
+            &[],
+            &[&tls[..], &["--redis-tls-cert-file", "c.pem"]].concat(),
+        );
+        assert!(
+            m.contains("--redis-tls-cert-file") && m.contains("redis_tls_key_file"),
+            "{m}"
+        );
+        let env = [("PET_GATEWAY_REDIS_TLS_KEY_FILE", "k.pem")];
+        let args = [&tls[..], &["--redis-tls-cert-file", "c.pem"]].concat();
+        let redis = load_redis(&env, &args).unwrap().redis.unwrap();
+        assert!(redis.tls);
+        assert_eq!(redis.tls_files.key, Some(PathBuf::from("k.pem")));
+        assert_eq!(redis.tls_files.ca, None);
+    }
+
+    #[test]
+    fn sentinel_credentials_go_with_a_sentinel_url_which_names_its_master() {
+        use crate::base::redis::RedisTarget;
+        let user = ["--redis-sentinel-username", "s"];
+        let m = redis_error(
+            &[],
+            &[&["--redis-url", "redis://10.0.0.1/0"][..], &user].concat(),
+        );
+        assert!(
+            m.starts_with("command line: --redis-sentinel-username:"),
+            "{m}"
+        );
+        let url = [
+            "--redis-url",
+            "rediss+sentinel://10.0.0.1:26379,10.0.0.2/main",
+        ];
+        let env = [("PET_GATEWAY_REDIS_SENTINEL_PASSWORD", "spw")];
+        let redis = load_redis(&env, &[&url[..], &user].concat())
+            .unwrap()
+            .redis
+            .unwrap();
+        assert!(matches!(redis.target, RedisTarget::Sentinel(ref t) if t.master == "main"));
+        assert_eq!(redis.sentinel_auth.username.as_deref(), Some("s"));
+        assert!(redis.sentinel_auth.password.is_some() && redis.auth.password.is_none());
+        assert!(redis.tls);
+        let m = redis_error(&[], &["--redis-url", "redis+sentinel://10.0.0.1:26379"]);
+        assert!(m.contains("--redis-url") && m.contains("master"), "{m}");
+    }
+
     #[test]
     fn the_readme_shows_the_table_of_the_rows() {
         let readme =
@@ -729,6 +888,11 @@ upstream_keepalive_pool_size = 16
             readme.contains(&table),
             "README.md's settings table is not the rows'; it should read:\n{table}"
         );
+    }
+
+    fn line_of<'a>(report: &'a str, name: &str) -> Vec<&'a str> {
+        let line = report.lines().find(|l| l.starts_with(&format!("{name} ")));
+        line.unwrap_or_default().split_whitespace().collect()
     }
 
     #[test]
@@ -763,17 +927,40 @@ upstream_keepalive_pool_size = 16
         assert_eq!(report.lines().count(), rows().count() + 1, "{report}");
         let unset = settings_report(None, &Env::default(), &Overrides::default()).unwrap();
         assert!(unset.contains("(unset)"), "{unset}");
-        let redis = flags(&[
-            "--redis-url",
-            "redis://gw:pw1@10.0.0.1,redis://:pw2@10.0.0.2",
+        let redis = Env::from_pairs([
+            (
+                "PET_GATEWAY_REDIS_URL",
+                "redis://gw:pw1@10.0.0.1,redis://gw:pw1@10.0.0.2",
+            ),
+            ("PET_GATEWAY_REDIS_SENTINEL_PASSWORD", "pw2"),
         ]);
-        let report = settings_report(None, &Env::default(), &redis).unwrap();
+        let report = settings_report(None, &redis, &Overrides::default());
+        assert!(report.is_err(), "a Sentinel password without Sentinels");
+        let redis = Env::from_pairs([
+            (
+                "PET_GATEWAY_REDIS_URL",
+                "redis+sentinel://gw:pw1@10.0.0.1,10.0.0.2/main",
+            ),
+            ("PET_GATEWAY_REDIS_SENTINEL_PASSWORD", "pw2"),
+        ]);
+        let report = settings_report(None, &redis, &Overrides::default()).unwrap();
         assert!(
             !report.contains("pw1") && !report.contains("pw2"),
             "{report}"
         );
         assert!(
-            report.contains("redis://gw:***@10.0.0.1,redis://:***@10.0.0.2"),
+            report.contains("redis+sentinel://gw:***@10.0.0.1,10.0.0.2/main"),
+            "{report}"
+        );
+        assert_eq!(line_of(&report, "redis_sentinel_password")[1], "(set)");
+        let cluster = Env::from_pairs([(
+            "PET_GATEWAY_REDIS_URL",
+            "redis://gw:pw1@10.0.0.1,redis://gw:pw1@10.0.0.2",
+        )]);
+        let report = settings_report(None, &cluster, &Overrides::default()).unwrap();
+        assert!(!report.contains("pw1"), "{report}");
+        assert!(
+            report.contains("redis://gw:***@10.0.0.1,redis://gw:***@10.0.0.2"),
             "{report}"
         );
     }

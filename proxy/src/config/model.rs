@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::base::redis::RedisAccess;
 use crate::quota::admission::OnStoreError;
 use crate::quota::rules::BanPolicy;
 use crate::quota::unauth::UnauthSettings;
@@ -53,6 +54,8 @@ pub struct Config {
     pub upstreams: Vec<SocketAddr>,
     /// `None`: the embedded in-process store.
     pub redis_url: Option<String>,
+    /// How to reach and log in to the Redis of `redis_url` (`Some` exactly when it is).
+    pub redis: Option<RedisAccess>,
     pub key_prefix: String,
     /// What new API keys start with (`pet_live_` in production, else `pet_test_`).
     pub api_key_prefix: String,

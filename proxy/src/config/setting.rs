@@ -226,20 +226,6 @@ impl Value {
     }
 }
 
-/// `redis://user:pw@host` as `redis://user:***@host`.
-fn without_password(url: &str) -> String {
-    let start = url.find("://").map_or(0, |i| i + 3);
-    match url[start..].find('@') {
-        Some(at) => {
-            let userinfo = &url[start..start + at];
-            let user = userinfo.split(':').next().unwrap_or_default();
-            let hidden = if userinfo.contains(':') { ":***" } else { "" };
-            format!("{}{user}{hidden}{}", &url[..start], &url[start + at..])
-        }
-        None => url.to_owned(),
-    }
-}
-
 fn number(text: &str) -> Result<u64, String> {
     text.trim()
         .parse()
@@ -282,7 +268,7 @@ impl Row {
         if !shown.contains('@') {
             return shown;
         }
-        let parts: Vec<String> = shown.split(',').map(without_password).collect();
+        let parts: Vec<String> = shown.split(',').map(crate::base::redis::redact).collect();
         parts.join(",")
     }
 }
@@ -351,6 +337,30 @@ impl<T> Sourced<T> {
     /// An error about this value, naming the layer that gave it.
     pub fn error(&self, message: String) -> ConfigError {
         self.origin.error(&self.row, message)
+    }
+
+    /// The setting's name (its file key).
+    pub fn name(&self) -> &'static str {
+        self.row.name
+    }
+
+    /// A value that may be absent (an empty `redis_url`) as a value or none.
+    pub fn transpose<U>(self) -> Option<Sourced<U>>
+    where
+        T: Into<Option<U>>,
+    {
+        let Sourced { value, origin, row } = self;
+        value.into().map(|value| Sourced { value, origin, row })
+    }
+
+    /// The setting and the layer without the value: to blame in an error found later, when
+    /// the value has moved on (a password never stays in an error).
+    pub fn blame(&self) -> Sourced<()> {
+        Sourced {
+            value: (),
+            origin: self.origin.clone(),
+            row: self.row,
+        }
     }
 }
 

@@ -29,7 +29,8 @@ use std::time::Duration;
 use redis::ConnectionLike;
 
 use crate::base::metrics::METRICS;
-use crate::base::redis::RedisTarget;
+pub(crate) use crate::base::redis::BlockingConn as Conn;
+use crate::base::redis::RedisAccess;
 use crate::keys::record::{KeyRecord, KeysError, KeysFile};
 use crate::keys::signing::{SigningKey, VerifyKeys};
 
@@ -108,7 +109,7 @@ return written
 const ATTEMPTS: usize = 8;
 
 pub struct Registry {
-    target: RedisTarget,
+    redis: RedisAccess,
     records: String,
     changes: String,
     meta: String,
@@ -132,20 +133,6 @@ pub struct Loaded {
     pub refused: Vec<String>,
 }
 
-pub(crate) enum Conn {
-    Single(redis::Connection),
-    Cluster(Box<redis::cluster::ClusterConnection>),
-}
-
-impl Conn {
-    pub(crate) fn as_mut(&mut self) -> &mut dyn ConnectionLike {
-        match self {
-            Conn::Single(c) => c,
-            Conn::Cluster(c) => &mut **c,
-        }
-    }
-}
-
 fn err(e: impl std::fmt::Display) -> KeysError {
     KeysError::Registry(e.to_string())
 }
@@ -164,15 +151,25 @@ pub enum Changes {
 }
 
 impl Registry {
+    /// A registry on the Redis at `url` (which carries everything needed to connect).
     pub fn new(url: &str, prefix: &str, timeout: Duration) -> Result<Registry, KeysError> {
-        Ok(Registry {
-            target: RedisTarget::parse(url).map_err(err)?,
+        Ok(Registry::connecting(
+            RedisAccess::from_url(url).map_err(err)?,
+            prefix,
+            timeout,
+        ))
+    }
+
+    /// A registry on the Redis that `redis` reaches (TLS, credentials, Sentinels).
+    pub fn connecting(redis: RedisAccess, prefix: &str, timeout: Duration) -> Registry {
+        Registry {
+            redis,
             records: format!("{prefix}:{{registry}}:keys"),
             changes: format!("{prefix}:{{registry}}:changes"),
             meta: format!("{prefix}:{{registry}}:meta"),
             timeout,
             trust: Trust::default(),
-        })
+        }
     }
 
     /// Verifies what it reads with `trust.verify` and signs what it writes with `trust.signer`.
@@ -185,34 +182,12 @@ impl Registry {
         &self.trust.verify
     }
 
-    /// A blocking connection with the deadline on every read and write. (The registry is
-    /// used off the request path: by the CLI, and by the sync task in a blocking thread.)
+    /// A blocking connection with the deadline on every read and write, to the primary the
+    /// Sentinels name now where there are Sentinels, with the password files read now. (The
+    /// registry is used off the request path: by the CLI, and by the sync task in a blocking
+    /// thread, which reconnects after any error.)
     pub(crate) fn connect(&self) -> Result<Conn, KeysError> {
-        match &self.target {
-            RedisTarget::Single(url) => {
-                let client = redis::Client::open(url.as_str()).map_err(err)?;
-                let c = client
-                    .get_connection_with_timeout(self.timeout)
-                    .map_err(err)?;
-                c.set_read_timeout(Some(self.timeout)).map_err(err)?;
-                c.set_write_timeout(Some(self.timeout)).map_err(err)?;
-                Ok(Conn::Single(c))
-            }
-            RedisTarget::Cluster(nodes) => {
-                // One retry, soon: a call must not stretch to many deadlines.
-                let client = redis::cluster::ClusterClient::builder(nodes.clone())
-                    .connection_timeout(self.timeout)
-                    .response_timeout(self.timeout)
-                    .retries(1)
-                    .min_retry_wait(10)
-                    .max_retry_wait(100)
-                    .build()
-                    .map_err(err)?;
-                Ok(Conn::Cluster(Box::new(
-                    client.get_connection().map_err(err)?,
-                )))
-            }
-        }
+        self.redis.connect_blocking(self.timeout).map_err(err)
     }
 
     /// Every record, and the feed position they are complete up to (read first, so a change

@@ -14,6 +14,7 @@ use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 
 use crate::base::metrics::METRICS;
+use crate::base::redis::{RedisAccess, RedisAccessError};
 use crate::config::Config;
 use crate::http::gateway::{self, Gateway};
 use crate::http::head_deadline::HeadDeadline;
@@ -39,6 +40,8 @@ pub enum ServeError {
     Tls(#[from] TlsError),
     #[error("key registry: {0}")]
     Registry(String),
+    #[error(transparent)]
+    Redis(#[from] RedisAccessError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         addr: SocketAddr,
@@ -76,8 +79,11 @@ pub fn run(
         Some(files) => Some(Arc::new(CertResolver::load(&files.cert, &files.key)?)),
         None => None,
     };
-    let (store, admin_store) = stores(&config)?;
     log_start(&config, &catalog, upgrade);
+    if let Some(redis) = &config.redis {
+        check_redis(redis, config.on_store_error)?;
+    }
+    let (store, admin_store) = stores(&config)?;
     let unauth = Arc::new(UnauthLimiter::new(config.unauthenticated.clone()));
     let mut server = pingora_server(&config, upgrade);
     let (key_store, registry_state) = key_source(&config, &mut server, &catalog)?;
@@ -103,13 +109,13 @@ pub fn run(
         registry_state,
     ));
 
-    if let Some(url) = &config.redis_url {
+    if let Some(redis) = &config.redis {
         server.add_service(background_service(
             "store probe",
             StoreProbe {
                 resilience: resilience.clone(),
-                store: Arc::new(RedisStore::new(
-                    url,
+                store: Arc::new(RedisStore::connecting(
+                    redis.clone(),
                     &config.key_prefix,
                     config.store_timeout,
                 )?),
@@ -169,14 +175,14 @@ fn admin_service(
 /// embedded store must be one and the same map.
 #[allow(clippy::type_complexity)]
 fn stores(config: &Config) -> Result<(Arc<dyn QuotaStore>, Arc<dyn QuotaStore>), ServeError> {
-    Ok(match &config.redis_url {
-        Some(url) => (
+    Ok(match &config.redis {
+        Some(redis) => (
             Arc::new(
-                RedisStore::new(url, &config.key_prefix, config.store_timeout)?
+                RedisStore::connecting(redis.clone(), &config.key_prefix, config.store_timeout)?
                     .with_batch_max(config.store_batch_max),
             ),
-            Arc::new(RedisStore::new(
-                url,
+            Arc::new(RedisStore::connecting(
+                redis.clone(),
                 &config.key_prefix,
                 Duration::from_millis(500),
             )?),
@@ -186,6 +192,28 @@ fn stores(config: &Config) -> Result<(Arc<dyn QuotaStore>, Arc<dyn QuotaStore>),
             (memory.clone(), memory)
         }
     })
+}
+
+/// How long the start-up check gives each step (a Sentinel lookup, a connection, `PING`).
+pub const REDIS_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Connects to Redis once before serving. Settings that cannot work (a wrong password or CA, a
+/// master no Sentinel knows, a file that cannot be read) stop the start with an error naming
+/// the setting; a Redis that is only unreachable does not: `on_store_error` decides until it
+/// answers, as it would for an outage later on.
+fn check_redis(redis: &RedisAccess, on_store_error: OnStoreError) -> Result<(), ServeError> {
+    match redis.probe_blocking(REDIS_CHECK_TIMEOUT) {
+        Ok(()) => {
+            tracing::info!(redis = %redis.describe(), "Redis answers");
+            Ok(())
+        }
+        Err(e) if e.is_fatal() => Err(e.into()),
+        Err(e) => {
+            tracing::warn!(error = %e, redis = %redis.describe(), on_store_error = ?on_store_error,
+                "Redis is unreachable at start-up; starting anyway, on_store_error decides until it answers");
+            Ok(())
+        }
+    }
 }
 
 fn log_start(config: &Config, catalog: &Catalog, upgrade: bool) {
@@ -232,12 +260,13 @@ fn key_source(
     server: &mut Server,
     catalog: &Arc<Catalog>,
 ) -> Result<(KeyStore, Option<Arc<SyncState>>), ServeError> {
-    let (crate::config::KeysSource::Store, Some(url)) = (config.keys_source, &config.redis_url)
+    let (crate::config::KeysSource::Store, Some(redis)) = (config.keys_source, &config.redis)
     else {
         return Ok((KeyStore::File(config.keys_file.clone()), None));
     };
-    let registry =
-        Arc::new(open_registry(config, url, Duration::from_secs(1)).map_err(ServeError::Registry)?);
+    let registry = Arc::new(
+        open_registry(config, redis, Duration::from_secs(1)).map_err(ServeError::Registry)?,
+    );
     let state = Arc::new(SyncState::default());
     if config.keys_file.exists() {
         state.snapshot_only();
@@ -407,7 +436,7 @@ impl BackgroundService for StoreProbe {
 /// configured signing key: for a node and for the `keys` commands alike.
 pub fn open_registry(
     config: &Config,
-    url: &str,
+    redis: &crate::base::redis::RedisAccess,
     timeout: Duration,
 ) -> Result<crate::keys::registry::Registry, String> {
     let verify = crate::keys::signing::VerifyKeys::parse(&config.registry_verify_keys)
@@ -419,8 +448,8 @@ pub fn open_registry(
         ),
         None => None,
     };
-    let registry = crate::keys::registry::Registry::new(url, &config.key_prefix, timeout)
-        .map_err(|e| e.to_string())?;
+    let registry =
+        crate::keys::registry::Registry::connecting(redis.clone(), &config.key_prefix, timeout);
     Ok(registry.with_trust(crate::keys::registry::Trust { verify, signer }))
 }
 

@@ -6,6 +6,7 @@ pub mod keys;
 pub mod limits;
 pub mod listen;
 pub mod logging;
+pub mod redis_access;
 pub mod runtime;
 pub mod store;
 pub mod tls;
@@ -22,6 +23,7 @@ pub const ALL: &[&[Row]] = &[
     admin::SETTINGS,
     upstreams::SETTINGS,
     store::SETTINGS,
+    redis_access::SETTINGS,
     keys::SETTINGS,
     limits::SETTINGS,
     tls::SETTINGS,

@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use super::values::{choice, millis, parse_choice};
-use crate::base::redis::RedisTarget;
+use crate::base::redis::RedisAccess;
 use crate::config::model::ConfigError;
-use crate::config::setting::{Kind, Layers, Preset, Row, Setting, Value};
+use crate::config::setting::{Kind, Layers, Preset, Row, Setting, Sourced, Value};
 use crate::quota::admission::OnStoreError;
 use crate::quota::store::redis::DEFAULT_BATCH_MAX;
 
@@ -17,7 +17,10 @@ const REDIS_URL: Setting<Option<String>> = Setting::new(
     "redis_url",
     Kind::Text,
     Preset::Absent("absent: embedded store"),
-    "shared quota store: `redis://host:port/db` for one Redis, `redis+cluster://host:port,host:port,…` \
+    "shared quota store: `redis://host:port/db` for one Redis (`rediss://` with TLS; a user and \
+     password may be in it, `redis://USER:PASSWORD@host:port/db`, but not in the flag, which \
+     shows in `ps`), `redis+sentinel://host:port,host:port/MASTER_NAME` (`rediss+sentinel://` \
+     with TLS) for a primary found through its Sentinels, `redis+cluster://host:port,host:port,…` \
      (or a comma-separated list of `redis://` URLs) for a Redis Cluster; an empty value selects \
      the embedded store",
     |v| {
@@ -25,7 +28,7 @@ const REDIS_URL: Setting<Option<String>> = Setting::new(
         if url.trim().is_empty() {
             return Ok(None);
         }
-        RedisTarget::parse(&url)
+        RedisAccess::from_url(&url)
             .map(|_| Some(url))
             .map_err(|e| format!("not a usable Redis URL: {e}"))
     },
@@ -94,7 +97,8 @@ pub const SETTINGS: &[Row] = &[
 ];
 
 pub struct Store {
-    pub redis_url: Option<String>,
+    /// With the layer that gave it: a password in the flag is refused (`redis_access`).
+    pub redis_url: Option<Sourced<String>>,
     pub key_prefix: String,
     pub on_store_error: OnStoreError,
     pub store_timeout: Duration,
@@ -104,7 +108,7 @@ pub struct Store {
 pub fn validate(l: &Layers, environment: &str) -> Result<Store, ConfigError> {
     let prefix = Value::Text(format!("pet:{environment}"));
     Ok(Store {
-        redis_url: l.get(&REDIS_URL)?.and_then(|u| u.value),
+        redis_url: l.get(&REDIS_URL)?.and_then(Sourced::transpose),
         key_prefix: l.or(&KEY_PREFIX, prefix)?.value,
         on_store_error: l.value(&ON_STORE_ERROR)?,
         store_timeout: l.value(&STORE_TIMEOUT_MS)?,

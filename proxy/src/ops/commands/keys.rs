@@ -327,9 +327,9 @@ pub(super) fn key_config(files: &KeyFiles, admin_listen: Option<&str>) -> Result
 /// The key service for the `keys` commands: the keys file or the registry
 /// (`keys_source = "store"`), changes audited as the OS user.
 fn key_service(config: &Config) -> Result<KeyService, String> {
-    let store = match (config.keys_source, &config.redis_url) {
-        (KeysSource::Store, Some(url)) => KeyStore::Registry(std::sync::Arc::new(
-            crate::ops::server::open_registry(config, url, std::time::Duration::from_secs(2))?,
+    let store = match (config.keys_source, &config.redis) {
+        (KeysSource::Store, Some(redis)) => KeyStore::Registry(std::sync::Arc::new(
+            crate::ops::server::open_registry(config, redis, std::time::Duration::from_secs(2))?,
         )),
         _ => KeyStore::File(config.keys_file.clone()),
     };

@@ -18,15 +18,18 @@ pub fn registry_command(cmd: RegistryCommand) -> Result<(), String> {
         }
         RegistryCommand::Sign { files } => {
             let config = super::keys::key_config(&files, None)?;
-            let (KeysSource::Store, Some(url)) = (config.keys_source, &config.redis_url) else {
+            let (KeysSource::Store, Some(redis)) = (config.keys_source, &config.redis) else {
                 return Err(
                     "registry sign: the config's keys_source is not `store` (or it has \
                             no redis_url): there is no registry to sign"
                         .to_owned(),
                 );
             };
-            let registry =
-                crate::ops::server::open_registry(&config, url, std::time::Duration::from_secs(2))?;
+            let registry = crate::ops::server::open_registry(
+                &config,
+                redis,
+                std::time::Duration::from_secs(2),
+            )?;
             let signed = registry.sign_all().map_err(|e| e.to_string())?;
             for r in &signed {
                 println!(

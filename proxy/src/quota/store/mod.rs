@@ -29,7 +29,7 @@ pub enum StoreError {
 /// A store that cannot be built from its settings: found once, at start-up or by `check`,
 /// never on a request.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("invalid Redis URL: {0}")]
+#[error("quota store: {0}")]
 pub struct StoreConfigError(pub String);
 
 impl From<crate::base::redis::RedisUrlError> for StoreConfigError {

@@ -1,19 +1,40 @@
 //! The connection every Redis call of the store goes through, and the deadline each one runs
-//! under: a reconnecting multiplexed connection to one server, or a cluster connection.
+//! under: a reconnecting multiplexed connection to one server (or to the primary the Sentinels
+//! name), or a cluster connection.
+//!
+//! A call that fails in a way a new connection could cure (unreachable, timed out, refused
+//! credentials, `READONLY` from a primary demoted by a failover) starts a refresh in the
+//! background, at most one at a time and one per [`REFRESH_EVERY`]: the password and
+//! certificate files are read again and the Sentinels asked for the primary again; when where
+//! the connection points or what it logs in with changed, the next call connects anew. The
+//! call itself returns at once with its error, so `on_store_error` decides it and no request
+//! waits on the refresh. A connection to the same place with the same secrets is kept: it
+//! reconnects by itself.
+//!
+//! With Sentinels, a call also starts a refresh once the last one is [`SENTINEL_RECHECK`] old:
+//! after a failover that left the old primary up (`SENTINEL FAILOVER`, a partition), the old
+//! one takes writes until the Sentinels demote it, and whatever it counts then is lost with
+//! it. Asking the Sentinels once a second bounds that; when their answer is unchanged, it costs
+//! one connection to a Sentinel and nothing on the primary.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use tokio::sync::OnceCell;
 
+use crate::base::redis::{Prepared, RedisAccess, RedisAccessError};
 use crate::quota::store::StoreError;
 
-pub(super) enum Client {
-    Single(redis::Client),
-    Cluster(Box<ClusterClient>),
-}
+/// The least time between two refreshes started by failing calls.
+const REFRESH_EVERY: Duration = Duration::from_millis(250);
+/// How often, while calls flow, the Sentinels are asked again even without a failure.
+const SENTINEL_RECHECK: Duration = Duration::from_secs(1);
+/// The least deadline of one step of a refresh (a Sentinel lookup, a connection): a refresh
+/// runs in the background, never on a request's time, so it may wait longer than a call.
+const REFRESH_STEP: Duration = Duration::from_millis(500);
 
 #[derive(Clone)]
 enum Conn {
@@ -21,63 +42,153 @@ enum Conn {
     Cluster(ClusterConnection),
 }
 
+/// What calls use: the client prepared last, and the connection made from it (once a call
+/// needed one).
+#[derive(Default)]
+struct State {
+    prepared: Option<Arc<Prepared>>,
+    conn: Option<Conn>,
+}
+
+#[derive(Default)]
+struct Refresh {
+    running: bool,
+    last: Option<Instant>,
+    /// The last refresh's error, for the message of calls that find no primary, and so the
+    /// log says a failure once rather than four times a second.
+    error: Option<String>,
+}
+
+struct Inner {
+    access: RedisAccess,
+    timeout: Duration,
+    /// `Some` for a Sentinel target: ask them again this often.
+    recheck: Option<Duration>,
+    /// When the last refresh started, in milliseconds after `born`: read by every call of a
+    /// Sentinel target without taking a lock.
+    born: Instant,
+    last_refresh_ms: AtomicU64,
+    state: ArcSwap<State>,
+    /// Serialises making a connection and replacing the prepared client.
+    making: tokio::sync::Mutex<()>,
+    refresh: Mutex<Refresh>,
+    refreshed: tokio::sync::Notify,
+}
+
 /// The connection every call goes through, and the deadline each one runs under. Shared by the
 /// store and its batches' drain tasks.
 pub(crate) struct Link {
-    client: Client,
-    /// Created on first use, inside the runtime that serves requests, so the connection's
-    /// driver task lives where its callers do.
-    conn: OnceCell<Conn>,
-    timeout: Duration,
+    inner: Arc<Inner>,
 }
 
 impl Link {
-    pub(super) fn new(client: Client, timeout: Duration) -> Link {
-        Link {
-            client,
-            conn: OnceCell::new(),
-            timeout,
-        }
+    /// Reads the password and certificate files now (at start-up); a Sentinel target is asked
+    /// for its primary by the first call.
+    pub(super) fn new(access: RedisAccess, timeout: Duration) -> Result<Link, RedisAccessError> {
+        let prepared = access.prepare_now(timeout)?.map(Arc::new);
+        let recheck = access.is_sentinel().then_some(SENTINEL_RECHECK);
+        Ok(Link {
+            inner: Arc::new(Inner {
+                access,
+                timeout,
+                recheck,
+                born: Instant::now(),
+                last_refresh_ms: AtomicU64::new(0),
+                state: ArcSwap::from_pointee(State {
+                    prepared,
+                    conn: None,
+                }),
+                making: tokio::sync::Mutex::new(()),
+                refresh: Mutex::new(Refresh::default()),
+                refreshed: tokio::sync::Notify::new(),
+            }),
+        })
     }
 
     /// Whether batches must be formed per cluster slot.
     pub(super) fn is_cluster(&self) -> bool {
-        matches!(self.client, Client::Cluster(_))
+        self.inner.access.is_cluster()
     }
 
     pub(super) fn timeout(&self) -> Duration {
-        self.timeout
+        self.inner.timeout
     }
 
     async fn conn(&self) -> Result<Conn, StoreError> {
-        self.conn
-            .get_or_try_init(|| async {
-                match &self.client {
-                    Client::Single(client) => {
-                        let config = ConnectionManagerConfig::new()
-                            .set_connection_timeout(Some(self.timeout))
-                            .set_response_timeout(Some(self.timeout))
-                            .set_number_of_retries(1)
-                            .set_max_delay(Duration::from_millis(500));
-                        ConnectionManager::new_lazy_with_config(client.clone(), config)
-                            .map(Conn::Single)
-                            .map_err(|e| StoreError::Unavailable(e.to_string()))
-                    }
-                    // Learning the cluster's slots takes a round trip to a seed node; bounded
-                    // like any call, and retried by the next request when it fails.
-                    Client::Cluster(client) => {
-                        match tokio::time::timeout(self.timeout * 4, client.get_async_connection())
-                            .await
-                        {
-                            Err(_) => Err(StoreError::Timeout(self.timeout * 4)),
-                            Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
-                            Ok(Ok(c)) => Ok(Conn::Cluster(c)),
-                        }
-                    }
+        if let Some(c) = &self.inner.state.load().conn {
+            return Ok(c.clone());
+        }
+        self.connect().await
+    }
+
+    /// Makes the connection from the prepared client; with none prepared yet (a Sentinel
+    /// target before its first answer), asks for one and waits for it, within the caller's
+    /// deadline (unless the last ask was a moment ago and failed: then it fails at once).
+    async fn connect(&self) -> Result<Conn, StoreError> {
+        let i = &self.inner;
+        for _ in 0..2 {
+            {
+                let _making = i.making.lock().await;
+                let state = i.state.load_full();
+                if let Some(c) = &state.conn {
+                    return Ok(c.clone());
                 }
-            })
-            .await
-            .cloned()
+                if let Some(p) = &state.prepared {
+                    let conn = make(p, i.timeout).await?;
+                    i.state.store(Arc::new(State {
+                        prepared: Some(Arc::clone(p)),
+                        conn: Some(conn.clone()),
+                    }));
+                    return Ok(conn);
+                }
+            }
+            let refreshed = i.refreshed.notified();
+            tokio::pin!(refreshed);
+            refreshed.as_mut().enable();
+            if !self.refresh() {
+                break;
+            }
+            refreshed.await;
+        }
+        let why = i
+            .refresh
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .error
+            .clone();
+        Err(StoreError::Unavailable(format!(
+            "no Redis primary known yet: {}",
+            why.unwrap_or_else(|| "the Sentinels have not answered".to_owned())
+        )))
+    }
+
+    /// Starts a refresh in the background unless one runs or one started less than
+    /// [`REFRESH_EVERY`] ago (so failing calls, however many, start at most four a second).
+    /// Whether one runs now.
+    fn refresh(&self) -> bool {
+        {
+            let mut r = self
+                .inner
+                .refresh
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if r.running {
+                return true;
+            }
+            if r.last.is_some_and(|t| t.elapsed() < REFRESH_EVERY) {
+                return false;
+            }
+            r.running = true;
+            r.last = Some(Instant::now());
+        }
+        let since_born = self.inner.born.elapsed().as_millis();
+        self.inner.last_refresh_ms.store(
+            u64::try_from(since_born).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        let inner = Arc::clone(&self.inner);
+        tokio::spawn(async move { inner.refresh_now().await });
+        true
     }
 
     /// Runs one plain command under the deadline.
@@ -92,10 +203,7 @@ impl Link {
             };
             result.map_err(|e| StoreError::Unavailable(e.to_string()))
         };
-        match tokio::time::timeout(self.timeout, call).await {
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
-            Ok(result) => result,
-        }
+        self.deadline(call).await
     }
 
     /// Runs one script invocation under the deadline.
@@ -109,9 +217,114 @@ impl Link {
                 Conn::Cluster(mut c) => invoke_on(invocation, &mut c).await,
             }
         };
-        match tokio::time::timeout(self.timeout, call).await {
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        self.deadline(call).await
+    }
+
+    /// `call` under the deadline; a failure a new connection could cure starts a refresh.
+    async fn deadline<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let result = match tokio::time::timeout(self.inner.timeout, call).await {
+            Err(_) => Err(StoreError::Timeout(self.inner.timeout)),
             Ok(result) => result,
+        };
+        if matches!(
+            result,
+            Err(StoreError::Unavailable(_) | StoreError::Timeout(_))
+        ) || self.recheck_due()
+        {
+            self.refresh();
+        }
+        result
+    }
+
+    /// Whether a Sentinel target's last refresh is [`SENTINEL_RECHECK`] old.
+    fn recheck_due(&self) -> bool {
+        let Some(every) = self.inner.recheck else {
+            return false;
+        };
+        let now = self.inner.born.elapsed().as_millis();
+        let last = u128::from(self.inner.last_refresh_ms.load(Ordering::Relaxed));
+        now.saturating_sub(last) >= every.as_millis()
+    }
+}
+
+impl Inner {
+    /// Reads the files again and asks the Sentinels again; replaces the prepared client (and
+    /// drops the connection made from it) only when where it points or what it logs in with
+    /// changed.
+    async fn refresh_now(&self) {
+        let step = self.timeout.max(REFRESH_STEP);
+        let known = self.state.load().prepared.as_ref().map(|p| p.identity());
+        let outcome = match tokio::time::timeout(step * 8, self.access.prepare(step, known)).await {
+            Ok(outcome) => outcome.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer within {:?}", step * 8)),
+        };
+        let error = match outcome {
+            Ok(Some(prepared)) => {
+                self.adopt(prepared).await;
+                None
+            }
+            Ok(None) => None,
+            Err(e) => Some(e),
+        };
+        {
+            let mut r = self.refresh.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(e) = &error {
+                if r.error.as_ref() != Some(e) {
+                    tracing::warn!(error = %e, redis = %self.access.describe(),
+                        "Redis: cannot reconnect yet; on_store_error decides meanwhile");
+                }
+            }
+            r.error = error;
+            r.running = false;
+        }
+        self.refreshed.notify_waiters();
+    }
+
+    async fn adopt(&self, prepared: Prepared) {
+        let _making = self.making.lock().await;
+        let state = self.state.load();
+        let same = state
+            .prepared
+            .as_ref()
+            .is_some_and(|p| p.identity() == prepared.identity());
+        if same {
+            return;
+        }
+        if state.prepared.is_some() {
+            tracing::info!(redis = %self.access.describe(),
+                "Redis: the primary, or the secrets or certificates, changed: reconnecting");
+        }
+        self.state.store(Arc::new(State {
+            prepared: Some(Arc::new(prepared)),
+            conn: None,
+        }));
+    }
+}
+
+/// A connection from the prepared client: a lazy, reconnecting one for a single server (it
+/// connects on its first call, inside the runtime that serves requests), or a cluster
+/// connection (learning the slots takes a round trip to a seed node; bounded like any call).
+async fn make(prepared: &Prepared, timeout: Duration) -> Result<Conn, StoreError> {
+    match prepared {
+        Prepared::Single { client, .. } => {
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(Some(timeout))
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_millis(500));
+            ConnectionManager::new_lazy_with_config((**client).clone(), config)
+                .map(Conn::Single)
+                .map_err(|e| StoreError::Unavailable(e.to_string()))
+        }
+        Prepared::Cluster { client, .. } => {
+            match tokio::time::timeout(timeout * 4, client.get_async_connection()).await {
+                Err(_) => Err(StoreError::Timeout(timeout * 4)),
+                Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
+                Ok(Ok(c)) => Ok(Conn::Cluster(c)),
+            }
         }
     }
 }
@@ -121,10 +334,25 @@ async fn invoke_on<T: redis::FromRedisValue>(
     conn: &mut (impl ConnectionLike + Send),
 ) -> Result<T, StoreError> {
     invocation.invoke_async(conn).await.map_err(|e| {
-        if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_cluster_error() {
+        if e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_cluster_error()
+            || needs_another_connection(&e)
+        {
             StoreError::Unavailable(e.to_string())
         } else {
             StoreError::Protocol(e.to_string())
         }
     })
+}
+
+/// A server that is no longer the primary (a failover demoted it), not yet one (loading), or
+/// that refuses the credentials (a rotated password): another connection may cure it.
+fn needs_another_connection(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(
+            e.code(),
+            Some("READONLY" | "MASTERDOWN" | "LOADING" | "NOAUTH" | "WRONGPASS")
+        )
 }

@@ -7,16 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::cluster::ClusterClient;
-
 mod acquire;
 mod batch;
 mod link;
 
 use self::acquire::{acquire_invocation, ban_index, index_ban, policy_args, quota_key, RawVerdict};
 use self::batch::Batches;
-use self::link::{Client, Link};
-use crate::base::redis::RedisTarget;
+use self::link::Link;
+use crate::base::redis::RedisAccess;
 use crate::keys::plans::Limits;
 use crate::quota::rules::{BanPolicy, Outcome, Verdict};
 use crate::quota::store::{scripts, Ban, QuotaStore, StoreConfigError, StoreError, Usage};
@@ -43,22 +41,22 @@ pub const DEFAULT_BATCH_MAX: usize = 128;
 impl RedisStore {
     /// `prefix` namespaces every key (one per environment); `timeout` bounds every call.
     /// Decisions are batched up to [`DEFAULT_BATCH_MAX`] ([`RedisStore::with_batch_max`]).
+    /// `url` carries everything needed to connect (no TLS files, no password files): the
+    /// gateway itself builds its store with [`RedisStore::connecting`].
     pub fn new(url: &str, prefix: &str, timeout: Duration) -> Result<RedisStore, StoreConfigError> {
-        let client = match RedisTarget::parse(url)? {
-            RedisTarget::Single(url) => Client::Single(
-                redis::Client::open(url).map_err(|e| StoreConfigError(e.to_string()))?,
-            ),
-            RedisTarget::Cluster(nodes) => Client::Cluster(Box::new(
-                ClusterClient::builder(nodes)
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .retries(2)
-                    .build()
-                    .map_err(|e| StoreConfigError(e.to_string()))?,
-            )),
-        };
+        RedisStore::connecting(RedisAccess::from_url(url)?, prefix, timeout)
+    }
+
+    /// As [`RedisStore::new`], reaching Redis as `access` says (TLS, credentials, Sentinels).
+    /// Reads its password and certificate files now, and again whenever it reconnects.
+    pub fn connecting(
+        access: RedisAccess,
+        prefix: &str,
+        timeout: Duration,
+    ) -> Result<RedisStore, StoreConfigError> {
+        let link = Link::new(access, timeout).map_err(|e| StoreConfigError(e.to_string()))?;
         let store = RedisStore {
-            link: Arc::new(Link::new(client, timeout)),
+            link: Arc::new(link),
             prefix: Arc::from(prefix),
             batches: None,
             acquire: redis::Script::new(scripts::ACQUIRE),
