@@ -43,25 +43,25 @@ const FEED_LENGTH: u64 = 10_000;
 
 /// Writes records and their feed entries, only if every record is still as the writer read it
 /// (compare-and-set: two writers changing one record never lose either change; the loser
-/// reads again and retries), and gives a registry without an identity one.
+/// reads again and retries). Writers never set the registry's identity: after a loss, the
+/// first to write would otherwise give it a new one, and the nodes that remember the old one
+/// could no longer heal it; the nodes set it ([`HEAL`]).
 ///
-/// - `KEYS[1]`: the records hash; `KEYS[2]`: the change stream; `KEYS[3]`: the meta hash (one
-///   slot: `{registry}`).
-/// - `ARGV[1]`: the feed length; `ARGV[2]`: an identity for a registry that has none; then key
-///   id, the record JSON as read (empty: it was absent), the new record JSON, ….
+/// - `KEYS[1]`: the records hash; `KEYS[2]`: the change stream (one slot: `{registry}`).
+/// - `ARGV[1]`: the feed length; then key id, the record JSON as read (empty: it was absent),
+///   the new record JSON, ….
 ///
 /// Returns `{1, last feed id}`, or `{0, key id}` for the first record that changed meanwhile
 /// (then nothing was written).
 const PUT: &str = r#"
-for i = 3, #ARGV, 3 do
+for i = 2, #ARGV, 3 do
   local current = redis.call('HGET', KEYS[1], ARGV[i]) or ''
   if current ~= ARGV[i + 1] then
     return {0, ARGV[i]}
   end
 end
-redis.call('HSETNX', KEYS[3], 'id', ARGV[2])
 local last = ''
-for i = 3, #ARGV, 3 do
+for i = 2, #ARGV, 3 do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
   last = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'id', ARGV[i])
 end
@@ -73,7 +73,7 @@ return {1, last}
 /// Never lowers a version, so a failover to a lagging replica cannot bring back a revoked key;
 /// and never writes into a registry of another identity.
 ///
-/// - `KEYS`: as [`PUT`].
+/// - `KEYS[1]`: the records hash; `KEYS[2]`: the change stream; `KEYS[3]`: the meta hash.
 /// - `ARGV[1]`: the feed length; `ARGV[2]`: the node's identity of the registry; then key id,
 ///   version, record JSON, and the JSON to replace whatever its version (empty: compare
 ///   versions), ….
@@ -329,8 +329,7 @@ impl Registry {
                 let read = raw.get(&record.id).map_or("", String::as_str);
                 changed.push((self.prepare(record.clone(), was)?, read));
             }
-            let identity = file.registry.clone().unwrap_or_else(new_identity);
-            if self.put_on(conn.as_mut(), &identity, &changed)? {
+            if self.put_on(conn.as_mut(), &changed)? {
                 return Ok(out);
             }
         }
@@ -410,14 +409,13 @@ impl Registry {
     fn put_on(
         &self,
         conn: &mut dyn ConnectionLike,
-        identity: &str,
         records: &[(KeyRecord, &str)],
     ) -> Result<bool, KeysError> {
         for chunk in records.chunks(500) {
             let script = redis::Script::new(PUT);
             let mut invocation = script.key(&self.records);
-            invocation.key(&self.changes).key(&self.meta);
-            invocation.arg(FEED_LENGTH).arg(identity);
+            invocation.key(&self.changes);
+            invocation.arg(FEED_LENGTH);
             for (record, read) in chunk {
                 invocation
                     .arg(&record.id)
@@ -540,7 +538,7 @@ impl Registry {
 }
 
 /// A new registry's identity: 128 random bits.
-fn new_identity() -> String {
+pub(crate) fn new_identity() -> String {
     hex::encode(rand::random::<[u8; 16]>())
 }
 

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use crate::base::metrics::METRICS;
 use crate::keys::catalog::Catalog;
 use crate::keys::record::{KeyRecord, KeysError, KeysFile};
-use crate::keys::registry::{Changes, Conn, Loaded, Registry, POLL};
+use crate::keys::registry::{new_identity, Changes, Conn, Loaded, Registry, POLL};
 
 /// Where a node's keys come from right now, for `/readyz`, `keys list` and the log.
 #[derive(Debug, Default)]
@@ -261,23 +261,34 @@ impl Sync {
                 )));
             }
         }
+        for record in loaded.file.keys.iter().cloned() {
+            replica.take(record);
+        }
+        // The registry's, or the one this node remembers; a new one only from a node that has
+        // records to give it (a node with none, fresh, must not name a registry it never saw).
         let identity = loaded
             .file
             .registry
             .clone()
             .or_else(|| replica.identity.clone())
-            .unwrap_or_else(|| hex::encode(rand::random::<[u8; 16]>()));
-        for record in loaded.file.keys.iter().cloned() {
-            replica.take(record);
-        }
-        let written = self.write_back(c, &identity, replica, &loaded)?;
-        replica.identity = Some(identity);
-        self.apply(replica);
+            .or_else(|| (!replica.records.is_empty()).then(new_identity));
+        let written = match &identity {
+            Some(id) => self.write_back(c, id, replica, &loaded)?,
+            None => Some(0),
+        };
         *position = Some(loaded.position);
-        Ok(match written {
-            None => Round::Apart("the registry changed identity while it was healed".to_owned()),
-            Some(0) => Round::InStep,
-            Some(n) => Round::Repaired(n),
+        let Some(n) = written else {
+            *position = None;
+            return Ok(Round::Apart(
+                "the registry took another identity while this node healed it".to_owned(),
+            ));
+        };
+        replica.identity = identity;
+        self.apply(replica);
+        Ok(if n == 0 {
+            Round::InStep
+        } else {
+            Round::Repaired(n)
         })
     }
 
