@@ -291,6 +291,11 @@ impl ShippedRedis {
         format!("{user}-{salt}-0123456789abcdef")
     }
 
+    /// `user`'s password.
+    pub fn password(&self, user: &str) -> String {
+        Self::password_of(user, self.dir.path())
+    }
+
     /// `redis://user:password@addr/`.
     pub fn url(&self, user: &str) -> String {
         format!(

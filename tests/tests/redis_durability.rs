@@ -229,3 +229,44 @@ fn the_gateway_user_is_confined_to_its_prefix_and_cannot_delete_records() {
     assert_eq!(redis.cli(&["HEXISTS", &records, "k1"]), "1");
     assert!(redis.cli_as("admin", &["FLUSHALL"]).starts_with("NOPERM"));
 }
+
+/// A node that holds the registry's admin credentials changes keys (its admin key API) as that
+/// user, apart from its own `gateway` login: with the admin password wrong, changes fail while
+/// the node goes on serving; with it right again (read at each connection), they succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_changes_go_through_the_registry_admin_user() {
+    let f = Fixture::new(600, 1_000);
+    let redis = ShippedRedis::start(PREFIX);
+    let upstream = EchoUpstream::start();
+    let password_file = f.dir.path().join("registry-admin.password");
+    std::fs::write(&password_file, "not-the-password\n").unwrap();
+    let mut spec = GatewaySpec::new(upstream.addr, &f.dir.path().join("unused.toml"), &f.plans);
+    spec.key_prefix = PREFIX.to_owned();
+    spec.redis_url = Some(redis.url("gateway"));
+    spec.keys_file = f.dir.path().join("node-keys.toml");
+    spec.extra = format!(
+        "keys_source = \"store\"\nstore_timeout_ms = 500\nregistry_admin_username = \"admin\"\n\
+         registry_admin_password_file = \"{}\"\n",
+        password_file.display()
+    );
+    let gw = f.gateway(&spec);
+    let issue = || async {
+        reqwest::Client::new()
+            .post(gw.admin_url("/keys"))
+            .json(&serde_json::json!({"plan": "free"}))
+            .send()
+            .await
+            .unwrap()
+    };
+    let refused = issue().await;
+    assert!(refused.status().is_server_error(), "{}", refused.status());
+    assert_eq!(redis.cli(&["HLEN", &redis.registry_records()]), "0");
+
+    std::fs::write(&password_file, format!("{}\n", redis.password("admin"))).unwrap();
+    let issued = issue().await;
+    assert_eq!(issued.status(), 201);
+    let body: Value = issued.json().await.unwrap();
+    let key = body["key"].as_str().unwrap().to_owned();
+    reaches(&gw, &key, 200, Duration::from_secs(2)).await;
+    no_noperm(&redis);
+}

@@ -88,6 +88,7 @@ fn validate_parts(l: &Layers) -> Result<Config, ConfigError> {
     let upstreams = parts::upstreams::validate(l)?;
     let store = parts::store::validate(l, environment)?;
     let redis = parts::redis_access::validate(l, store.redis_url.as_ref())?;
+    let registry_admin = parts::redis_access::registry_admin(l)?;
     let keys = parts::keys::validate(l, environment, store.redis_url.is_some())?;
     let limits = parts::limits::validate(l)?;
     Ok(Config {
@@ -97,6 +98,7 @@ fn validate_parts(l: &Layers) -> Result<Config, ConfigError> {
         upstreams: upstreams.upstreams,
         redis_url: store.redis_url.map(|u| u.value),
         redis,
+        registry_admin,
         key_prefix: store.key_prefix,
         api_key_prefix: keys.api_key_prefix,
         keys_source: keys.keys_source,
@@ -586,6 +588,16 @@ upstream_keepalive_pool_size = 16
         ("plans_dir", "--plans-dir", "PET_GATEWAY_PLANS_DIR"),
         ("audit_log", "--audit-log", "PET_GATEWAY_AUDIT_LOG"),
         (
+            "registry_admin_username",
+            "--registry-admin-username",
+            "PET_GATEWAY_REGISTRY_ADMIN_USERNAME",
+        ),
+        (
+            "registry_admin_password_file",
+            "--registry-admin-password-file",
+            "PET_GATEWAY_REGISTRY_ADMIN_PASSWORD_FILE",
+        ),
+        (
             "registry_verify_keys",
             "--registry-verify-key",
             "PET_GATEWAY_REGISTRY_VERIFY_KEYS",
@@ -622,6 +634,11 @@ upstream_keepalive_pool_size = 16
                 (
                     "redis_sentinel_password",
                     "PET_GATEWAY_REDIS_SENTINEL_PASSWORD",
+                    true
+                ),
+                (
+                    "registry_admin_password",
+                    "PET_GATEWAY_REGISTRY_ADMIN_PASSWORD",
                     true
                 ),
             ]

@@ -56,6 +56,8 @@ pub struct Config {
     pub redis_url: Option<String>,
     /// How to reach and log in to the Redis of `redis_url` (`Some` exactly when it is).
     pub redis: Option<RedisAccess>,
+    /// The credentials key changes write the registry with, apart from the node's own.
+    pub registry_admin: Option<crate::base::redis::Credentials>,
     pub key_prefix: String,
     /// What new API keys start with (`pet_live_` in production, else `pet_test_`).
     pub api_key_prefix: String,

@@ -98,6 +98,8 @@ const KEYS_COMMAND_FLAGS: FlagSet = FlagSet::Named(&[
     "audit_log",
     "registry_verify_keys",
     "registry_signing_key_file",
+    "registry_admin_username",
+    "registry_admin_password_file",
 ]);
 
 #[derive(Debug, Clone, Default)]

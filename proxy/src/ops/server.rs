@@ -264,9 +264,16 @@ fn key_source(
     else {
         return Ok((KeyStore::File(config.keys_file.clone()), None));
     };
-    let registry = Arc::new(
-        open_registry(config, redis, Duration::from_secs(1)).map_err(ServeError::Registry)?,
-    );
+    let open = |for_changes| {
+        open_registry(config, redis, Duration::from_secs(1), for_changes)
+            .map(Arc::new)
+            .map_err(ServeError::Registry)
+    };
+    let registry = open(false)?;
+    let changes = match config.registry_admin {
+        Some(_) => open(true)?,
+        None => Arc::clone(&registry),
+    };
     let state = Arc::new(SyncState::default());
     if config.keys_file.exists() {
         state.snapshot_only();
@@ -282,7 +289,7 @@ fn key_source(
             state: Arc::clone(&state),
         })),
     ));
-    Ok((KeyStore::Registry(registry), Some(state)))
+    Ok((KeyStore::Registry(changes), Some(state)))
 }
 
 /// The public listener: plain HTTP, or TLS with HTTP/2, each request head under its deadline.
@@ -432,13 +439,19 @@ impl BackgroundService for StoreProbe {
     }
 }
 
-/// The key registry at `url`, reading through the configured verify keys and signing with the
-/// configured signing key: for a node and for the `keys` commands alike.
+/// The key registry on `redis`, reading through the configured verify keys and signing with the
+/// configured signing key: for a node and for the `keys` commands alike. `for_changes`: the one
+/// key changes go through, which logs in as `registry_admin_username` when that is set.
 pub fn open_registry(
     config: &Config,
     redis: &crate::base::redis::RedisAccess,
     timeout: Duration,
+    for_changes: bool,
 ) -> Result<crate::keys::registry::Registry, String> {
+    let mut redis = redis.clone();
+    if let (true, Some(admin)) = (for_changes, &config.registry_admin) {
+        redis.auth = admin.clone();
+    }
     let verify = crate::keys::signing::VerifyKeys::parse(&config.registry_verify_keys)
         .map_err(|e| format!("registry_verify_keys: {e}"))?;
     let signer = match &config.registry_signing_key_file {
@@ -448,8 +461,7 @@ pub fn open_registry(
         ),
         None => None,
     };
-    let registry =
-        crate::keys::registry::Registry::connecting(redis.clone(), &config.key_prefix, timeout);
+    let registry = crate::keys::registry::Registry::connecting(redis, &config.key_prefix, timeout);
     Ok(registry.with_trust(crate::keys::registry::Trust { verify, signer }))
 }
 

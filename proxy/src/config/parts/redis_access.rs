@@ -105,6 +105,36 @@ const REDIS_SENTINEL_PASSWORD_FILE: Setting<PathBuf> = Setting::new(
 .flag("--redis-sentinel-password-file", "PATH")
 .env("PET_GATEWAY_REDIS_SENTINEL_PASSWORD_FILE");
 
+const REGISTRY_ADMIN_USERNAME: Setting<String> = Setting::new(
+    "registry_admin_username",
+    Kind::Text,
+    Preset::Absent("none: changes use the node's own credentials"),
+    "with `keys_source = \"store\"`: the ACL user (`admin` of deploy/redis/acl-users) that key \
+     changes made here (the `keys` commands, this node's admin key API) write the registry as, \
+     apart from the node's own `redis_username`; a node without it changes keys with its own",
+    some_text,
+)
+.flag("--registry-admin-username", "USER")
+.env("PET_GATEWAY_REGISTRY_ADMIN_USERNAME");
+const REGISTRY_ADMIN_PASSWORD: Setting<String> = Setting::new(
+    "registry_admin_password",
+    Kind::Text,
+    Preset::Absent("none"),
+    "the password of `registry_admin_username`; in the environment or in \
+     `registry_admin_password_file`, never a flag",
+    some_text,
+)
+.secret("PET_GATEWAY_REGISTRY_ADMIN_PASSWORD");
+const REGISTRY_ADMIN_PASSWORD_FILE: Setting<PathBuf> = Setting::new(
+    "registry_admin_password_file",
+    Kind::Path,
+    Preset::Absent("none"),
+    "a file holding the password of `registry_admin_username`, read again at every connection",
+    Value::path,
+)
+.flag("--registry-admin-password-file", "PATH")
+.env("PET_GATEWAY_REGISTRY_ADMIN_PASSWORD_FILE");
+
 pub const SETTINGS: &[Row] = &[
     REDIS_USERNAME.row,
     REDIS_PASSWORD.row,
@@ -115,7 +145,27 @@ pub const SETTINGS: &[Row] = &[
     REDIS_SENTINEL_USERNAME.row,
     REDIS_SENTINEL_PASSWORD.row,
     REDIS_SENTINEL_PASSWORD_FILE.row,
+    REGISTRY_ADMIN_USERNAME.row,
+    REGISTRY_ADMIN_PASSWORD.row,
+    REGISTRY_ADMIN_PASSWORD_FILE.row,
 ];
+
+/// The credentials key changes write the registry with, apart from the node's own: `None`
+/// when none are given (the node's own are used).
+pub fn registry_admin(l: &Layers) -> Result<Option<Credentials>, ConfigError> {
+    let given = credentials(
+        l.get(&REGISTRY_ADMIN_USERNAME)?,
+        l.get(&REGISTRY_ADMIN_PASSWORD)?,
+        l.get(&REGISTRY_ADMIN_PASSWORD_FILE)?,
+    )?;
+    match (&given.username_from, &given.password_from) {
+        (None, None) => Ok(None),
+        (Some(_), Some(_)) => Ok(Some(given.credentials)),
+        (Some(from), None) | (None, Some(from)) => Err(from.error(
+            "registry_admin_username and its password go together: give both or neither".to_owned(),
+        )),
+    }
+}
 
 /// The access to the Redis of `url` (`None`: the embedded store). Every setting is read even
 /// without a URL, so `check` reports each.

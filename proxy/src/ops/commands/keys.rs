@@ -328,9 +328,14 @@ pub(super) fn key_config(files: &KeyFiles, admin_listen: Option<&str>) -> Result
 /// (`keys_source = "store"`), changes audited as the OS user.
 fn key_service(config: &Config) -> Result<KeyService, String> {
     let store = match (config.keys_source, &config.redis) {
-        (KeysSource::Store, Some(redis)) => KeyStore::Registry(std::sync::Arc::new(
-            crate::ops::server::open_registry(config, redis, std::time::Duration::from_secs(2))?,
-        )),
+        (KeysSource::Store, Some(redis)) => {
+            KeyStore::Registry(std::sync::Arc::new(crate::ops::server::open_registry(
+                config,
+                redis,
+                std::time::Duration::from_secs(2),
+                true,
+            )?))
+        }
         _ => KeyStore::File(config.keys_file.clone()),
     };
     Ok(KeyService {

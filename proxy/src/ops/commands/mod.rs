@@ -58,6 +58,9 @@ const ADMIN_COMMAND_SETTINGS: &[&str] = &[
     "admin_token",
     "registry_verify_keys",
     "registry_signing_key_file",
+    "registry_admin_username",
+    "registry_admin_password",
+    "registry_admin_password_file",
 ];
 
 /// The same, reading only the variables a `keys` or `bans` command uses: a bad unrelated

@@ -29,6 +29,7 @@ pub fn registry_command(cmd: RegistryCommand) -> Result<(), String> {
                 &config,
                 redis,
                 std::time::Duration::from_secs(2),
+                true,
             )?;
             let signed = registry.sign_all().map_err(|e| e.to_string())?;
             for r in &signed {
