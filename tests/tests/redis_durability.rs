@@ -217,6 +217,8 @@ fn the_gateway_user_is_confined_to_its_prefix_and_cannot_delete_records() {
         vec!["CONFIG", "SET", "appendonly", "no"],
         vec!["GET", "pet:other:state:{k1}"],
         vec!["SET", "pet:test:anything", "x"],
+        vec!["HSET", "pet:test:{registry}:meta", "id", "another"],
+        vec!["HSET", "pet:test:{registry}:changes", "a", "b"],
         vec![
             "EVAL",
             "return redis.call('DEL', KEYS[1])",

@@ -120,7 +120,25 @@ async fn a_redis_restart_without_persistence_is_healed_by_the_nodes() {
     let (a_id, key_a) = issue(&a.config, "free");
     let (_, key_b) = issue(&a.config, "free");
     all_reach(&[&a, &b], &key_b, 200, Duration::from_secs(2)).await;
+    // The nodes name the registry once they hold records of it.
+    eventually(Duration::from_secs(1), "an identity", || {
+        redis.cli(&["HGET", META, "id"]).len() == 32
+    })
+    .await;
     let identity = redis.cli(&["HGET", META, "id"]);
+    // Every node remembers it, in its snapshot.
+    eventually(
+        Duration::from_secs(2),
+        "both nodes remember the identity",
+        || {
+            (0..2).all(|n| {
+                std::fs::read_to_string(f.dir.path().join(format!("node-{n}-keys.toml")))
+                    .unwrap_or_default()
+                    .contains(&identity)
+            })
+        },
+    )
+    .await;
     assert_eq!(
         identity.len(),
         32,
@@ -137,7 +155,7 @@ async fn a_redis_restart_without_persistence_is_healed_by_the_nodes() {
         redis.cli(&["HLEN", RECORDS]) == "3"
     })
     .await;
-    all_reach(&[&a, &b], &key_c, 200, Duration::from_secs(1)).await;
+    all_reach(&[&a, &b], &key_c, 200, Duration::from_secs(2)).await;
     assert_eq!(
         redis.cli(&["HGET", META, "id"]),
         identity,
@@ -377,4 +395,61 @@ async fn redis_unreachable_for_30_seconds_and_back() {
     );
     let (_, fresh) = issue(&a.config, "free");
     all_reach(&[&a, &b], &fresh, 200, Duration::from_secs(2)).await;
+}
+
+/// Review findings, as drills with verify keys: a record rolled back by hand (without a feed
+/// entry) before a revocation cannot make the revocation reuse a version the nodes hold; a
+/// spoofed registry identity does not stop a signed revocation from applying; `registry sign`
+/// signs no record that fails verification.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollbacks_spoofed_identities_and_forged_records_do_not_stop_a_revocation() {
+    let f = Fixture::new(600, 100_000);
+    e2e::write_plan(&f.plans, "enterprise", 1_000, 1_000_000);
+    let (_, trust) = signing_key(&f);
+    let redis = RedisServer::start();
+    let upstream = EchoUpstream::start();
+    let a = f.gateway(&node_spec(&f, &upstream, &redis, 0, &trust));
+    let (id, key) = issue(&a.config, "free");
+    all_reach(&[&a], &key, 200, Duration::from_secs(2)).await;
+    let first = redis.cli(&["HGET", RECORDS, &id]);
+    let out = cli(&a.config, &["rotate", &id, "--overlap", "1h"]);
+    assert!(out.status.success(), "{out:?}");
+    // Rolled back by hand, no feed entry: the next change must still be newer than the
+    // rotation every node holds.
+    redis.cli(&["HSET", RECORDS, &id, &first]);
+    let out = cli(&a.config, &["revoke", &id]);
+    assert!(out.status.success(), "{out:?}");
+    all_reach(&[&a], &key, 401, Duration::from_secs(1)).await;
+
+    // Another identity, written by hand: a later signed change still applies.
+    let (id2, key2) = issue(&a.config, "free");
+    all_reach(&[&a], &key2, 200, Duration::from_secs(2)).await;
+    redis.cli(&["HSET", META, "id", "0123456789abcdef0123456789abcdef"]);
+    let out = cli(&a.config, &["revoke", &id2]);
+    assert!(out.status.success(), "{out:?}");
+    all_reach(&[&a], &key2, 401, Duration::from_secs(2)).await;
+
+    // A minted record is never signed by `registry sign` once the fleet verifies.
+    let mint = f.dir.path().join("minted.toml");
+    let minted = e2e::issue_key(&mint, &f.plans, "enterprise");
+    let text = std::fs::read_to_string(&mint).unwrap();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} = \"")))
+            .map(|v| v.trim_end_matches('"').to_owned())
+            .unwrap()
+    };
+    let forged = serde_json::json!({
+        "id": field("id"), "plan": "enterprise", "sha256": field("sha256"),
+        "created_at": field("created_at"), "version": 1,
+    });
+    write_record(&redis, &field("id"), &forged.to_string());
+    let out = gateway_cli(&["registry", "sign", "--config", a.config.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains(&field("id")),
+        "{out:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(status(&a, &minted).await, 401);
 }

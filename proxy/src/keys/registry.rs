@@ -62,8 +62,10 @@ for i = 2, #ARGV, 3 do
 end
 local last = ''
 for i = 2, #ARGV, 3 do
-  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
+  -- The feed entry first: a feed that takes no entry (its last id exhausted by hand) fails the
+  -- script before any record changes, never leaving a change the nodes do not hear of.
   last = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'id', ARGV[i])
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
 end
 return {1, last}
 "#;
@@ -85,7 +87,7 @@ if have and have ~= ARGV[2] then
   return -1
 end
 if not have then
-  redis.call('HSET', KEYS[3], 'id', ARGV[2])
+  redis.call('HSETNX', KEYS[3], 'id', ARGV[2])
 end
 local written = 0
 for i = 3, #ARGV, 4 do
@@ -97,8 +99,8 @@ for i = 3, #ARGV, 4 do
     write = version < tonumber(ARGV[i + 1])
   end
   if write then
-    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
     redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'id', ARGV[i])
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
     written = written + 1
   end
 end
@@ -202,16 +204,6 @@ impl Registry {
     /// cannot be read or do not verify are left out with an error in the log and a count, never
     /// fatal: one bad record must not stop every other change from applying.
     pub(crate) fn load_on(&self, conn: &mut dyn ConnectionLike) -> Result<Loaded, KeysError> {
-        self.load_checked(conn, true)
-    }
-
-    /// As [`Registry::load_on`]; `verify` false takes every record that parses (for signing
-    /// an existing registry).
-    fn load_checked(
-        &self,
-        conn: &mut dyn ConnectionLike,
-        verify: bool,
-    ) -> Result<Loaded, KeysError> {
         let last: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
             .arg(&self.changes)
             .arg("+")
@@ -237,12 +229,7 @@ impl Registry {
         };
         let mut refused = Vec::new();
         for (id, json) in &raw {
-            let record = if verify {
-                self.accept(id, json)
-            } else {
-                parse_record(id, json).ok()
-            };
-            match record {
+            match self.accept(id, json) {
                 Some(record) => file.keys.push(record),
                 None => refused.push(id.clone()),
             }
@@ -304,19 +291,11 @@ impl Registry {
     /// changed record gets a higher version and this writer's signature.
     pub fn modify<T>(
         &self,
-        change: impl FnMut(&mut KeysFile) -> Result<T, KeysError>,
-    ) -> Result<T, KeysError> {
-        self.modify_checked(true, change)
-    }
-
-    fn modify_checked<T>(
-        &self,
-        verify: bool,
         mut change: impl FnMut(&mut KeysFile) -> Result<T, KeysError>,
     ) -> Result<T, KeysError> {
         let mut conn = self.connect()?;
         for _ in 0..ATTEMPTS {
-            let Loaded { mut file, raw, .. } = self.load_checked(conn.as_mut(), verify)?;
+            let Loaded { mut file, raw, .. } = self.load_on(conn.as_mut())?;
             let before: BTreeMap<String, KeyRecord> = file
                 .keys
                 .iter()
@@ -347,7 +326,13 @@ impl Registry {
         if record.version > was && !verify.is_empty() && verify.verify(&record).is_ok() {
             return Ok(record);
         }
-        record.version = record.version.max(was) + 1;
+        // Above what was read and above the clock in milliseconds: a registry rolled back to an
+        // older record (by a failover, or by hand) cannot make this change reuse a version the
+        // nodes already hold for another content.
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        record.version = record.version.max(was).saturating_add(1).max(now_ms);
         match &self.trust.signer {
             Some(key) => key.sign(&mut record),
             None if verify.is_empty() => record.signature = None,
@@ -382,9 +367,10 @@ impl Registry {
     }
 
     /// Signs every record that this writer's own key has not signed (records from before
-    /// signing, or signed by a retired key), each at a higher version; returns them. Every
-    /// record that parses is signed, verified or not: run it once, on a registry known to be
-    /// clean, when the fleet moves to signed records.
+    /// signing, or signed by a retired key), each at a higher version; returns them. Only
+    /// records that pass this writer's verify keys are signed: with none set (the move to
+    /// signed records) that is every record, so run it then on a registry known to be clean;
+    /// with them set (rotating the key) a forged record is never signed.
     pub fn sign_all(&self) -> Result<Vec<KeyRecord>, KeysError> {
         let Some(key) = &self.trust.signer else {
             return Err(KeysError::CannotSign(
@@ -392,12 +378,12 @@ impl Registry {
             ));
         };
         let own = VerifyKeys::parse(&[key.public_key()]).map_err(err)?;
-        self.modify_checked(false, |file| {
+        self.modify(|file| {
             let mut signed = Vec::new();
             for record in &mut file.keys {
                 if own.verify(record).is_err() {
                     signed.push(record.clone());
-                    record.version += 1;
+                    record.version = record.version.saturating_add(1);
                 }
             }
             Ok(signed)
@@ -475,14 +461,25 @@ impl Registry {
         conn: &mut dyn ConnectionLike,
         after: &str,
     ) -> Result<Changes, KeysError> {
-        let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        let entries: Vec<(String, Vec<(String, String)>)> = match redis::cmd("XRANGE")
             .arg(&self.changes)
             .arg(format!("({after}"))
             .arg("+")
             .arg("COUNT")
             .arg(1000)
             .query(conn)
-            .map_err(err)?;
+        {
+            Ok(entries) => entries,
+            // The feed cannot be read from this position (an id written by hand past any
+            // real one): reload everything rather than stall on it.
+            Err(e)
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
+            {
+                tracing::warn!(error = %e, "key registry: the change feed cannot be read from this node's position");
+                return Ok(Changes::Trimmed);
+            }
+            Err(e) => return Err(err(e)),
+        };
         // Trimmed past our position: Redis 7 remembers the newest id it deleted from the
         // stream; at or after our position means entries we never read are gone.
         let info: redis::Value = redis::cmd("XINFO")

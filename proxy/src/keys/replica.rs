@@ -80,7 +80,16 @@ pub struct Sync {
 struct Replica {
     records: BTreeMap<String, KeyRecord>,
     identity: Option<String>,
+    /// The snapshot could not be written (a full disk): the catalog is behind the replica, and
+    /// every round tries again.
+    dirty: bool,
+    /// When the whole registry was last compared with the replica.
+    compared: Option<std::time::Instant>,
 }
+
+/// How often the whole registry is compared with the replica even when the feed is quiet: a
+/// record changed or replayed without a feed entry is caught within this.
+const COMPARE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Replica {
     /// Takes `record` unless it is older than (or a different record at the same version as)
@@ -88,7 +97,9 @@ impl Replica {
     fn take(&mut self, record: KeyRecord) -> Taken {
         match self.records.get(&record.id) {
             Some(held) if *held == record => Taken::Same,
-            Some(held) if record.version > held.version || record.version + held.version == 0 => {
+            Some(held)
+                if record.version > held.version || (record.version == 0 && held.version == 0) =>
+            {
                 self.records.insert(record.id.clone(), record);
                 Taken::Changed
             }
@@ -197,6 +208,7 @@ impl Sync {
         Replica {
             records: file.keys.into_iter().map(|k| (k.id.clone(), k)).collect(),
             identity: file.registry,
+            ..Replica::default()
         }
     }
 
@@ -212,9 +224,16 @@ impl Sync {
             Some(c) => c,
             None => conn.insert(self.registry.connect()?),
         };
-        if let Some(at) = position.as_deref() {
+        if replica.dirty {
+            self.apply(replica);
+        }
+        let due = replica
+            .compared
+            .is_none_or(|at| at.elapsed() >= COMPARE_EVERY);
+        if let (Some(at), false) = (position.as_deref(), due) {
             let (identity, len) = self.registry.health(c.as_mut())?;
-            let lost = identity.is_none() || len < replica.records.len();
+            let held = replica.records.len();
+            let lost = (identity.is_none() && held > 0) || len < held;
             if identity == replica.identity && !lost {
                 return match self.registry.changes(c.as_mut(), at)? {
                     Changes::None => Ok(Round::InStep),
@@ -252,9 +271,34 @@ impl Sync {
         position: &mut Option<String>,
     ) -> Result<Round, KeysError> {
         let loaded = self.registry.load_on(c.as_mut())?;
-        if let (Some(theirs), Some(ours)) = (&loaded.file.registry, &replica.identity) {
-            if theirs != ours {
+        replica.compared = Some(std::time::Instant::now());
+        if let (Some(theirs), Some(ours)) = (&loaded.file.registry, replica.identity.clone()) {
+            // Another identity over records this node holds (or over none at all) is this
+            // registry renamed (two nodes named it at once, or one named it again after a
+            // loss): follow it. Over records none of which this node holds, it is another
+            // registry (a wrong key_prefix or redis_url).
+            let ours_there = loaded.raw.is_empty()
+                || loaded.raw.keys().any(|id| replica.records.contains_key(id));
+            if *theirs != ours && ours_there {
+                tracing::info!(registry = %theirs, was = %ours, "key registry: following the registry's identity");
+                replica.identity = Some(theirs.clone());
+            } else if *theirs != ours {
                 *position = None;
+                // Records signed by the fleet's key are the fleet's whatever the identity says
+                // (which anyone who can write to Redis can change): newer ones still apply, so
+                // a revocation is never held up; nothing is written back.
+                if !self.registry.verify_keys().is_empty() {
+                    let taken: Vec<Taken> = loaded
+                        .file
+                        .keys
+                        .iter()
+                        .cloned()
+                        .map(|r| replica.take(r))
+                        .collect();
+                    if taken.contains(&Taken::Changed) {
+                        self.apply(replica);
+                    }
+                }
                 return Ok(Round::Apart(format!(
                     "the registry's identity is {theirs}, this node's is {ours}: another \
                      registry (key_prefix, redis_url)? Move this node's snapshot aside to adopt it"
@@ -327,17 +371,21 @@ impl Sync {
     /// Writes the replica to the snapshot and reloads the catalog from it. A snapshot that
     /// cannot be written is logged (the catalog keeps its keys; the next change tries again),
     /// never a reason to stop following the feed.
-    fn apply(&self, replica: &Replica) {
+    fn apply(&self, replica: &mut Replica) {
         let mut file = KeysFile {
             registry: replica.identity.clone(),
             keys: replica.records.values().cloned().collect(),
         };
         file.sort();
         if let Err(e) = crate::keys::file::write_snapshot(&self.snapshot, &file) {
-            tracing::error!(error = %e, snapshot = %self.snapshot.display(),
-                "key registry: cannot write this node's snapshot; its keys stay as they were");
+            if !replica.dirty {
+                tracing::error!(error = %e, snapshot = %self.snapshot.display(),
+                    "key registry: cannot write this node's snapshot; its keys stay as they were until it can");
+            }
+            replica.dirty = true;
             return;
         }
+        replica.dirty = false;
         self.catalog.reload(false);
     }
 }
