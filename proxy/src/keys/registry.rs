@@ -545,7 +545,23 @@ fn reject(reason: &'static str, message: &str) {
         .registry_rejected_records
         .with_label_values(&[reason])
         .inc();
-    tracing::error!(reason, "key registry: record refused: {message}");
+    if first_time(message) {
+        tracing::error!(reason, "key registry: record refused: {message}");
+    }
+}
+
+/// Whether this refusal is new: a record refused again at every comparison (a junk record left
+/// in Redis) is counted each time but logged once. Bounded: past 10,000 it starts over.
+fn first_time(message: &str) -> bool {
+    static SEEN: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<String>>> =
+        std::sync::LazyLock::new(Default::default);
+    let Ok(mut seen) = SEEN.lock() else {
+        return true;
+    };
+    if seen.len() >= 10_000 {
+        seen.clear();
+    }
+    seen.insert(message.to_owned())
 }
 
 fn parse_record(id: &str, json: &str) -> Result<KeyRecord, KeysError> {
@@ -600,6 +616,16 @@ fn stream_id(id: &str) -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_seen_again_is_not_logged_again() {
+        let message = "record `key_test_first_time` (version 3): unsigned";
+        assert!(first_time(message));
+        assert!(!first_time(message));
+        assert!(first_time(
+            "record `key_test_first_time` (version 4): unsigned"
+        ));
+    }
 
     #[test]
     fn a_record_whose_id_is_no_key_id_is_refused() {

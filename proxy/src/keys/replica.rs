@@ -204,7 +204,18 @@ impl Sync {
 
     /// The records and identity of this node's snapshot (the keys it served last time).
     fn snapshot_replica(&self) -> Replica {
-        let file = KeysFile::load(&self.snapshot).unwrap_or_default();
+        let file = match KeysFile::load(&self.snapshot) {
+            Ok(file) => file,
+            Err(e) => {
+                // Not silently: without its snapshot the node forgets the versions it held, so
+                // it would take a replayed older record until the fleet writes the newer back.
+                if self.snapshot.exists() {
+                    tracing::error!(error = %e, snapshot = %self.snapshot.display(),
+                        "key registry: this node's snapshot cannot be read; starting without it");
+                }
+                KeysFile::default()
+            }
+        };
         Replica {
             records: file.keys.into_iter().map(|k| (k.id.clone(), k)).collect(),
             identity: file.registry,
