@@ -414,6 +414,17 @@ async fn rollbacks_spoofed_identities_and_forged_records_do_not_stop_a_revocatio
     let first = redis.cli(&["HGET", RECORDS, &id]);
     let out = cli(&a.config, &["rotate", &id, "--overlap", "1h"]);
     assert!(out.status.success(), "{out:?}");
+    let snapshot = f.dir.path().join("node-0-keys.toml");
+    eventually(
+        Duration::from_secs(2),
+        "the node holds the rotation",
+        || {
+            std::fs::read_to_string(&snapshot)
+                .unwrap_or_default()
+                .contains("rotated_to")
+        },
+    )
+    .await;
     // Rolled back by hand, no feed entry: the next change must still be newer than the
     // rotation every node holds.
     redis.cli(&["HSET", RECORDS, &id, &first]);
