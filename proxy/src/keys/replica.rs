@@ -281,7 +281,7 @@ impl Sync {
         replica: &mut Replica,
         position: &mut Option<String>,
     ) -> Result<Round, KeysError> {
-        let loaded = self.registry.load_on(c.as_mut())?;
+        let loaded = self.registry.load_known(c.as_mut(), &replica.records)?;
         replica.compared = Some(std::time::Instant::now());
         if let (Some(theirs), Some(ours)) = (&loaded.file.registry, replica.identity.clone()) {
             // Another identity over records this node holds (or over none at all) is this
