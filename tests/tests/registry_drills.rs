@@ -464,3 +464,35 @@ async fn rollbacks_spoofed_identities_and_forged_records_do_not_stop_a_revocatio
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(status(&a, &minted).await, 401);
 }
+
+/// A feed whose last id was exhausted by hand (`XADD` with the largest id): the nodes do not
+/// reload over and over, key changes fail loudly, and once the operator deletes the feed they
+/// work again and reach the nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_feed_neither_spins_the_nodes_nor_hides_a_change() {
+    let f = Fixture::new(600, 100_000);
+    let redis = RedisServer::start();
+    let upstream = EchoUpstream::start();
+    let a = f.gateway(&node_spec(&f, &upstream, &redis, 0, ""));
+    let (id, key) = issue(&a.config, "free");
+    all_reach(&[&a], &key, 200, Duration::from_secs(2)).await;
+    redis.cli(&[
+        "XADD",
+        FEED,
+        "18446744073709551615-18446744073709551615",
+        "id",
+        "x",
+    ]);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let reloads = |gw: &GatewayProcess| gw.log_text().matches("reloaded part=\"keys\"").count();
+    let before = reloads(&a);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(reloads(&a) <= before + 1, "the node reloads over and over");
+    let out = cli(&a.config, &["revoke", &id]);
+    assert!(!out.status.success(), "{out:?}");
+    assert_eq!(status(&a, &key).await, 200, "no half-done change");
+    redis.cli(&["DEL", FEED]);
+    let out = cli(&a.config, &["revoke", &id]);
+    assert!(out.status.success(), "{out:?}");
+    all_reach(&[&a], &key, 401, Duration::from_secs(2)).await;
+}

@@ -475,25 +475,6 @@ impl Registry {
         conn: &mut dyn ConnectionLike,
         after: &str,
     ) -> Result<Changes, KeysError> {
-        let entries: Vec<(String, Vec<(String, String)>)> = match redis::cmd("XRANGE")
-            .arg(&self.changes)
-            .arg(format!("({after}"))
-            .arg("+")
-            .arg("COUNT")
-            .arg(1000)
-            .query(conn)
-        {
-            Ok(entries) => entries,
-            // The feed cannot be read from this position (an id written by hand past any
-            // real one): reload everything rather than stall on it.
-            Err(e)
-                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
-            {
-                tracing::warn!(error = %e, "key registry: the change feed cannot be read from this node's position");
-                return Ok(Changes::Trimmed);
-            }
-            Err(e) => return Err(err(e)),
-        };
         // Trimmed past our position: Redis 7 remembers the newest id it deleted from the
         // stream; at or after our position means entries we never read are gone.
         let info: redis::Value = redis::cmd("XINFO")
@@ -513,9 +494,34 @@ impl Registry {
         {
             return Ok(Changes::Trimmed);
         }
-        if stream_field(&info, "last-generated-id").unwrap_or((0, 0)) < stream_id(after) {
+        let last = stream_field(&info, "last-generated-id").unwrap_or((0, 0));
+        if last < stream_id(after) {
             return Ok(Changes::Behind);
         }
+        // Nothing after our position (also where an id written by hand exhausted the feed,
+        // which XRANGE past it would refuse): no round trip more, no reload.
+        if last == stream_id(after) {
+            return Ok(Changes::None);
+        }
+        let entries: Vec<(String, Vec<(String, String)>)> = match redis::cmd("XRANGE")
+            .arg(&self.changes)
+            .arg(format!("({after}"))
+            .arg("+")
+            .arg("COUNT")
+            .arg(1000)
+            .query(conn)
+        {
+            Ok(entries) => entries,
+            // The feed cannot be read from this position (an id written by hand past any
+            // real one): reload everything rather than stall on it.
+            Err(e)
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
+            {
+                tracing::warn!(error = %e, "key registry: the change feed cannot be read from this node's position");
+                return Ok(Changes::Trimmed);
+            }
+            Err(e) => return Err(err(e)),
+        };
         let Some((position, _)) = entries.last() else {
             return Ok(Changes::None);
         };

@@ -83,13 +83,7 @@ struct Replica {
     /// The snapshot could not be written (a full disk): the catalog is behind the replica, and
     /// every round tries again.
     dirty: bool,
-    /// When the whole registry was last compared with the replica.
-    compared: Option<std::time::Instant>,
 }
-
-/// How often the whole registry is compared with the replica even when the feed is quiet: a
-/// record changed or replayed without a feed entry is caught within this.
-const COMPARE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Replica {
     /// Takes `record` unless it is older than (or a different record at the same version as)
@@ -238,10 +232,7 @@ impl Sync {
         if replica.dirty {
             self.apply(replica);
         }
-        let due = replica
-            .compared
-            .is_none_or(|at| at.elapsed() >= COMPARE_EVERY);
-        if let (Some(at), false) = (position.as_deref(), due) {
+        if let Some(at) = position.as_deref() {
             let (identity, len) = self.registry.health(c.as_mut())?;
             let held = replica.records.len();
             let lost = (identity.is_none() && held > 0) || len < held;
@@ -282,30 +273,35 @@ impl Sync {
         position: &mut Option<String>,
     ) -> Result<Round, KeysError> {
         let loaded = self.registry.load_known(c.as_mut(), &replica.records)?;
-        replica.compared = Some(std::time::Instant::now());
         if let (Some(theirs), Some(ours)) = (&loaded.file.registry, replica.identity.clone()) {
-            // Another identity over records this node holds (or over none at all) is this
-            // registry renamed (two nodes named it at once, or one named it again after a
-            // loss): follow it. Over records none of which this node holds, it is another
-            // registry (a wrong key_prefix or redis_url).
+            // Another identity over a record this node holds, the very same (verified, same
+            // version and content), or over none at all, is this registry renamed (two nodes
+            // named it at once, or one named it again after a loss): follow it. Otherwise it
+            // is another registry (a wrong key_prefix or redis_url).
             let ours_there = loaded.raw.is_empty()
-                || loaded.raw.keys().any(|id| replica.records.contains_key(id));
+                || loaded
+                    .file
+                    .keys
+                    .iter()
+                    .any(|k| replica.records.get(&k.id) == Some(k));
             if *theirs != ours && ours_there {
                 tracing::info!(registry = %theirs, was = %ours, "key registry: following the registry's identity");
                 replica.identity = Some(theirs.clone());
             } else if *theirs != ours {
                 *position = None;
                 // Records signed by the fleet's key are the fleet's whatever the identity says
-                // (which anyone who can write to Redis can change): newer ones still apply, so
-                // a revocation is never held up; nothing is written back.
+                // (which anyone who can write to Redis can change): newer versions of the
+                // records this node holds still apply, so a revocation is never held up;
+                // nothing is written back, and no record it does not hold is taken.
                 if !self.registry.verify_keys().is_empty() {
-                    let taken: Vec<Taken> = loaded
+                    let held: Vec<KeyRecord> = loaded
                         .file
                         .keys
                         .iter()
+                        .filter(|r| replica.records.contains_key(&r.id))
                         .cloned()
-                        .map(|r| replica.take(r))
                         .collect();
+                    let taken: Vec<Taken> = held.into_iter().map(|r| replica.take(r)).collect();
                     if taken.contains(&Taken::Changed) {
                         self.apply(replica);
                     }
