@@ -469,14 +469,13 @@ impl Registry {
         Ok(Some(written))
     }
 
-    /// The records changed after feed position `after`.
-    pub fn changes(
+    /// What the feed's own record says of position `after`, when that settles the poll
+    /// (trimmed past it, behind it, or nothing after it); `None` when there is news to read.
+    fn feed_state(
         &self,
         conn: &mut dyn ConnectionLike,
         after: &str,
-    ) -> Result<Changes, KeysError> {
-        // Trimmed past our position: Redis 7 remembers the newest id it deleted from the
-        // stream; at or after our position means entries we never read are gone.
+    ) -> Result<Option<Changes>, KeysError> {
         let info: redis::Value = redis::cmd("XINFO")
             .arg("STREAM")
             .arg(&self.changes)
@@ -489,19 +488,30 @@ impl Registry {
                 }
             })
             .map_err(err)?;
-        if stream_field(&info, "max-deleted-entry-id")
-            .is_some_and(|deleted| deleted >= stream_id(after))
-        {
-            return Ok(Changes::Trimmed);
+        let at = stream_id(after);
+        // Trimmed past our position: Redis 7 remembers the newest id it deleted from the
+        // stream; at or after our position means entries we never read are gone.
+        if stream_field(&info, "max-deleted-entry-id").is_some_and(|deleted| deleted >= at) {
+            return Ok(Some(Changes::Trimmed));
         }
         let last = stream_field(&info, "last-generated-id").unwrap_or((0, 0));
-        if last < stream_id(after) {
-            return Ok(Changes::Behind);
-        }
-        // Nothing after our position (also where an id written by hand exhausted the feed,
-        // which XRANGE past it would refuse): no round trip more, no reload.
-        if last == stream_id(after) {
-            return Ok(Changes::None);
+        Ok(match last.cmp(&at) {
+            std::cmp::Ordering::Less => Some(Changes::Behind),
+            // Nothing after our position (also where an id written by hand exhausted the
+            // feed, which XRANGE past it would refuse): no round trip more, no reload.
+            std::cmp::Ordering::Equal => Some(Changes::None),
+            std::cmp::Ordering::Greater => None,
+        })
+    }
+
+    /// The records changed after feed position `after`.
+    pub fn changes(
+        &self,
+        conn: &mut dyn ConnectionLike,
+        after: &str,
+    ) -> Result<Changes, KeysError> {
+        if let Some(answer) = self.feed_state(conn, after)? {
+            return Ok(answer);
         }
         let entries: Vec<(String, Vec<(String, String)>)> = match redis::cmd("XRANGE")
             .arg(&self.changes)

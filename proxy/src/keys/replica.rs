@@ -89,6 +89,15 @@ impl Replica {
     /// Takes `record` unless it is older than (or a different record at the same version as)
     /// the one held; records from before versions (both 0) are taken as they come.
     fn take(&mut self, record: KeyRecord) -> Taken {
+        if record.version > version_horizon() {
+            METRICS
+                .registry_rejected_records
+                .with_label_values(&["future"])
+                .inc();
+            tracing::error!(key_id = %record.id, version = record.version,
+                "key registry: record refused: its version is more than a day ahead of this node's clock");
+            return Taken::Older;
+        }
         match self.records.get(&record.id) {
             Some(held) if *held == record => Taken::Same,
             Some(held)
@@ -113,6 +122,16 @@ impl Replica {
             }
         }
     }
+}
+
+/// The highest version a node takes: a day past its clock in milliseconds. Writers' versions
+/// are at least their clock, so a version far beyond it was written by hand, and taking it
+/// would leave no room above it for the next change (a revocation).
+fn version_horizon() -> u64 {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    now_ms.saturating_add(86_400_000)
 }
 
 /// What became of a record read from the registry.
@@ -394,5 +413,49 @@ impl Sync {
         }
         replica.dirty = false;
         self.catalog.reload(false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(version: u64) -> KeyRecord {
+        KeyRecord {
+            id: "key_1".into(),
+            name: None,
+            plan: "free".into(),
+            sha256: "ab".repeat(32),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            revoked_at: None,
+            expires_at: None,
+            per_minute: None,
+            per_day: None,
+            quota_of: None,
+            rotated_to: None,
+            version,
+            signature: None,
+        }
+    }
+
+    #[test]
+    fn a_node_takes_newer_versions_only_and_none_past_its_horizon() {
+        let mut replica = Replica::default();
+        assert!(replica.take(record(5)) == Taken::Changed);
+        assert!(replica.take(record(5)) == Taken::Same);
+        let mut other = record(5);
+        other.plan = "enterprise".into();
+        assert!(
+            replica.take(other) == Taken::Older,
+            "same version, other content"
+        );
+        assert!(replica.take(record(4)) == Taken::Older);
+        assert!(
+            replica.take(record(u64::MAX)) == Taken::Older,
+            "past the horizon"
+        );
+        let near = version_horizon() - 1;
+        assert!(replica.take(record(near)) == Taken::Changed);
+        assert_eq!(replica.records["key_1"].version, near);
     }
 }
