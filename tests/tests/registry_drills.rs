@@ -106,6 +106,26 @@ fn write_record(redis: &RedisServer, id: &str, json: &str) {
     redis.cli(&["XADD", FEED, "*", "id", id]);
 }
 
+/// A key of a forger's own making: a valid key and its record (from a keys file of their own),
+/// written into the registry unsigned, on plan `enterprise`. Returns its id and the key.
+fn mint_into(f: &Fixture, redis: &RedisServer) -> (String, String) {
+    let mint = f.dir.path().join("minted.toml");
+    let minted = e2e::issue_key(&mint, &f.plans, "enterprise");
+    let text = std::fs::read_to_string(&mint).unwrap();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} = \"")))
+            .map(|v| v.trim_end_matches('"').to_owned())
+            .unwrap()
+    };
+    let forged = serde_json::json!({
+        "id": field("id"), "plan": "enterprise", "sha256": field("sha256"),
+        "created_at": field("created_at"), "version": 1,
+    });
+    write_record(redis, &field("id"), &forged.to_string());
+    (field("id"), minted)
+}
+
 /// Redis restarted without persistence under a running fleet: within 2 s of it accepting
 /// connections every record is back (written back by the nodes), a key issued before can be
 /// revoked and its revocation applies on every node within 1 s, and a node started afterwards
@@ -256,21 +276,7 @@ async fn forged_records_are_refused_on_every_node() {
     all_reach(&[&a, &b], &key_a, 200, Duration::from_secs(2)).await;
 
     // A key of the forger's own making: a valid key and its record, from a keys file.
-    let mint = f.dir.path().join("minted.toml");
-    let minted = e2e::issue_key(&mint, &f.plans, "enterprise");
-    let record = std::fs::read_to_string(&mint).unwrap();
-    let field = |name: &str| {
-        record
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} = \"")))
-            .map(|v| v.trim_end_matches('"').to_owned())
-            .unwrap()
-    };
-    let forged = serde_json::json!({
-        "id": field("id"), "plan": "enterprise", "sha256": field("sha256"),
-        "created_at": field("created_at"), "version": 1,
-    });
-    write_record(&redis, &field("id"), &forged.to_string());
+    let (_, minted) = mint_into(&f, &redis);
     // A's record with its plan raised and its version too, signature kept.
     let mut upgraded: Value = serde_json::from_str(&redis.cli(&["HGET", RECORDS, &a_id])).unwrap();
     upgraded["plan"] = "enterprise".into();
@@ -441,24 +447,11 @@ async fn rollbacks_spoofed_identities_and_forged_records_do_not_stop_a_revocatio
     all_reach(&[&a], &key2, 401, Duration::from_secs(2)).await;
 
     // A minted record is never signed by `registry sign` once the fleet verifies.
-    let mint = f.dir.path().join("minted.toml");
-    let minted = e2e::issue_key(&mint, &f.plans, "enterprise");
-    let text = std::fs::read_to_string(&mint).unwrap();
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} = \"")))
-            .map(|v| v.trim_end_matches('"').to_owned())
-            .unwrap()
-    };
-    let forged = serde_json::json!({
-        "id": field("id"), "plan": "enterprise", "sha256": field("sha256"),
-        "created_at": field("created_at"), "version": 1,
-    });
-    write_record(&redis, &field("id"), &forged.to_string());
+    let (minted_id, minted) = mint_into(&f, &redis);
     let out = gateway_cli(&["registry", "sign", "--config", a.config.to_str().unwrap()]);
     assert!(out.status.success(), "{out:?}");
     assert!(
-        !String::from_utf8_lossy(&out.stdout).contains(&field("id")),
+        !String::from_utf8_lossy(&out.stdout).contains(&minted_id),
         "{out:?}"
     );
     tokio::time::sleep(Duration::from_millis(600)).await;

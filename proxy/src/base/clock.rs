@@ -14,6 +14,13 @@ pub fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
+/// Unix milliseconds: the floor of a key record's version (writers) and its horizon (nodes).
+pub fn unix_now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// Where a component reads the time: the system clock, or (in tests) a hand-moved one, so that
 /// window and ban tests step over minutes without sleeping through them.
 #[derive(Debug, Clone, Default)]

@@ -86,6 +86,26 @@ pub struct KeyRecord {
     pub signature: Option<String>,
 }
 
+/// A record for the tests of the modules that read records.
+#[cfg(test)]
+pub(crate) fn sample_record(version: u64) -> KeyRecord {
+    KeyRecord {
+        id: "key_1".into(),
+        name: Some("acme".into()),
+        plan: "free".into(),
+        sha256: "ab".repeat(32),
+        created_at: "2026-01-01T00:00:00Z".into(),
+        revoked_at: None,
+        expires_at: None,
+        per_minute: None,
+        per_day: None,
+        quota_of: None,
+        rotated_to: None,
+        version,
+        signature: None,
+    }
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }

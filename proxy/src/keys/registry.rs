@@ -343,10 +343,11 @@ impl Registry {
         // Above what was read and above the clock in milliseconds: a registry rolled back to an
         // older record (by a failover, or by hand) cannot make this change reuse a version the
         // nodes already hold for another content.
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        record.version = record.version.max(was).saturating_add(1).max(now_ms);
+        record.version = record
+            .version
+            .max(was)
+            .saturating_add(1)
+            .max(crate::base::clock::unix_now_ms());
         match &self.trust.signer {
             Some(key) => key.sign(&mut record),
             None if verify.is_empty() => record.signature = None,

@@ -128,10 +128,7 @@ impl Replica {
 /// are at least their clock, so a version far beyond it was written by hand, and taking it
 /// would leave no room above it for the next change (a revocation).
 fn version_horizon() -> u64 {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    now_ms.saturating_add(86_400_000)
+    crate::base::clock::unix_now_ms().saturating_add(86_400_000)
 }
 
 /// What became of a record read from the registry.
@@ -421,21 +418,7 @@ mod tests {
     use super::*;
 
     fn record(version: u64) -> KeyRecord {
-        KeyRecord {
-            id: "key_1".into(),
-            name: None,
-            plan: "free".into(),
-            sha256: "ab".repeat(32),
-            created_at: "2026-01-01T00:00:00Z".into(),
-            revoked_at: None,
-            expires_at: None,
-            per_minute: None,
-            per_day: None,
-            quota_of: None,
-            rotated_to: None,
-            version,
-            signature: None,
-        }
+        crate::keys::record::sample_record(version)
     }
 
     #[test]

@@ -229,21 +229,7 @@ mod tests {
     use super::*;
 
     fn record() -> KeyRecord {
-        KeyRecord {
-            id: "key_1".into(),
-            name: Some("acme".into()),
-            plan: "free".into(),
-            sha256: "ab".repeat(32),
-            created_at: "2026-01-01T00:00:00Z".into(),
-            revoked_at: None,
-            expires_at: None,
-            per_minute: None,
-            per_day: None,
-            quota_of: None,
-            rotated_to: None,
-            version: 3,
-            signature: None,
-        }
+        crate::keys::record::sample_record(3)
     }
 
     fn pair(dir: &Path, name: &str) -> (SigningKey, VerifyKeys) {
