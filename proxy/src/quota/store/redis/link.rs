@@ -118,7 +118,10 @@ impl Link {
         if let Some(c) = &self.inner.state.load().conn {
             return Ok(c.clone());
         }
-        self.connect().await
+        // Boxed: inline, the cold path's state (a lock held, a connection being made) would be
+        // part of every call's future and copied with it on every call (about 1,500
+        // instructions a decision in callgrind, bench/RESULTS.md).
+        Box::pin(self.connect()).await
     }
 
     /// Makes the connection from the prepared client; with none prepared yet (a Sentinel
@@ -203,7 +206,7 @@ impl Link {
             };
             result.map_err(|e| StoreError::Unavailable(e.to_string()))
         };
-        self.deadline(call).await
+        self.settle(tokio::time::timeout(self.inner.timeout, call).await)
     }
 
     /// Runs one script invocation under the deadline.
@@ -217,15 +220,18 @@ impl Link {
                 Conn::Cluster(mut c) => invoke_on(invocation, &mut c).await,
             }
         };
-        self.deadline(call).await
+        // The deadline is awaited here rather than in a helper that takes the call: every move
+        // of a future is a copy of it, on every call.
+        self.settle(tokio::time::timeout(self.inner.timeout, call).await)
     }
 
-    /// `call` under the deadline; a failure a new connection could cure starts a refresh.
-    async fn deadline<T>(
+    /// A call's outcome under the deadline; a failure a new connection could cure starts a
+    /// refresh.
+    fn settle<T>(
         &self,
-        call: impl std::future::Future<Output = Result<T, StoreError>>,
+        outcome: Result<Result<T, StoreError>, tokio::time::error::Elapsed>,
     ) -> Result<T, StoreError> {
-        let result = match tokio::time::timeout(self.inner.timeout, call).await {
+        let result = match outcome {
             Err(_) => Err(StoreError::Timeout(self.inner.timeout)),
             Ok(result) => result,
         };

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Instructions per request of pet-gateway builds, counted by valgrind's callgrind.
+
+CPU time on a shared machine moves by several per cent between runs; an instruction count does
+not. For each build given (`--bin-dir DIR`, repeatable: an A/B of commits), the gateway runs under
+`valgrind --tool=callgrind` with one worker thread in front of a static nginx upstream; curl sends
+a warm-up phase, callgrind's counters are dumped and zeroed, then the measured phase of
+`--requests` requests on one kept-alive connection is sent and dumped. That second dump's total
+divided by the requests is the figure: start-up, key loading and shutdown are outside it.
+
+Scenarios: the embedded store admitting, and refusing (429), and (with `--redis`) the Redis store
+admitting. Needs valgrind, nginx, curl and (for `--redis`) redis-server.
+"""
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench  # noqa: E402  (the bench's own process, port and key helpers)
+
+
+def total_instructions(dump):
+    """The `summary:` (or `totals:`) line of one callgrind dump: the instructions it counted."""
+    for line in dump.read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise SystemExit(f"{dump}: no summary line")
+
+
+def send(port, key, count):
+    """`count` GETs on one kept-alive connection (curl's URL globbing reuses it)."""
+    url = f"http://127.0.0.1:{port}/v1/pets?n=[1-{count}]"
+    subprocess.run(["curl", "-s", "-o", "/dev/null", "-H", f"Authorization: Bearer {key}", url],
+                   check=True)
+
+
+def dump(pid, out):
+    """Dump and zero the counters of the callgrind run `pid`; return the new dump's path."""
+    before = set(out.parent.glob(out.name + "*"))
+    subprocess.run(["callgrind_control", "--dump", str(pid)], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        new = set(out.parent.glob(out.name + "*")) - before
+        if new:
+            time.sleep(0.2)  # written whole before the next read
+            return new.pop()
+        time.sleep(0.1)
+    raise SystemExit("callgrind wrote no dump within 30 s")
+
+
+def measure(bin_dir, work, static, plans, keys_file, redis_url, key, warmup, requests):
+    procs = bench.Procs()
+    try:
+        port, admin = bench.free_port(), bench.free_port()
+        name = f"ir-{port}"
+        cfg = work / f"{name}.toml"
+        cfg.write_text(
+            f'environment = "bench"\nlisten = "127.0.0.1:{port}"\nadmin_listen = "127.0.0.1:{admin}"\n'
+            f'upstreams = ["127.0.0.1:{static}"]\nkeys_file = "{keys_file}"\nplans_dir = "{plans}"\n'
+            f'key_prefix = "bench:{name}"\nthreads = 1\nupgrade_sock = "{work}/{name}.sock"\n'
+            + (f'redis_url = "{redis_url}"\nstore_timeout_ms = 5000\n' if redis_url else "")
+            + "[ban]\nstrikes = 1000000000\n")
+        out = work / f"{name}.callgrind"
+        p = procs.start(["valgrind", "--tool=callgrind", "--compress-strings=no",
+                         f"--callgrind-out-file={out}",
+                         str(Path(bin_dir) / "pet-gateway"), "serve", "--config", str(cfg)],
+                        env={"RUST_LOG": "warn", "PATH": "/usr/bin:/bin"},
+                        stderr=open(work / f"{name}.log", "w"))
+        bench.wait_port(port, timeout=120)
+        send(port, key, warmup)
+        dump(p.pid, out)
+        send(port, key, requests)
+        return total_instructions(dump(p.pid, out)) / requests
+    finally:
+        procs.stop_all()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin-dir", action="append", required=True,
+                    help="a build's folder of pet-gateway (repeat for an A/B)")
+    ap.add_argument("--requests", type=int, default=2000, help="requests in the measured phase")
+    ap.add_argument("--warmup", type=int, default=300, help="requests before it")
+    ap.add_argument("--redis", action="store_true", help="add the Redis store's admitted row")
+    args = ap.parse_args()
+
+    procs = bench.Procs()
+    work = Path(tempfile.mkdtemp(prefix="pet-ir-"))
+    try:
+        nginx_bin = bench.shutil.which("nginx") or "/usr/sbin/nginx"
+        static = bench.free_port()
+        bench.start_nginx(procs, nginx_bin, work / "static", static,
+                          f"  server {{ listen 127.0.0.1:{static}; location / {{ default_type "
+                          "application/json; return 200 '[]'; } }")
+        plans = work / "plans"
+        plans.mkdir()
+        (plans / "unlimited.toml").write_text("requests_per_minute = 100000000\nrequests_per_day = 1000000000\n")
+        (plans / "tiny.toml").write_text("requests_per_minute = 1\nrequests_per_day = 1\n")
+        keys_file = work / "keys.toml"
+        admitted = bench.write_keys(keys_file, "unlimited", 1, "admitted")[0]
+        refused = bench.append_keys(keys_file, "tiny", 1, "refused")[0]
+        redis_url = None
+        if args.redis:
+            _, redis_port = bench.start_redis(procs)
+            redis_url = f"redis://127.0.0.1:{redis_port}/"
+        rows = [("embedded, admitted", None, admitted), ("embedded, refused (429)", None, refused)]
+        if redis_url:
+            rows.append(("Redis, admitted", redis_url, admitted))
+        dirs = args.bin_dir
+        print("| instructions per request | " + " | ".join(dirs) + " |")
+        print("|---|" + "---:|" * len(dirs))
+        for label, url, key in rows:
+            figures = [measure(d, work, static, plans, keys_file, url, key, args.warmup, args.requests)
+                       for d in dirs]
+            print(f"| {label} | " + " | ".join(f"{f:,.0f}" for f in figures) + " |", flush=True)
+    finally:
+        procs.stop_all()
+
+
+if __name__ == "__main__":
+    main()
