@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::process::{bin_path, free_addr, wait_for_listener, Backend, Process};
 use crate::tls::TestCert;
@@ -178,6 +178,64 @@ impl GatewayProcess {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// The status of `GET /v1/pets` with `key`.
+    pub async fn status(&self, key: &str) -> u16 {
+        reqwest::Client::new()
+            .get(self.url("/v1/pets"))
+            .bearer_auth(key)
+            .send()
+            .await
+            .expect("the gateway answers")
+            .status()
+            .as_u16()
+    }
+}
+
+/// Waits until every node answers `want` for `key`; returns how long the slowest took.
+pub async fn all_reach<'a>(
+    nodes: impl IntoIterator<Item = &'a GatewayProcess>,
+    key: &str,
+    want: u16,
+    within: Duration,
+) -> Duration {
+    let started = Instant::now();
+    let mut pending: Vec<&GatewayProcess> = nodes.into_iter().collect();
+    while !pending.is_empty() {
+        let mut still = Vec::new();
+        for gw in pending {
+            if gw.status(key).await != want {
+                still.push(gw);
+            }
+        }
+        pending = still;
+        assert!(
+            started.elapsed() < within,
+            "{} node(s) never answered {want} within {within:?}",
+            pending.len()
+        );
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    started.elapsed()
+}
+
+/// Waits until `check` holds, for at most `within`.
+pub async fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !check() {
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `pet-gateway keys ARGS --config CONFIG`.
+pub fn keys_cli(config: &Path, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["keys"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--config", config.to_str().expect("a UTF-8 path")]);
+    gateway_cli(&all)
 }
 
 /// Writes `spec` as a config file in `dir` (on fresh ports), for commands such as `check`.

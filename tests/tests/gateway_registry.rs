@@ -3,43 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use e2e::{gateway_cli, EchoUpstream, Fixture, GatewayProcess, GatewaySpec, RedisServer};
+use e2e::{all_reach, keys_cli, EchoUpstream, Fixture, GatewayProcess, GatewaySpec, RedisServer};
 use serde_json::Value;
-
-async fn status(gw: &GatewayProcess, key: &str) -> u16 {
-    reqwest::Client::new()
-        .get(gw.url("/v1/pets"))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
-}
-
-/// Waits until every node answers `want` for `key`; returns how long the slowest took.
-async fn all_reach(nodes: &[GatewayProcess], key: &str, want: u16, within: Duration) -> Duration {
-    let started = Instant::now();
-    let mut pending: Vec<&GatewayProcess> = nodes.iter().collect();
-    while !pending.is_empty() {
-        let mut still = Vec::new();
-        for gw in pending {
-            if status(gw, key).await != want {
-                still.push(gw);
-            }
-        }
-        pending = still;
-        assert!(
-            started.elapsed() < within,
-            "{} node(s) never answered {want} within {within:?}",
-            pending.len()
-        );
-        if !pending.is_empty() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    started.elapsed()
-}
 
 fn node_spec(
     f: &Fixture,
@@ -52,13 +17,6 @@ fn node_spec(
     spec.keys_file = f.dir.path().join(format!("node-{n}-keys.toml"));
     spec.extra = "keys_source = \"store\"\nstore_timeout_ms = 500\n".into();
     spec
-}
-
-fn cli(config: &std::path::Path, args: &[&str]) -> std::process::Output {
-    let mut all = vec!["keys"];
-    all.extend_from_slice(args);
-    all.extend_from_slice(&["--config", config.to_str().unwrap()]);
-    gateway_cli(&all)
 }
 
 fn issued(out: &std::process::Output) -> String {
@@ -82,16 +40,16 @@ async fn three_nodes_apply_issues_and_revocations_within_a_second_and_survive_re
     let nodes: Vec<GatewayProcess> = specs.iter().map(|s| f.gateway(s)).collect();
     let config = nodes[0].config.clone();
 
-    let key = issued(&cli(&config, &["issue", "--plan", "free"]));
+    let key = issued(&keys_cli(&config, &["issue", "--plan", "free"]));
     let took = all_reach(&nodes, &key, 200, Duration::from_secs(1)).await;
     println!("issue applied on all three nodes after {took:?}");
     let id = {
-        let out = cli(&config, &["list", "--json"]);
+        let out = keys_cli(&config, &["list", "--json"]);
         assert!(out.status.success(), "{out:?}");
         let list: Value = serde_json::from_slice(&out.stdout).unwrap();
         list[0]["id"].as_str().unwrap().to_owned()
     };
-    let keeper = issued(&cli(&config, &["issue", "--plan", "free"]));
+    let keeper = issued(&keys_cli(&config, &["issue", "--plan", "free"]));
     all_reach(&nodes, &keeper, 200, Duration::from_secs(1)).await;
 
     // A token whose checksum fails is refused before any lookup, and costs the store nothing.
@@ -127,7 +85,7 @@ async fn three_nodes_apply_issues_and_revocations_within_a_second_and_survive_re
     );
     assert_eq!(scripts(&redis), before, "no store call for a malformed key");
 
-    let out = cli(&config, &["revoke", &id]);
+    let out = keys_cli(&config, &["revoke", &id]);
     assert!(out.status.success(), "{out:?}");
     let took = all_reach(&nodes, &key, 401, Duration::from_secs(1)).await;
     println!("revocation applied on all three nodes after {took:?}");
@@ -144,15 +102,15 @@ async fn three_nodes_apply_issues_and_revocations_within_a_second_and_survive_re
     let mut nodes = nodes;
     redis.process.kill_hard();
     for gw in &nodes {
-        assert_eq!(status(gw, &keeper).await, 200);
-        assert_eq!(status(gw, &key).await, 401);
+        assert_eq!(gw.status(&keeper).await, 200);
+        assert_eq!(gw.status(&key).await, 401);
     }
     // A node restarted while Redis is down starts from its snapshot, and says so.
     let restarted = nodes.pop().unwrap();
     drop(restarted);
     let again = f.gateway(&specs[2]);
-    assert_eq!(status(&again, &keeper).await, 200);
-    assert_eq!(status(&again, &key).await, 401);
+    assert_eq!(again.status(&keeper).await, 200);
+    assert_eq!(again.status(&key).await, 401);
     let ready: Value = reqwest::get(again.admin_url("/readyz"))
         .await
         .unwrap()
@@ -181,10 +139,10 @@ async fn import_round_trips_a_keys_file_and_a_node_without_snapshot_or_redis_is_
     let gw = f.gateway(&spec);
     let config = gw.config.clone();
     for _ in 0..2 {
-        let out = cli(&config, &["import", "--from", f.keys.to_str().unwrap()]);
+        let out = keys_cli(&config, &["import", "--from", f.keys.to_str().unwrap()]);
         assert!(out.status.success(), "{out:?}");
     }
-    let out = cli(&config, &["list", "--json"]);
+    let out = keys_cli(&config, &["list", "--json"]);
     let list: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         list.as_array().unwrap().len(),
@@ -209,7 +167,7 @@ async fn import_round_trips_a_keys_file_and_a_node_without_snapshot_or_redis_is_
     imported.sort();
     assert_eq!(file, imported, "the same records");
     let started = Instant::now();
-    while status(&gw, &a).await != 200 {
+    while gw.status(&a).await != 200 {
         assert!(
             started.elapsed() < Duration::from_secs(1),
             "imported keys never applied"
@@ -255,7 +213,7 @@ async fn an_empty_registry_never_wipes_a_nodes_keys_and_is_healed_from_them() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(status(&gw, &key).await, 200, "the keys were kept");
+    assert_eq!(gw.status(&key).await, 200, "the keys were kept");
     assert_eq!(gw.metric("pet_gateway_registry_repairs_total").await, 1.0);
     assert!(gw.log_text().contains("wrote back"), "{}", gw.log_text());
     assert!(
@@ -264,7 +222,7 @@ async fn an_empty_registry_never_wipes_a_nodes_keys_and_is_healed_from_them() {
     );
     // A node that never had the key takes it from the healed registry.
     let fresh = f.gateway(&node_spec(&f, upstream.addr, &redis, 1));
-    all_reach(&[fresh], &key, 200, Duration::from_secs(2)).await;
+    all_reach([&fresh], &key, 200, Duration::from_secs(2)).await;
     // Ready all along ("repairing: …" while it wrote back), in step once the registry is whole.
     let started = Instant::now();
     loop {
@@ -295,7 +253,7 @@ async fn the_key_lifecycle_holds_across_three_nodes() {
     let config = nodes[0].config.clone();
     e2e::fresh_minute(Duration::from_secs(20));
 
-    let key = issued(&cli(
+    let key = issued(&keys_cli(
         &config,
         &[
             "issue",
@@ -319,28 +277,28 @@ async fn the_key_lifecycle_holds_across_three_nodes() {
     assert_eq!(resp.headers()["x-ratelimit-limit"], "5");
     assert_eq!(resp.headers()["x-ratelimit-remaining"], "1");
     let id = {
-        let out = cli(&config, &["list", "--json"]);
+        let out = keys_cli(&config, &["list", "--json"]);
         let list: Value = serde_json::from_slice(&out.stdout).unwrap();
         list[0]["id"].as_str().unwrap().to_owned()
     };
     // keys show, asked of node 0, counts the requests sent to all three.
-    let out = cli(&config, &["show", "--json", &id]);
+    let out = keys_cli(&config, &["show", "--json", &id]);
     let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(shown["usage"]["minute"], 4, "{shown}");
 
     // reset-usage frees the quota; a rotation's successor shares it on every node.
-    let out = cli(&config, &["reset-usage", &id]);
+    let out = keys_cli(&config, &["reset-usage", &id]);
     assert!(out.status.success(), "{out:?}");
-    let successor = issued(&cli(&config, &["rotate", "--overlap", "1h", &id]));
+    let successor = issued(&keys_cli(&config, &["rotate", "--overlap", "1h", &id]));
     all_reach(&nodes, &successor, 200, Duration::from_secs(1)).await; // 3 of 5
-    assert_eq!(status(&nodes[2], &successor).await, 200); // 4
+    assert_eq!(nodes[2].status(&successor).await, 200); // 4
     assert_eq!(
-        status(&nodes[1], &key).await,
+        nodes[1].status(&key).await,
         200,
         "the old key, in its overlap"
     ); // 5
     assert_eq!(
-        status(&nodes[0], &successor).await,
+        nodes[0].status(&successor).await,
         429,
         "5 in all, across keys and nodes"
     );
@@ -350,6 +308,6 @@ async fn the_key_lifecycle_holds_across_three_nodes() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     for gw in &nodes {
-        assert_eq!(status(gw, &key).await, 401);
+        assert_eq!(gw.status(&key).await, 401);
     }
 }

@@ -149,17 +149,6 @@ fn revoke(f: &Fixture, gw: &e2e::GatewayProcess, id: &str) -> std::process::Outp
     ])
 }
 
-async fn status_of(gw: &e2e::GatewayProcess, key: &str) -> u16 {
-    reqwest::Client::new()
-        .get(gw.url("/v1/pets"))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
-}
-
 /// An editor's backup, a wrongly cased copy and a broken plan file in the plans directory:
 /// none holds back a revocation, which the command confirms with the running gateway.
 #[tokio::test]
@@ -169,7 +158,7 @@ async fn a_stray_or_broken_plan_file_never_holds_back_a_revocation() {
     let id = e2e::first_key_id(&f.keys);
     let upstream = e2e::EchoUpstream::start();
     let gw = f.gateway(&f.spec(upstream.addr));
-    assert_eq!(status_of(&gw, &key).await, 200);
+    assert_eq!(gw.status(&key).await, 200);
 
     std::fs::write(f.plans.join("free.bak.toml"), "requests_per_minute = = 1").unwrap();
     std::fs::write(f.plans.join("Free.toml"), "requests_per_minute = 0").unwrap();
@@ -201,7 +190,7 @@ async fn a_stray_or_broken_plan_file_never_holds_back_a_revocation() {
     assert!(out.status.success(), "{out:?}");
     assert!(stdout.contains("in force"), "{stdout}");
     // Confirmed means in force now, not within a reload interval.
-    assert_eq!(status_of(&gw, &key).await, 401);
+    assert_eq!(gw.status(&key).await, 401);
     assert_eq!(
         gw.metric("pet_gateway_catalog_reload_failing{part=\"plans\"}")
             .await,
@@ -237,7 +226,7 @@ async fn a_revocation_the_gateway_does_not_apply_fails_the_command() {
     e2e::issue_key(&f.keys, &other_plans, "gold");
     let out = revoke(&f, &gw, &id);
     assert!(out.status.success(), "{out:?}");
-    assert_eq!(status_of(&gw, &key).await, 401);
+    assert_eq!(gw.status(&key).await, 401);
     assert_eq!(gw.metric("pet_gateway_catalog_keys_skipped").await, 1.0);
 
     // Another keys file than the gateway's: the command says so.
@@ -273,7 +262,7 @@ async fn a_revocation_the_gateway_does_not_apply_fails_the_command() {
             .unwrap()
     };
     reload().await;
-    assert_eq!(status_of(&gw, &live).await, 200);
+    assert_eq!(gw.status(&live).await, 200);
     let mut text = std::fs::read_to_string(&f.keys).unwrap();
     text.push_str("\n[[key]]\nid = \"broken\"\n");
     std::fs::write(&f.keys, text).unwrap();
@@ -283,11 +272,7 @@ async fn a_revocation_the_gateway_does_not_apply_fails_the_command() {
     let again = reload().await;
     assert_eq!(again["keys"], "unchanged", "{again}");
     assert!(again["keys_refused"].is_string(), "{again}");
-    assert_eq!(
-        status_of(&gw, &live).await,
-        200,
-        "the old keys stay in force"
-    );
+    assert_eq!(gw.status(&live).await, 200, "the old keys stay in force");
     assert_eq!(
         gw.metric("pet_gateway_catalog_reload_failing{part=\"keys\"}")
             .await,
@@ -307,7 +292,7 @@ async fn an_edit_keeping_size_and_mtime_is_reloaded() {
     let other = f.issue("free");
     let upstream = e2e::EchoUpstream::start();
     let gw = f.gateway(&f.spec(upstream.addr));
-    assert_eq!(status_of(&gw, &key).await, 200);
+    assert_eq!(gw.status(&key).await, 200);
 
     let text = std::fs::read_to_string(&f.keys).unwrap();
     let mtime = std::fs::metadata(&f.keys).unwrap().modified().unwrap();
@@ -325,14 +310,14 @@ async fn an_edit_keeping_size_and_mtime_is_reloaded() {
     file.set_modified(mtime).unwrap();
     drop(file);
     let started = std::time::Instant::now();
-    while status_of(&gw, &key).await != 401 {
+    while gw.status(&key).await != 401 {
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "an in-place edit with the same size and mtime was never reloaded"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(status_of(&gw, &other).await, 200);
+    assert_eq!(gw.status(&other).await, 200);
 }
 
 /// The per-client limit on requests without a valid key: behind a trusted load balancer each

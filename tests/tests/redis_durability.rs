@@ -64,20 +64,9 @@ fn issue(config: &Path) -> (String, String) {
     (id, key)
 }
 
-async fn status(gw: &GatewayProcess, key: &str) -> u16 {
-    reqwest::Client::new()
-        .get(gw.url("/v1/pets"))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
-}
-
 async fn reaches(gw: &GatewayProcess, key: &str, want: u16, within: Duration) {
     let started = Instant::now();
-    while status(gw, key).await != want {
+    while gw.status(key).await != want {
         assert!(started.elapsed() < within, "never {want} within {within:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -127,7 +116,7 @@ async fn a_restart_of_the_shipped_redis_keeps_every_count_and_record() {
     let (a_id, a) = issue(&operator);
     reaches(&gw, &a, 200, Duration::from_secs(2)).await;
     for _ in 0..11 {
-        assert_eq!(status(&gw, &a).await, 200);
+        assert_eq!(gw.status(&a).await, 200);
     }
     assert_eq!(day_remaining(&gw, &a).await, 988);
 
@@ -147,7 +136,7 @@ async fn a_restart_of_the_shipped_redis_keeps_every_count_and_record() {
     let later = node(&f, &upstream, &redis, 1);
     reaches(&later, &b, 200, Duration::from_secs(2)).await;
     assert_eq!(
-        status(&later, &a).await,
+        later.status(&a).await,
         401,
         "A is revoked on a new node too"
     );
@@ -172,13 +161,13 @@ async fn a_crash_of_the_shipped_redis_loses_at_most_the_last_second() {
     let (a_id, a) = issue(&operator);
     reaches(&gw, &a, 200, Duration::from_secs(2)).await;
     for _ in 0..19 {
-        assert_eq!(status(&gw, &a).await, 200);
+        assert_eq!(gw.status(&a).await, 200);
     }
     assert_eq!(day_remaining(&gw, &a).await, 980);
     // Past the next once-a-second flush, then five more that may be lost.
     tokio::time::sleep(Duration::from_millis(2_100)).await;
     for _ in 0..5 {
-        assert_eq!(status(&gw, &a).await, 200);
+        assert_eq!(gw.status(&a).await, 200);
     }
     redis.kill();
     redis.restart();

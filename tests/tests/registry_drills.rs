@@ -6,7 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use e2e::{gateway_cli, EchoUpstream, Fixture, GatewayProcess, GatewaySpec, RedisServer};
+use e2e::{
+    all_reach, eventually, gateway_cli, keys_cli, EchoUpstream, Fixture, GatewayProcess,
+    GatewaySpec, RedisServer,
+};
 use serde_json::Value;
 
 const RECORDS: &str = "pet:test:{registry}:keys";
@@ -28,16 +31,9 @@ fn node_spec(
     spec
 }
 
-fn cli(config: &Path, args: &[&str]) -> std::process::Output {
-    let mut all = vec!["keys"];
-    all.extend_from_slice(args);
-    all.extend_from_slice(&["--config", config.to_str().unwrap()]);
-    gateway_cli(&all)
-}
-
 /// Issues a key on `plan`; its id and the key.
 fn issue(config: &Path, plan: &str) -> (String, String) {
-    let out = cli(config, &["issue", "--plan", plan]);
+    let out = keys_cli(config, &["issue", "--plan", plan]);
     assert!(out.status.success(), "{out:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let id = stdout
@@ -63,40 +59,6 @@ fn signing_key(f: &Fixture) -> (PathBuf, String) {
         path.display()
     );
     (path, trust)
-}
-
-async fn status(gw: &GatewayProcess, key: &str) -> u16 {
-    reqwest::Client::new()
-        .get(gw.url("/v1/pets"))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
-}
-
-/// Waits until every node answers `want` for `key`.
-async fn all_reach(nodes: &[&GatewayProcess], key: &str, want: u16, within: Duration) {
-    let started = Instant::now();
-    for gw in nodes {
-        while status(gw, key).await != want {
-            assert!(
-                started.elapsed() < within,
-                "a node never answered {want} within {within:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-/// Waits until `check` holds, for at most `within`.
-async fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !check() {
-        assert!(started.elapsed() < within, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Writes `json` as `id`'s record and announces it on the feed, as anyone with write access to
@@ -139,7 +101,7 @@ async fn a_redis_restart_without_persistence_is_healed_by_the_nodes() {
     let b = f.gateway(&node_spec(&f, &upstream, &redis, 1, ""));
     let (a_id, key_a) = issue(&a.config, "free");
     let (_, key_b) = issue(&a.config, "free");
-    all_reach(&[&a, &b], &key_b, 200, Duration::from_secs(2)).await;
+    all_reach([&a, &b], &key_b, 200, Duration::from_secs(2)).await;
     // The nodes name the registry once they hold records of it.
     eventually(Duration::from_secs(1), "an identity", || {
         redis.cli(&["HGET", META, "id"]).len() == 32
@@ -175,7 +137,7 @@ async fn a_redis_restart_without_persistence_is_healed_by_the_nodes() {
         redis.cli(&["HLEN", RECORDS]) == "3"
     })
     .await;
-    all_reach(&[&a, &b], &key_c, 200, Duration::from_secs(2)).await;
+    all_reach([&a, &b], &key_c, 200, Duration::from_secs(2)).await;
     assert_eq!(
         redis.cli(&["HGET", META, "id"]),
         identity,
@@ -190,11 +152,11 @@ async fn a_redis_restart_without_persistence_is_healed_by_the_nodes() {
     );
 
     let later = f.gateway(&node_spec(&f, &upstream, &redis, 2, ""));
-    all_reach(&[&later], &key_a, 200, Duration::from_secs(2)).await;
-    let out = cli(&a.config, &["revoke", &a_id]);
+    all_reach([&later], &key_a, 200, Duration::from_secs(2)).await;
+    let out = keys_cli(&a.config, &["revoke", &a_id]);
     assert!(out.status.success(), "A can be revoked: {out:?}");
-    all_reach(&[&a, &b, &later], &key_a, 401, Duration::from_secs(1)).await;
-    assert_eq!(status(&later, &key_b).await, 200);
+    all_reach([&a, &b, &later], &key_a, 401, Duration::from_secs(1)).await;
+    assert_eq!(later.status(&key_b).await, 200);
 }
 
 /// Signed records: a replayed older record (A before its revocation) is refused by every node
@@ -212,15 +174,15 @@ async fn a_replayed_older_record_is_refused_and_a_flush_is_healed() {
     let a = f.gateway(&specs[0]);
     let b = f.gateway(&specs[1]);
     let (a_id, key_a) = issue(&a.config, "free");
-    all_reach(&[&a, &b], &key_a, 200, Duration::from_secs(2)).await;
+    all_reach([&a, &b], &key_a, 200, Duration::from_secs(2)).await;
     let before_revocation = redis.cli(&["HGET", RECORDS, &a_id]);
     assert!(
         before_revocation.contains("\"signature\":\"ed25519:"),
         "{before_revocation}"
     );
-    let out = cli(&a.config, &["revoke", &a_id]);
+    let out = keys_cli(&a.config, &["revoke", &a_id]);
     assert!(out.status.success(), "{out:?}");
-    all_reach(&[&a, &b], &key_a, 401, Duration::from_secs(1)).await;
+    all_reach([&a, &b], &key_a, 401, Duration::from_secs(1)).await;
 
     write_record(&redis, &a_id, &before_revocation);
     eventually(
@@ -235,7 +197,7 @@ async fn a_replayed_older_record_is_refused_and_a_flush_is_healed() {
     assert!(a.metric(older).await + b.metric(older).await >= 1.0);
     for gw in [&a, &b] {
         assert_eq!(
-            status(gw, &key_a).await,
+            gw.status(&key_a).await,
             401,
             "the replay undid no revocation"
         );
@@ -245,7 +207,7 @@ async fn a_replayed_older_record_is_refused_and_a_flush_is_healed() {
     write_record(&redis, &a_id, &before_revocation);
     let b = f.gateway(&specs[1]);
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(status(&b, &key_a).await, 401, "refused after a restart too");
+    assert_eq!(b.status(&key_a).await, 401, "refused after a restart too");
 
     let identity = redis.cli(&["HGET", META, "id"]);
     redis.cli(&["FLUSHALL"]);
@@ -255,7 +217,7 @@ async fn a_replayed_older_record_is_refused_and_a_flush_is_healed() {
     })
     .await;
     let (_, key_c) = issue(&a.config, "free");
-    all_reach(&[&a, &b], &key_c, 200, Duration::from_secs(2)).await;
+    all_reach([&a, &b], &key_c, 200, Duration::from_secs(2)).await;
 }
 
 /// With verify keys, write access to Redis alone mints no key and upgrades no plan: a record of
@@ -273,7 +235,7 @@ async fn forged_records_are_refused_on_every_node() {
     let a = f.gateway(&node_spec(&f, &upstream, &redis, 0, &trust));
     let b = f.gateway(&node_spec(&f, &upstream, &redis, 1, &verify_only));
     let (a_id, key_a) = issue(&a.config, "free");
-    all_reach(&[&a, &b], &key_a, 200, Duration::from_secs(2)).await;
+    all_reach([&a, &b], &key_a, 200, Duration::from_secs(2)).await;
 
     // A key of the forger's own making: a valid key and its record, from a keys file.
     let (_, minted) = mint_into(&f, &redis);
@@ -293,7 +255,7 @@ async fn forged_records_are_refused_on_every_node() {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert_eq!(status(gw, &minted).await, 401, "no key minted");
+        assert_eq!(gw.status(&minted).await, 401, "no key minted");
         let resp = reqwest::Client::new()
             .get(gw.url("/v1/pets"))
             .bearer_auth(&key_a)
@@ -322,11 +284,7 @@ async fn forged_records_are_refused_on_every_node() {
     drop(b);
     let b = f.gateway(&node_spec(&f, &upstream, &redis, 1, &verify_only));
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(
-        status(&b, &minted).await,
-        401,
-        "refused after a restart too"
-    );
+    assert_eq!(b.status(&minted).await, 401, "refused after a restart too");
 
     let refused = reqwest::Client::new()
         .post(b.admin_url("/keys"))
@@ -356,9 +314,9 @@ async fn redis_unreachable_for_30_seconds_and_back() {
     let a = f.gateway(&node_spec(&f, &upstream, &redis, 0, ""));
     let b = f.gateway(&node_spec(&f, &upstream, &redis, 1, ""));
     let (_, key) = issue(&a.config, "free");
-    all_reach(&[&a, &b], &key, 200, Duration::from_secs(2)).await;
+    all_reach([&a, &b], &key, 200, Duration::from_secs(2)).await;
     for _ in 0..9 {
-        assert_eq!(status(&a, &key).await, 200);
+        assert_eq!(a.status(&key).await, 200);
     }
     let day = |gw: &GatewayProcess| {
         let (gw, key) = (gw.url("/v1/rate_limit"), key.clone());
@@ -380,14 +338,14 @@ async fn redis_unreachable_for_30_seconds_and_back() {
     let outage = Instant::now();
     while outage.elapsed() < Duration::from_secs(30) {
         for gw in [&a, &b] {
-            assert_eq!(status(gw, &key).await, 200, "requests go on");
+            assert_eq!(gw.status(&key).await, 200, "requests go on");
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     redis.process.signal(18); // SIGCONT
     let started = Instant::now();
     while a.metric("pet_gateway_store_fallback").await != 0.0 {
-        assert_eq!(status(&a, &key).await, 200);
+        assert_eq!(a.status(&key).await, 200);
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "the store never came back"
@@ -400,7 +358,7 @@ async fn redis_unreachable_for_30_seconds_and_back() {
         "counting went on from where it was, not from zero: {remaining}"
     );
     let (_, fresh) = issue(&a.config, "free");
-    all_reach(&[&a, &b], &fresh, 200, Duration::from_secs(2)).await;
+    all_reach([&a, &b], &fresh, 200, Duration::from_secs(2)).await;
 }
 
 /// Review findings, as drills with verify keys: a record rolled back by hand (without a feed
@@ -416,9 +374,9 @@ async fn rollbacks_spoofed_identities_and_forged_records_do_not_stop_a_revocatio
     let upstream = EchoUpstream::start();
     let a = f.gateway(&node_spec(&f, &upstream, &redis, 0, &trust));
     let (id, key) = issue(&a.config, "free");
-    all_reach(&[&a], &key, 200, Duration::from_secs(2)).await;
+    all_reach([&a], &key, 200, Duration::from_secs(2)).await;
     let first = redis.cli(&["HGET", RECORDS, &id]);
-    let out = cli(&a.config, &["rotate", &id, "--overlap", "1h"]);
+    let out = keys_cli(&a.config, &["rotate", &id, "--overlap", "1h"]);
     assert!(out.status.success(), "{out:?}");
     let snapshot = f.dir.path().join("node-0-keys.toml");
     eventually(
@@ -434,17 +392,17 @@ async fn rollbacks_spoofed_identities_and_forged_records_do_not_stop_a_revocatio
     // Rolled back by hand, no feed entry: the next change must still be newer than the
     // rotation every node holds.
     redis.cli(&["HSET", RECORDS, &id, &first]);
-    let out = cli(&a.config, &["revoke", &id]);
+    let out = keys_cli(&a.config, &["revoke", &id]);
     assert!(out.status.success(), "{out:?}");
-    all_reach(&[&a], &key, 401, Duration::from_secs(1)).await;
+    all_reach([&a], &key, 401, Duration::from_secs(1)).await;
 
     // Another identity, written by hand: a later signed change still applies.
     let (id2, key2) = issue(&a.config, "free");
-    all_reach(&[&a], &key2, 200, Duration::from_secs(2)).await;
+    all_reach([&a], &key2, 200, Duration::from_secs(2)).await;
     redis.cli(&["HSET", META, "id", "0123456789abcdef0123456789abcdef"]);
-    let out = cli(&a.config, &["revoke", &id2]);
+    let out = keys_cli(&a.config, &["revoke", &id2]);
     assert!(out.status.success(), "{out:?}");
-    all_reach(&[&a], &key2, 401, Duration::from_secs(2)).await;
+    all_reach([&a], &key2, 401, Duration::from_secs(2)).await;
 
     // A minted record is never signed by `registry sign` once the fleet verifies.
     let (minted_id, minted) = mint_into(&f, &redis);
@@ -455,7 +413,7 @@ async fn rollbacks_spoofed_identities_and_forged_records_do_not_stop_a_revocatio
         "{out:?}"
     );
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(status(&a, &minted).await, 401);
+    assert_eq!(a.status(&minted).await, 401);
 }
 
 /// A feed whose last id was exhausted by hand (`XADD` with the largest id): the nodes do not
@@ -468,7 +426,7 @@ async fn an_exhausted_feed_neither_spins_the_nodes_nor_hides_a_change() {
     let upstream = EchoUpstream::start();
     let a = f.gateway(&node_spec(&f, &upstream, &redis, 0, ""));
     let (id, key) = issue(&a.config, "free");
-    all_reach(&[&a], &key, 200, Duration::from_secs(2)).await;
+    all_reach([&a], &key, 200, Duration::from_secs(2)).await;
     redis.cli(&[
         "XADD",
         FEED,
@@ -481,11 +439,11 @@ async fn an_exhausted_feed_neither_spins_the_nodes_nor_hides_a_change() {
     let before = reloads(&a);
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(reloads(&a) <= before + 1, "the node reloads over and over");
-    let out = cli(&a.config, &["revoke", &id]);
+    let out = keys_cli(&a.config, &["revoke", &id]);
     assert!(!out.status.success(), "{out:?}");
-    assert_eq!(status(&a, &key).await, 200, "no half-done change");
+    assert_eq!(a.status(&key).await, 200, "no half-done change");
     redis.cli(&["DEL", FEED]);
-    let out = cli(&a.config, &["revoke", &id]);
+    let out = keys_cli(&a.config, &["revoke", &id]);
     assert!(out.status.success(), "{out:?}");
-    all_reach(&[&a], &key, 401, Duration::from_secs(2)).await;
+    all_reach([&a], &key, 401, Duration::from_secs(2)).await;
 }
