@@ -8,9 +8,11 @@
 //! | `gateway` | `pet-gateway` processes, its CLI, plans and keys, `Fixture`, response helpers |
 //! | `upstreams` | fake backends (echo, silent) |
 //! | `tls` | test certificates and a client that trusts them |
+//! | `disk` | a small disk of a test's own (tmpfs), to fill: the full-disk seam |
 //!
 //! Everything is re-exported here, so a test writes `e2e::Fixture`.
 
+pub mod disk;
 pub mod gateway;
 pub mod process;
 pub mod redis;
@@ -20,6 +22,7 @@ pub mod upstreams;
 
 use std::time::Duration;
 
+pub use crate::disk::*;
 pub use crate::gateway::*;
 pub use crate::process::*;
 pub use crate::redis::*;

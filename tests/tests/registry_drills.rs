@@ -447,3 +447,70 @@ async fn an_exhausted_feed_neither_spins_the_nodes_nor_hides_a_change() {
     assert!(out.status.success(), "{out:?}");
     all_reach([&a], &key, 401, Duration::from_secs(2)).await;
 }
+
+/// The readiness check of a node's keys (`/readyz` → `checks.keys`).
+async fn keys_check(gw: &GatewayProcess) -> String {
+    let ready: Value = reqwest::get(gw.admin_url("/readyz"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    ready["checks"]["keys"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// A full disk under a node's snapshot: a revocation and a new key still apply (served from
+/// memory), the node says so (`/readyz`, a metric, the log); once there is room again the
+/// snapshot is written with them, so the node restarted with Redis gone serves them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_under_the_snapshot_holds_back_no_change() {
+    let f = Fixture::new(600, 100_000);
+    let disk = e2e::SmallDisk::mount(&f.dir.path().join("disk"), 1 << 20);
+    let redis = RedisServer::start();
+    let upstream = EchoUpstream::start();
+    let mut spec = node_spec(&f, &upstream, &redis, 0, "");
+    spec.keys_file = disk.path.join("keys.toml");
+    let snapshot = || std::fs::read_to_string(disk.path.join("keys.toml")).unwrap_or_default();
+    let a = f.gateway(&spec);
+    let (a_id, key_a) = issue(&a.config, "free");
+    all_reach([&a], &key_a, 200, Duration::from_secs(2)).await;
+    eventually(Duration::from_secs(2), "A in the snapshot", || {
+        snapshot().contains(&a_id)
+    })
+    .await;
+
+    disk.fill();
+    let out = keys_cli(&a.config, &["revoke", &a_id]);
+    assert!(out.status.success(), "{out:?}");
+    let (b_id, key_b) = issue(&a.config, "free");
+    all_reach([&a], &key_a, 401, Duration::from_secs(2)).await;
+    all_reach([&a], &key_b, 200, Duration::from_secs(2)).await;
+    assert!(!snapshot().contains(&b_id), "the disk really is full");
+    assert_eq!(a.metric("pet_gateway_registry_snapshot_unsaved").await, 1.0);
+    let check = keys_check(&a).await;
+    assert!(check.contains("cannot be written"), "{check}");
+    assert!(a.log_text().contains("cannot write this node's snapshot"));
+
+    disk.free();
+    // Tried again after 1, 2, 4 s...: within 8 s of the room coming back.
+    eventually(
+        Duration::from_secs(10),
+        "the snapshot written again",
+        || snapshot().contains(&b_id),
+    )
+    .await;
+    assert_eq!(a.metric("pet_gateway_registry_snapshot_unsaved").await, 0.0);
+    let check = keys_check(&a).await;
+    assert!(!check.contains("cannot be written"), "{check}");
+    assert_eq!(a.status(&key_a).await, 401, "still revoked, from the file");
+    assert_eq!(a.status(&key_b).await, 200);
+
+    drop(a);
+    drop(redis);
+    let again = f.gateway(&spec);
+    all_reach([&again], &key_a, 401, Duration::from_secs(2)).await;
+    all_reach([&again], &key_b, 200, Duration::from_secs(2)).await;
+}

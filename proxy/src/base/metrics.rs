@@ -32,6 +32,7 @@ pub struct Metrics {
     pub registry_repairs: IntCounter,
     pub registry_rejected_records: IntCounterVec,
     pub registry_in_step: IntGauge,
+    pub registry_snapshot_unsaved: IntGauge,
 }
 
 /// Latency buckets from 100 µs (a local decision) to 10 s (the upstream read timeout).
@@ -224,6 +225,13 @@ const REGISTRY_IN_STEP: Def = Def {
     labels: &[],
 };
 
+const REGISTRY_SNAPSHOT_UNSAVED: Def = Def {
+    name: "pet_gateway_registry_snapshot_unsaved",
+    help: "1 while this node cannot write its registry snapshot (keys_file; a full disk): it serves \
+           the registry's keys from memory, and a restart would start from the last snapshot written.",
+    labels: &[],
+};
+
 impl Metrics {
     /// Creates the zero-valued series of every plan, so dashboards and alerts see 0 rather
     /// than nothing before the first event (a missing series makes `rate()` and `increase()`
@@ -284,6 +292,7 @@ impl Metrics {
             registry_repairs: plain_counter(r, &REGISTRY_REPAIRS),
             registry_rejected_records: counter(r, &REGISTRY_REJECTED_RECORDS),
             registry_in_step: plain_gauge(r, &REGISTRY_IN_STEP),
+            registry_snapshot_unsaved: plain_gauge(r, &REGISTRY_SNAPSHOT_UNSAVED),
         }
     }
 }

@@ -151,6 +151,11 @@ struct Seen {
     refused: [Option<String>; 2],
     /// Active keys left out of the index for naming a plan not in force.
     skipped: usize,
+    /// Keys a registry node applied but could not write to its snapshot (a full disk): served
+    /// in place of the keys file until the snapshot is written ([`Catalog::saved`]).
+    unsaved: Option<Arc<KeysFile>>,
+    /// The keys must be indexed again at the next reload, whatever the file's fingerprint.
+    keys_pending: bool,
 }
 
 pub struct Catalog {
@@ -178,6 +183,8 @@ impl Catalog {
             plans: plans_fingerprint(plans_dir),
             refused: [None, None],
             skipped: 0,
+            unsaved: None,
+            keys_pending: false,
         };
         let snapshot = if strict {
             Snapshot::load(keys_file, plans_dir)?
@@ -239,12 +246,15 @@ impl Catalog {
         let try_plans = force
             || plans_changed
             || (keys_changed && seen.refused[Part::Plans as usize].is_some());
-        let try_keys_file = force || keys_changed;
+        let try_keys_file = force || keys_changed || std::mem::take(&mut seen.keys_pending);
 
         let current = Snapshot::clone(&self.current.load());
         let mut next = current.clone();
         // The keys file as it is now, for the plans' orphan check and the keys' reload.
-        let mut keys_file = (try_keys_file || try_plans).then(|| KeysFile::load(&self.keys_file));
+        let mut keys_file = (try_keys_file || try_plans).then(|| match &seen.unsaved {
+            Some(unsaved) => Ok(KeysFile::clone(unsaved)),
+            None => KeysFile::load(&self.keys_file),
+        });
         let plans = if try_plans {
             match self.load_plans(keys_file.as_ref(), &current) {
                 Ok(plans) => {
@@ -289,6 +299,28 @@ impl Catalog {
         report
     }
 
+    /// Serves `file`'s keys now although the keys file could not be written with them (a
+    /// registry node's full disk): a revocation the node has taken must apply whether or not
+    /// its snapshot can be saved. Later reloads keep using `file` until [`Catalog::saved`].
+    pub fn serve_unsaved(&self, file: KeysFile) -> ReloadReport {
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            seen.unsaved = Some(Arc::new(file));
+            seen.keys_pending = true;
+        }
+        self.reload(false)
+    }
+
+    /// The keys file now holds what is to be served: read it again, and serve no unsaved keys.
+    pub fn saved(&self) -> ReloadReport {
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            seen.unsaved = None;
+            seen.keys_pending = true;
+        }
+        self.reload(false)
+    }
+
     /// Indexes `file`'s keys under `next`'s plans into `next`; returns how many were skipped
     /// for naming a plan not in force (and logs them).
     fn index_keys(&self, file: &KeysFile, next: &mut Snapshot) -> usize {
@@ -321,6 +353,7 @@ impl Catalog {
             "keys_skipped": seen.skipped,
             "keys_refused": seen.refused[Part::Keys as usize],
             "plans_refused": seen.refused[Part::Plans as usize],
+            "keys_unsaved": seen.unsaved.is_some(),
         })
     }
 

@@ -11,8 +11,9 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::base::metrics::METRICS;
 use crate::keys::catalog::Catalog;
@@ -25,6 +26,8 @@ pub struct SyncState {
     code: AtomicU8,
     /// What `Repairing` and `Apart` say.
     detail: Mutex<String>,
+    /// The node's snapshot cannot be written (a full disk): it serves its keys from memory.
+    unsaved: AtomicBool,
 }
 
 /// 0: nothing yet; then one of these.
@@ -52,6 +55,17 @@ impl SyncState {
     /// its snapshot while the registry is unreachable or disagrees; `Err` when it has neither.
     /// One Redis restart must not take the whole fleet out of the load balancer.
     pub fn readiness(&self) -> Result<String, String> {
+        let how = self.source()?;
+        if self.unsaved.load(Ordering::Relaxed) {
+            return Ok(format!(
+                "{how}; this node's snapshot cannot be written (a full disk?): its keys are \
+                 served from memory and a restart would start from the last snapshot written"
+            ));
+        }
+        Ok(how)
+    }
+
+    fn source(&self) -> Result<String, String> {
         let detail = || self.detail.lock().map(|d| d.clone()).unwrap_or_default();
         match self.code.load(Ordering::Relaxed) {
             Self::SYNCED => Ok("registry".to_owned()),
@@ -80,10 +94,21 @@ pub struct Sync {
 struct Replica {
     records: BTreeMap<String, KeyRecord>,
     identity: Option<String>,
-    /// The snapshot could not be written (a full disk): the catalog is behind the replica, and
-    /// every round tries again.
-    dirty: bool,
+    /// The snapshot could not be written (a full disk): the catalog serves the replica from
+    /// memory, and the write is tried again when this says.
+    unsaved: Option<Unsaved>,
 }
+
+/// While the snapshot cannot be written: when to try again, and the wait that led there. The
+/// wait doubles up to [`UNSAVED_RETRY_MAX`]: a full disk is not cured in 200 ms, and writing a
+/// million records five times a second would only add to the load of a node already in trouble.
+struct Unsaved {
+    due: Instant,
+    wait: Duration,
+}
+
+const UNSAVED_RETRY_FIRST: Duration = Duration::from_secs(1);
+const UNSAVED_RETRY_MAX: Duration = Duration::from_secs(60);
 
 impl Replica {
     /// Takes `record` unless it is older than (or a different record at the same version as)
@@ -245,8 +270,12 @@ impl Sync {
             Some(c) => c,
             None => conn.insert(self.registry.connect()?),
         };
-        if replica.dirty {
-            self.apply(replica);
+        if replica
+            .unsaved
+            .as_ref()
+            .is_some_and(|u| Instant::now() >= u.due)
+        {
+            self.save(replica, false);
         }
         if let Some(at) = position.as_deref() {
             let (identity, len) = self.registry.health(c.as_mut())?;
@@ -391,25 +420,55 @@ impl Sync {
         self.registry.heal(c.as_mut(), identity, &missing, &replace)
     }
 
-    /// Writes the replica to the snapshot and reloads the catalog from it. A snapshot that
-    /// cannot be written is logged (the catalog keeps its keys; the next change tries again),
-    /// never a reason to stop following the feed.
+    /// Serves the replica after a change: written to the snapshot and reloaded from it.
     fn apply(&self, replica: &mut Replica) {
+        self.save(replica, true);
+    }
+
+    /// Writes the replica to the snapshot and serves it. A snapshot that cannot be written (a
+    /// full disk) never holds back a change (a revocation): the catalog then serves the
+    /// replica from memory (`changed`: it has something new to serve) and the write is tried
+    /// again later; nor is it a reason to stop following the feed.
+    fn save(&self, replica: &mut Replica, changed: bool) {
         let mut file = KeysFile {
             registry: replica.identity.clone(),
             keys: replica.records.values().cloned().collect(),
         };
         file.sort();
-        if let Err(e) = crate::keys::file::write_snapshot(&self.snapshot, &file) {
-            if !replica.dirty {
-                tracing::error!(error = %e, snapshot = %self.snapshot.display(),
-                    "key registry: cannot write this node's snapshot; its keys stay as they were until it can");
+        match crate::keys::file::write_snapshot(&self.snapshot, &file) {
+            Ok(()) if replica.unsaved.take().is_some() => {
+                tracing::info!(snapshot = %self.snapshot.display(),
+                    "key registry: this node's snapshot is written again");
+                self.set_unsaved(false);
+                self.catalog.saved();
             }
-            replica.dirty = true;
-            return;
+            Ok(()) => {
+                self.catalog.reload(false);
+            }
+            Err(e) => {
+                let wait = match &replica.unsaved {
+                    None => {
+                        tracing::error!(error = %e, snapshot = %self.snapshot.display(),
+                            "key registry: cannot write this node's snapshot; serving its keys from memory and trying again");
+                        UNSAVED_RETRY_FIRST
+                    }
+                    Some(u) => (u.wait * 2).min(UNSAVED_RETRY_MAX),
+                };
+                replica.unsaved = Some(Unsaved {
+                    due: Instant::now() + wait,
+                    wait,
+                });
+                self.set_unsaved(true);
+                if changed {
+                    self.catalog.serve_unsaved(file);
+                }
+            }
         }
-        replica.dirty = false;
-        self.catalog.reload(false);
+    }
+
+    fn set_unsaved(&self, unsaved: bool) {
+        self.state.unsaved.store(unsaved, Ordering::Relaxed);
+        METRICS.registry_snapshot_unsaved.set(i64::from(unsaved));
     }
 }
 
