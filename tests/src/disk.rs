@@ -60,9 +60,13 @@ impl SmallDisk {
 
 impl Drop for SmallDisk {
     fn drop(&mut self) {
-        let _ = Command::new("umount")
+        let unmounted = Command::new("umount")
             .arg("--lazy")
             .arg(&self.path)
-            .status();
+            .status()
+            .is_ok_and(|s| s.success());
+        if !unmounted {
+            eprintln!("could not unmount the test disk at {}", self.path.display());
+        }
     }
 }

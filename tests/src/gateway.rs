@@ -210,7 +210,7 @@ pub async fn all_reach<'a>(
         }
         pending = still;
         assert!(
-            started.elapsed() < within,
+            pending.is_empty() || started.elapsed() < within,
             "{} node(s) never answered {want} within {within:?}",
             pending.len()
         );

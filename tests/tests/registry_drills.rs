@@ -462,6 +462,18 @@ async fn keys_check(gw: &GatewayProcess) -> String {
         .to_owned()
 }
 
+/// `POST /reload` on a node: what it answers.
+async fn reload(gw: &GatewayProcess) -> Value {
+    reqwest::Client::new()
+        .post(gw.admin_url("/reload"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// A full disk under a node's snapshot: a revocation and a new key still apply (served from
 /// memory), the node says so (`/readyz`, a metric, the log); once there is room again the
 /// snapshot is written with them, so the node restarted with Redis gone serves them.
@@ -493,18 +505,32 @@ async fn a_full_disk_under_the_snapshot_holds_back_no_change() {
     let check = keys_check(&a).await;
     assert!(check.contains("cannot be written"), "{check}");
     assert!(a.log_text().contains("cannot write this node's snapshot"));
+    // A forced reload (what SIGHUP does) reads no stale file meanwhile.
+    let reloaded = reload(&a).await;
+    assert_eq!(reloaded["keys_unsaved"], true, "{reloaded}");
+    assert_eq!(a.status(&key_a).await, 401, "still revoked after a reload");
 
     disk.free();
-    // Tried again after 1, 2, 4 s...: within 8 s of the room coming back.
+    // Tried again after 1, 2, 4, 8 s...: well within 20 s of the room coming back.
     eventually(
-        Duration::from_secs(10),
+        Duration::from_secs(20),
         "the snapshot written again",
         || snapshot().contains(&b_id),
     )
     .await;
-    assert_eq!(a.metric("pet_gateway_registry_snapshot_unsaved").await, 0.0);
+    let started = Instant::now();
+    while a.metric("pet_gateway_registry_snapshot_unsaved").await != 0.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the metric clears"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let check = keys_check(&a).await;
     assert!(!check.contains("cannot be written"), "{check}");
+    // Served from the file again: a reload says so, and the file holds what memory held.
+    let reloaded = reload(&a).await;
+    assert_eq!(reloaded["keys_unsaved"], false, "{reloaded}");
     assert_eq!(a.status(&key_a).await, 401, "still revoked, from the file");
     assert_eq!(a.status(&key_b).await, 200);
 

@@ -251,9 +251,10 @@ impl Catalog {
         let current = Snapshot::clone(&self.current.load());
         let mut next = current.clone();
         // The keys file as it is now, for the plans' orphan check and the keys' reload.
+        // Shared, not copied: unsaved keys may be a million records.
         let mut keys_file = (try_keys_file || try_plans).then(|| match &seen.unsaved {
-            Some(unsaved) => Ok(KeysFile::clone(unsaved)),
-            None => KeysFile::load(&self.keys_file),
+            Some(unsaved) => Ok(Arc::clone(unsaved)),
+            None => KeysFile::load(&self.keys_file).map(Arc::new),
         });
         let plans = if try_plans {
             match self.load_plans(keys_file.as_ref(), &current) {
@@ -302,10 +303,10 @@ impl Catalog {
     /// Serves `file`'s keys now although the keys file could not be written with them (a
     /// registry node's full disk): a revocation the node has taken must apply whether or not
     /// its snapshot can be saved. Later reloads keep using `file` until [`Catalog::saved`].
-    pub fn serve_unsaved(&self, file: KeysFile) -> ReloadReport {
+    pub fn serve_unsaved(&self, file: Arc<KeysFile>) -> ReloadReport {
         {
             let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-            seen.unsaved = Some(Arc::new(file));
+            seen.unsaved = Some(file);
             seen.keys_pending = true;
         }
         self.reload(false)
@@ -362,7 +363,7 @@ impl Catalog {
     /// keys checked are the keys file as it is now, or the keys in force when it cannot be read.
     fn load_plans(
         &self,
-        keys_file: Option<&Result<KeysFile, KeysError>>,
+        keys_file: Option<&Result<Arc<KeysFile>, KeysError>>,
         current: &Snapshot,
     ) -> Result<Plans, String> {
         let plans = Plans::load_dir(&self.plans_dir).map_err(|e| e.to_string())?;
@@ -505,6 +506,37 @@ mod tests {
         assert_eq!(report.keys, Reload::Applied);
         assert!(catalog.snapshot().keys.lookup(&key).is_none(), "revoked");
         assert_eq!(catalog.snapshot().plans.names(), ["free"], "old plans stay");
+    }
+
+    #[test]
+    fn unsaved_keys_are_served_through_every_reload_until_saved() {
+        let (_dir, keys, plans_dir, catalog) = setup();
+        let plans = Plans::load_dir(&plans_dir).unwrap();
+        let (record, key) = test_key(&keys, &plans, "free");
+        catalog.reload(false);
+        let mut unsaved = KeysFile::load(&keys).unwrap();
+        let revoked = unsaved.keys.iter_mut().find(|k| k.id == record.id).unwrap();
+        revoked.revoked_at = Some("2026-01-01T00:00:00Z".into());
+        assert_eq!(
+            catalog.serve_unsaved(Arc::new(unsaved)).keys,
+            Reload::Applied
+        );
+        assert!(catalog.snapshot().keys.lookup(&key).is_none(), "revoked");
+        assert_eq!(catalog.state()["keys_unsaved"], true);
+        // A forced reload (SIGHUP, POST /reload) and a plans edit keep the unsaved keys: the
+        // file on disk still has the key active.
+        catalog.reload(true);
+        std::fs::write(plans_dir.join("pro.toml"), FREE).unwrap();
+        catalog.reload(false);
+        assert!(
+            catalog.snapshot().keys.lookup(&key).is_none(),
+            "still revoked"
+        );
+        // Saved: the file is read again (here it still has the key active, which shows that
+        // it is the file, not memory, that is served now).
+        assert_eq!(catalog.saved().keys, Reload::Applied);
+        assert!(catalog.snapshot().keys.lookup(&key).is_some());
+        assert_eq!(catalog.state()["keys_unsaved"], false);
     }
 
     #[test]

@@ -151,14 +151,7 @@ fn lock_file(path: &Path) -> std::io::Result<File> {
 /// Writes `file` as the keys file at `path` (a registry node's local snapshot), under the
 /// same lock and atomic rename as every other write.
 pub fn write_snapshot(path: &Path, file: &KeysFile) -> Result<(), KeysError> {
-    modify_raw(
-        path,
-        |current| {
-            *current = file.clone();
-            Ok(())
-        },
-        false,
-    )
+    with_lock(path, || file.save(path))
 }
 
 pub(crate) fn modify<T>(
@@ -175,6 +168,20 @@ fn modify_raw<T>(
     change: impl FnOnce(&mut KeysFile) -> Result<T, KeysError>,
     read: bool,
 ) -> Result<T, KeysError> {
+    with_lock(path, || {
+        let mut file = if read {
+            KeysFile::load(path)?
+        } else {
+            KeysFile::default()
+        };
+        let out = change(&mut file)?;
+        file.save(path)?;
+        Ok(out)
+    })
+}
+
+/// Runs `work` holding the keys file's lock (its folder created first).
+fn with_lock<T>(path: &Path, work: impl FnOnce() -> Result<T, KeysError>) -> Result<T, KeysError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| KeysError::Write {
             path: dir.to_owned(),
@@ -190,12 +197,5 @@ fn modify_raw<T>(
         path: lock_path,
         source,
     })?;
-    let mut file = if read {
-        KeysFile::load(path)?
-    } else {
-        KeysFile::default()
-    };
-    let out = change(&mut file)?;
-    file.save(path)?;
-    Ok(out)
+    work()
 }

@@ -28,6 +28,8 @@ pub struct SyncState {
     detail: Mutex<String>,
     /// The node's snapshot cannot be written (a full disk): it serves its keys from memory.
     unsaved: AtomicBool,
+    /// Why, for `/readyz`.
+    unsaved_why: Mutex<String>,
 }
 
 /// 0: nothing yet; then one of these.
@@ -57,9 +59,14 @@ impl SyncState {
     pub fn readiness(&self) -> Result<String, String> {
         let how = self.source()?;
         if self.unsaved.load(Ordering::Relaxed) {
+            let why = self
+                .unsaved_why
+                .lock()
+                .map(|w| w.clone())
+                .unwrap_or_default();
             return Ok(format!(
-                "{how}; this node's snapshot cannot be written (a full disk?): its keys are \
-                 served from memory and a restart would start from the last snapshot written"
+                "{how}; this node's snapshot cannot be written ({why}): its keys are served \
+                 from memory and a restart would start from the last snapshot written"
             ));
         }
         Ok(how)
@@ -105,6 +112,12 @@ struct Replica {
 struct Unsaved {
     due: Instant,
     wait: Duration,
+}
+
+impl Unsaved {
+    fn due(&self) -> bool {
+        Instant::now() >= self.due
+    }
 }
 
 const UNSAVED_RETRY_FIRST: Duration = Duration::from_secs(1);
@@ -182,6 +195,11 @@ impl Sync {
         let mut conn: Option<Conn> = None;
         let mut failing = false;
         while !stop() {
+            // Before the registry is reached: a snapshot to write matters most while Redis is
+            // away (a restart would start from it).
+            if replica.unsaved.as_ref().is_some_and(Unsaved::due) {
+                self.save(&mut replica, false);
+            }
             let round = self.round(&mut conn, &mut replica, &mut position);
             let slow = match round {
                 Ok(round) => {
@@ -208,6 +226,11 @@ impl Sync {
             };
             // Poll quickly while in step, back off while failing or apart.
             std::thread::sleep(if slow { POLL * 5 } else { POLL });
+        }
+        if replica.unsaved.is_some() {
+            // One last try on the way out, whatever the backoff says.
+            replica.unsaved = None;
+            self.save(&mut replica, false);
         }
     }
 
@@ -270,13 +293,6 @@ impl Sync {
             Some(c) => c,
             None => conn.insert(self.registry.connect()?),
         };
-        if replica
-            .unsaved
-            .as_ref()
-            .is_some_and(|u| Instant::now() >= u.due)
-        {
-            self.save(replica, false);
-        }
         if let Some(at) = position.as_deref() {
             let (identity, len) = self.registry.health(c.as_mut())?;
             let held = replica.records.len();
@@ -435,12 +451,21 @@ impl Sync {
             keys: replica.records.values().cloned().collect(),
         };
         file.sort();
+        let file = Arc::new(file);
+        // While the snapshot cannot be written, a change is served at once and written at the
+        // next try: not a whole snapshot written per change.
+        if !replica.unsaved.as_ref().is_none_or(Unsaved::due) {
+            if changed {
+                self.catalog.serve_unsaved(file);
+            }
+            return;
+        }
         match crate::keys::file::write_snapshot(&self.snapshot, &file) {
             Ok(()) if replica.unsaved.take().is_some() => {
                 tracing::info!(snapshot = %self.snapshot.display(),
                     "key registry: this node's snapshot is written again");
-                self.set_unsaved(false);
                 self.catalog.saved();
+                self.set_unsaved(None);
             }
             Ok(()) => {
                 self.catalog.reload(false);
@@ -458,7 +483,7 @@ impl Sync {
                     due: Instant::now() + wait,
                     wait,
                 });
-                self.set_unsaved(true);
+                self.set_unsaved(Some(e.to_string()));
                 if changed {
                     self.catalog.serve_unsaved(file);
                 }
@@ -466,9 +491,15 @@ impl Sync {
         }
     }
 
-    fn set_unsaved(&self, unsaved: bool) {
-        self.state.unsaved.store(unsaved, Ordering::Relaxed);
-        METRICS.registry_snapshot_unsaved.set(i64::from(unsaved));
+    /// `Some(why)` while the snapshot cannot be written.
+    fn set_unsaved(&self, why: Option<String>) {
+        if let Ok(mut w) = self.state.unsaved_why.lock() {
+            *w = why.clone().unwrap_or_default();
+        }
+        self.state.unsaved.store(why.is_some(), Ordering::Relaxed);
+        METRICS
+            .registry_snapshot_unsaved
+            .set(i64::from(why.is_some()));
     }
 }
 
