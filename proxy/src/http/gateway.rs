@@ -95,7 +95,7 @@ impl ProxyHttp for Gateway {
             Ok(()) => Ok(false),
             Err(Stop::Answered) => Ok(true),
             Err(Stop::Refuse(refusal)) => {
-                refuse(session, &ctx.request_id, refusal).await;
+                refuse(session, &ctx.request_id, *refusal).await;
                 Ok(true)
             }
             Err(Stop::Failed(e)) => Err(e),

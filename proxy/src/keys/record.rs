@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::base::clock::parse_rfc3339;
 use crate::keys::index::{index_hash, KeyIndex, KeyInfo, Overrides};
+use crate::keys::limits::Every;
 use crate::keys::plans::Plans;
 
 /// What keys issued before the checksummed format (`key_format`) start with: `pet_` and 64
@@ -128,9 +129,12 @@ impl KeyRecord {
             n.and_then(|n| u32::try_from(n).ok())
                 .and_then(NonZeroU32::new)
         };
+        let own: Vec<(Every, u32)> = [(Every::MINUTE, self.per_minute), (Every::DAY, self.per_day)]
+            .into_iter()
+            .filter_map(|(every, n)| Some((every, small(n)?.get())))
+            .collect();
         Overrides {
-            per_minute: small(self.per_minute),
-            per_day: small(self.per_day),
+            own: (!own.is_empty()).then(|| Arc::new(own)),
             expires_at: small(self.expires_at.as_deref().and_then(parse_rfc3339)),
         }
     }

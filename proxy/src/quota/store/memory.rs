@@ -10,7 +10,7 @@ use async_trait::async_trait;
 
 use super::{Ban, QuotaStore, StoreError, Usage};
 use crate::base::clock::Clock;
-use crate::keys::plans::Limits;
+use crate::keys::limits::Limits;
 use crate::quota::rules::{BanPolicy, KeyState, Verdict, MINUTE_SECS};
 
 const SHARDS: usize = 64;
@@ -64,6 +64,43 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// [`QuotaStore::acquire`] at `now`, without waiting for anything.
+    pub fn decide(
+        &self,
+        key_id: &Arc<str>,
+        limits: &Limits,
+        cost: u64,
+        ban: &BanPolicy,
+        now: u64,
+    ) -> Verdict {
+        let mut shard = lock(self.shard(key_id));
+        let minute = now / MINUTE_SECS;
+        if shard.swept_minute != minute {
+            shard.swept_minute = minute;
+            shard.keys.retain(|_, s| !s.is_idle(now));
+        }
+        match shard.keys.get_mut(key_id) {
+            Some(state) => state.acquire(now, limits, cost, ban),
+            None => {
+                let mut state = KeyState::default();
+                let verdict = state.acquire(now, limits, cost, ban);
+                shard.keys.insert(Arc::clone(key_id), state);
+                verdict
+            }
+        }
+    }
+
+    /// Drops every state with nothing left that can matter at `now`.
+    pub fn sweep(&self, now: u64) {
+        for shard in self.shards.iter() {
+            let mut shard = lock(shard);
+            shard.keys.retain(|_, s| !s.is_idle(now));
+            shard.keys.shrink_to_fit();
+        }
+    }
+}
+
 /// A poisoned shard only means another thread panicked mid-update of plain counters; the
 /// counters are still usable, so carry on rather than fail every later request.
 fn lock(m: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
@@ -76,25 +113,10 @@ impl QuotaStore for MemoryStore {
         &self,
         key_id: &Arc<str>,
         limits: Limits,
+        cost: u64,
         ban: &BanPolicy,
     ) -> Result<Verdict, StoreError> {
-        let now = self.clock.now();
-        let mut shard = lock(self.shard(key_id));
-        let minute = now / MINUTE_SECS;
-        if shard.swept_minute != minute {
-            shard.swept_minute = minute;
-            shard.keys.retain(|_, s| !s.is_idle(now));
-        }
-        let verdict = match shard.keys.get_mut(key_id) {
-            Some(state) => state.acquire(now, limits, ban),
-            None => {
-                let mut state = KeyState::default();
-                let verdict = state.acquire(now, limits, ban);
-                shard.keys.insert(Arc::clone(key_id), state);
-                verdict
-            }
-        };
-        Ok(verdict)
+        Ok(self.decide(key_id, &limits, cost, ban, self.clock.now()))
     }
 
     async fn lift_ban(&self, key_id: &str) -> Result<bool, StoreError> {
@@ -145,12 +167,10 @@ impl QuotaStore for MemoryStore {
         let now = self.clock.now();
         let shard = lock(self.shard(quota_id));
         let state = shard.keys.get(quota_id);
-        let (minute, day, refused_today) = state.map_or((0, 0, 0), |s| s.usage(now));
         Ok(Usage {
             now,
-            minute,
-            day,
-            refused_today,
+            windows: state.map_or_else(Vec::new, |s| s.windows_now(now)),
+            refused_today: state.map_or(0, |s| s.refused_today(now)),
             last_admitted: state.map_or(0, |s| s.last_admitted.into()),
             ban_until: state
                 .map(|s| u64::from(s.ban_until))
@@ -162,8 +182,7 @@ impl QuotaStore for MemoryStore {
     async fn reset_usage(&self, quota_id: &str) -> Result<(), StoreError> {
         let mut shard = lock(self.shard(quota_id));
         if let Some(state) = shard.keys.get_mut(quota_id) {
-            state.minute_count = 0;
-            state.day_count = 0;
+            state.reset_counts();
         }
         Ok(())
     }
