@@ -49,9 +49,7 @@ impl Stop {
     }
 }
 
-/// What one step decides: `Ok(())` goes on to the next step. The `Err` is large (a refusal
-/// carries its rate-limit numbers) but moves once per stopped request; boxing it would
-/// allocate on every refusal, the path a flood of 429s takes.
+/// What one step decides: `Ok(())` goes on to the next step.
 pub type Step = Result<(), Stop>;
 
 /// What the steps need: the keys and plans in force, the quota decision, the limit on
