@@ -399,6 +399,20 @@ impl RateView {
         view
     }
 
+    /// The shadow windows this request went past, by name (`10s,month`), if any: what they would
+    /// have refused, for the access log.
+    pub fn shadow_refused(&self) -> Option<String> {
+        let names: Vec<Cow<'static, str>> = self
+            .limits
+            .windows()
+            .iter()
+            .zip(self.shadow_over)
+            .filter(|(_, over)| *over)
+            .map(|(w, _)| w.every.name())
+            .collect();
+        (!names.is_empty()).then(|| names.join(","))
+    }
+
     /// The remaining units of the enforced window of length `every`, if the limits have one.
     pub fn remaining_of(&self, every: Every) -> Option<u64> {
         let k = self
