@@ -277,3 +277,180 @@ async fn a_shadow_window_is_counted_and_reported_but_never_refuses_or_shows() {
     let shadow = windows.iter().find(|w| w["every"] == "10s").unwrap();
     assert_eq!(shadow["shadow"], true, "{shown}");
 }
+
+/// `keys issue` with more flags, through the real CLI on the fixture's files.
+fn issue_with(f: &Fixture, args: &[&str]) -> std::process::Output {
+    let (keys, plans) = (f.keys.to_string_lossy(), f.plans.to_string_lossy());
+    let mut all = vec!["keys", "issue", "--keys-file", &keys, "--plans-dir", &plans];
+    all.extend_from_slice(args);
+    e2e::gateway_cli(&all)
+}
+
+fn issued_key(out: &std::process::Output) -> String {
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_customers_keys_share_every_window_and_ban() {
+    let f = Fixture::new(5, 1_000);
+    let a = issued_key(&issue_with(&f, &["--plan", "free", "--customer", "acme"]));
+    let b = issued_key(&issue_with(&f, &["--plan", "free", "--customer", "acme"]));
+    let other = f.issue("free");
+    let backend = f.backend();
+    let gw = f.gateway(&f.spec(backend.addr));
+    fresh_minute(Duration::from_secs(20));
+    for _ in 0..3 {
+        assert_eq!(gw.status(&a).await, 200);
+    }
+    assert_eq!(gw.status(&b).await, 200);
+    assert_eq!(gw.status(&b).await, 200);
+    assert_eq!(
+        gw.status(&b).await,
+        429,
+        "5 in all across the customer's keys"
+    );
+    assert_eq!(minute_left(&gw, &a).await, 0, "A sees the shared figure");
+    assert_eq!(
+        gw.status(&other).await,
+        200,
+        "another customer's quota is its own"
+    );
+    // Strikes on one key ban the customer: the default policy bans after 10.
+    for _ in 0..11 {
+        gw.status(&b).await;
+    }
+    let resp = reqwest::Client::new()
+        .get(gw.url("/v1/pets"))
+        .bearer_auth(&a)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 429);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(
+        body["code"], "api_key_banned",
+        "the ban is the customer's: {body}"
+    );
+    // `keys show` says whose it is and the shared figures.
+    let id = e2e::first_key_id(&f.keys);
+    let admin = gw.admin.to_string();
+    let out = e2e::gateway_cli(&[
+        "keys",
+        "show",
+        &id,
+        "--keys-file",
+        &f.keys.to_string_lossy(),
+        "--admin-listen",
+        &admin,
+        "--json",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["customer"], "acme");
+    assert_eq!(shown["usage"]["minute"], 5, "{shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_own_windows_apply_and_bad_ones_are_refused_naming_the_flag() {
+    let f = Fixture::new(60, 1_000);
+    let key = issued_key(&issue_with(
+        &f,
+        &[
+            "--plan",
+            "free",
+            "--limit",
+            "1s=2",
+            "--limit",
+            "month=1000",
+            "--per-minute",
+            "30",
+        ],
+    ));
+    let backend = f.backend();
+    let gw = f.gateway(&f.spec(backend.addr));
+    let resp = reqwest::Client::new()
+        .get(gw.url("/v1/pets"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    let policy = header(&resp, "ratelimit-policy").unwrap();
+    let expected =
+        "\"second\";q=2;w=1, \"minute\";q=30;w=60, \"day\";q=1000;w=86400, \"month\";q=1000;w=";
+    assert!(policy.starts_with(expected), "{policy}");
+    let month: u64 = policy[expected.len()..].parse().unwrap();
+    assert!((28 * 86_400..=31 * 86_400).contains(&month), "{policy}");
+
+    std::fs::write(
+        f.plans.join("pro.toml"),
+        "requests_per_minute = 60\nrequests_per_day = 1000\n[cost]\ncreatePet = 5\n",
+    )
+    .unwrap();
+    let refused = [
+        (vec!["--limit", "7x=1"], "--limit"),
+        (vec!["--limit", "1s=0"], "--limit"),
+        (vec!["--limit", "1s"], "--limit"),
+        (vec!["--limit", "1s=1", "--limit", "1s=2"], "twice"),
+        (
+            vec![
+                "--limit", "1s=9", "--limit", "2s=9", "--limit", "3s=9", "--limit", "4s=9",
+                "--limit", "5s=9",
+            ],
+            "at most 6",
+        ),
+        (vec!["--plan", "pro", "--limit", "1m=3"], "could never pass"),
+        (vec!["--customer", "not a name"], "customer"),
+    ];
+    for (args, expected) in refused {
+        let mut all = args.clone();
+        if !all.contains(&"--plan") {
+            all.extend(["--plan", "free"]);
+        }
+        let out = issue_with(&f, &all);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_issues_with_a_customer_and_own_windows() {
+    let f = Fixture::new(60, 1_000);
+    f.issue("free");
+    let backend = f.backend();
+    let gw = f.gateway(&f.spec(backend.addr));
+    let post = |body: Value| {
+        let url = gw.admin_url("/keys");
+        async move {
+            let resp = reqwest::Client::new()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, made) = post(serde_json::json!({
+        "plan": "free", "customer": "acme", "limits": {"1s": 50, "month": 1_000_000}
+    }))
+    .await;
+    assert_eq!(status, 201, "{made}");
+    assert_eq!(made["customer"], "acme");
+    assert_eq!(
+        made["limits"],
+        serde_json::json!({"1s": 50, "month": 1_000_000})
+    );
+    let (status, refused) = post(serde_json::json!({"plan": "free", "limits": {"5x": 1}})).await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(
+        refused["message"].as_str().unwrap().contains("limits"),
+        "{refused}"
+    );
+}

@@ -76,9 +76,11 @@ impl Admin {
             Ok(Err(e @ KeysError::CannotSign(_))) => {
                 Err(error(409, ErrorCode::Conflict, &e.to_string()))
             }
-            Ok(Err(e @ (KeysError::UnknownPlan { .. } | KeysError::NotActive(_)))) => {
-                Err(error(400, ErrorCode::InvalidRequest, &e.to_string()))
-            }
+            Ok(Err(
+                e @ (KeysError::UnknownPlan { .. }
+                | KeysError::NotActive(_)
+                | KeysError::OwnLimits(_)),
+            )) => Err(error(400, ErrorCode::InvalidRequest, &e.to_string())),
             Ok(Err(e)) => Err(error(500, ErrorCode::Internal, &e.to_string())),
             Err(e) => Err(error(500, ErrorCode::Internal, &e.to_string())),
         }
