@@ -108,9 +108,37 @@ async fn paging_through_250_pets_and_the_pet_command() {
     );
     let id = created["id"].as_i64().unwrap().to_string();
     assert_eq!(pet_cli(&gw, &key, &["pets", "get", &id]), created);
-    let quota = pet_cli(&gw, &key, &["quota"]);
+    let quota = pet_cli(&gw, &key, &["quota", "--json"]);
     assert_eq!(quota["plan"], "unlimited");
     assert_eq!(quota["ban"], Value::Null);
+    let names: Vec<&str> = quota["windows"]
+        .as_array()
+        .expect("the gateway lists its windows")
+        .iter()
+        .filter_map(|w| w["name"].as_str())
+        .collect();
+    assert_eq!(names, ["minute", "day"]);
+    assert_eq!(quota["minute"]["limit"], 1_000_000);
+    // Without --json: a line per window.
+    let out = Command::new(e2e::bin_path("pet"))
+        .arg("quota")
+        .env("PET_API_KEY", &key)
+        .env("PET_API_URL", gw.url(""))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.first(), Some(&"plan unlimited"), "{text}");
+    assert!(
+        lines[1].starts_with("minute ") && lines[1].contains(" of 1000000 left, resets "),
+        "{text}"
+    );
+    assert!(
+        lines[2].starts_with("day ") && lines[2].contains(" of 10000000 left"),
+        "{text}"
+    );
+    assert_eq!(lines.last(), Some(&"ban    none"), "{text}");
     let out = Command::new(e2e::bin_path("pet"))
         .args(["pets", "get", "999999"])
         .env("PET_API_KEY", &key)
