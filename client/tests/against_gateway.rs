@@ -258,3 +258,77 @@ async fn a_banned_key_waits_for_its_ban_to_end() {
         "the client sent nothing while it knew the key was banned"
     );
 }
+
+/// A plan of a `1s` and a `month` window, creating an animal costing 2 units: the client reads
+/// both windows (and no minute or day), `pet quota` prints them, and a client driving the key
+/// past its second waits for the next one instead of being refused.
+#[tokio::test]
+async fn a_plan_of_any_windows_and_costs_is_read_and_respected() {
+    let s = Fixture::new(60, 1_000);
+    std::fs::write(
+        s.plans.join("metered.toml"),
+        "[[window]]\nevery = \"1s\"\nlimit = 4\n\
+         [[window]]\nevery = \"month\"\nlimit = 100000\n\
+         [cost]\ncreatePet = 2\n",
+    )
+    .unwrap();
+    let key = s.issue("metered");
+    let (_backend, gw) = gateway(&s, "[ban]\nstrikes = 0\ndurations_secs = [600]\n");
+    let client = Client::with_policy(
+        &gw.url(""),
+        &key,
+        RetryPolicy {
+            deadline: Duration::from_secs(20),
+            ..RetryPolicy::default()
+        },
+    )
+    .unwrap();
+    let quota = client.quota().await.unwrap();
+    assert_eq!((quota.minute, quota.day), (None, None), "{quota:?}");
+    let names: Vec<&str> = quota.windows.iter().map(|w| w.name.as_str()).collect();
+    assert_eq!(names, ["second", "month"]);
+    assert_eq!((quota.windows[0].every, quota.windows[0].limit), (1, 4));
+    assert!((28 * 86_400..=31 * 86_400).contains(&quota.windows[1].every));
+
+    // Eight creations at 2 units, 4 units a second: four seconds' worth, every one admitted.
+    let started = Instant::now();
+    for i in 0..8 {
+        client
+            .create_pet(&NewPet {
+                name: format!("metered {i}"),
+                category_id: 1,
+                status: None,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("creation {i}: {e}"));
+    }
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "the client waited for the next seconds ({:?})",
+        started.elapsed()
+    );
+    assert_eq!(
+        gw.metric("pet_gateway_bans_total{plan=\"metered\"}").await,
+        0.0,
+        "nothing it knew would be refused was sent (one refusal would have banned the key)"
+    );
+    let quota = client.quota().await.unwrap();
+    assert_eq!(quota.windows[1].remaining, 100_000 - 16, "{quota:?}");
+
+    let out = Command::new(e2e::bin_path("pet"))
+        .arg("quota")
+        .env("PET_API_KEY", &key)
+        .env("PET_API_URL", gw.url(""))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    assert_eq!(lines[0], "plan metered");
+    assert!(lines[1].starts_with("second "), "{text}");
+    assert!(
+        lines[2].starts_with("month  99984 of 100000 left, resets "),
+        "{text}"
+    );
+}
