@@ -50,15 +50,15 @@ impl Subject {
             (Some(clock), _) => clock.set(MIDNIGHT - 2),
             (None, Some(addr)) => {
                 // Every window's instance (`w`, the 2nd of each window's three fields after the
-                // eight fixed ones) and the strikes' minute (`sw`, the 1st) move one ahead
+                // nine fixed ones) and the strikes' minute (`sw`, the 1st) move one ahead
                 // (store/scripts.rs).
                 const STEP: &str = "local v = redis.call('GET', KEYS[1]) \
-                    local n = (#v - 32) / 12 \
-                    local format = '<IIIIIIII' .. string.rep('III', n) \
+                    local n = (#v - 36) / 12 \
+                    local format = '<IIIIIIIII' .. string.rep('III', n) \
                     local f = {struct.unpack(format, v)} \
                     f[1] = f[1] + 1 \
-                    for j = 1, n do f[7 + 3 * j] = f[7 + 3 * j] + 1 end \
-                    redis.call('SET', KEYS[1], struct.pack(format, unpack(f, 1, 8 + 3 * n)), 'KEEPTTL') \
+                    for j = 1, n do f[8 + 3 * j] = f[8 + 3 * j] + 1 end \
+                    redis.call('SET', KEYS[1], struct.pack(format, unpack(f, 1, 9 + 3 * n)), 'KEEPTTL') \
                     return 1";
                 let state = format!("test:windows:{{{key}}}");
                 let out = e2e::redis_cli()

@@ -6,7 +6,7 @@
 //! production and staging apart on a shared Redis.
 //!
 //! The string is little-endian unsigned 32-bit integers (Lua's `struct`), Unix seconds for
-//! times: eight fixed fields, then three per window the quota counts in (32 + 12 × n bytes):
+//! times: nine fixed fields, then three per window the quota counts in (36 + 12 × n bytes):
 //!
 //! | # | field | meaning |
 //! |---|---|---|
@@ -15,6 +15,7 @@
 //! | 4, 5 | `lv`, `lu` | ban level (how many bans in a row) and when it decays back to 0 |
 //! | 6, 7 | `rd`, `rc` | day (`now / 86400`) of the refusals, and requests refused in it (a full window or a ban's start) |
 //! | 8 | `la` | when a request was last admitted |
+//! | 9 | `ex` | when the string expires, as last set: a window that moves on sets it again only when it would end later (a `1s` window moves every second; the month rarely) |
 //! | then, per window | `e`, `w`, `c` | the window's length (`keys::limits::Every::code`: seconds, 0 for the calendar month), which instance of it (`Every::index`), and the units counted there |
 //!
 //! Windows are kept by length, not by position, so a plan edit that adds or drops a window leaves
@@ -50,43 +51,45 @@
 ///
 /// `load(key)` returns the state as a table and where it came from (also its `from`): 2 the
 /// `windows` string, 1 the older 48-byte string, 0 nowhere (every field 0, no windows).
-/// `save(key, s)` writes it back, keeping the string's expiry unless `s.expire` is set or the
+/// `save(key, s)` writes it back, keeping the string's expiry unless its `EXPIRE` flag is set or the
 /// string is new, in which case it expires when nothing in it can matter any more: the end of
 /// its last window, or the ban level's decay if later.
 macro_rules! state_lua {
     () => {
         r#"
-local FIXED = '<IIIIIIII'
+-- A state is one flat array, built whole by one constructor (a table grown field by field is
+-- rehashed as it grows, which costs more than the rest of a decision): at 1..4 its number of
+-- windows, where it came from (`load`), whether to write it and whether to work its expiry out
+-- again; at 5..13 the nine fixed fields (SW .. EX); then per window j its length, instance and
+-- count at 11 + 3j, 12 + 3j and 13 + 3j.
+local N, FROM, WRITE, EXPIRE = 1, 2, 3, 4
+local SW, SC, BU, LV, LU, RD, RC, LA, EX = 5, 6, 7, 8, 9, 10, 11, 12, 13
+local MAX = 4294967295
+local FORMATS = {}
+for n = 0, 6 do FORMATS[n] = '<IIIIIIIII' .. string.rep('III', n) end
 local function load(key)
   local v = redis.call('GET', key)
-  local s = {sw = 0, sc = 0, bu = 0, lv = 0, lu = 0, rd = 0, rc = 0, la = 0, n = 0,
-    e = {}, w = {}, c = {}, from = 0, write = false, expire = false}
   if v then
-    local f = {struct.unpack(FIXED .. string.rep('III', (#v - 32) / 12), v)}
-    s.sw, s.sc, s.bu, s.lv, s.lu, s.rd, s.rc, s.la = f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8]
-    s.n = (#v - 32) / 12
-    for j = 1, s.n do
-      s.e[j], s.w[j], s.c[j] = f[6 + 3 * j], f[7 + 3 * j], f[8 + 3 * j]
-    end
-    s.from = 2
-    return s
+    local n = (#v - 36) / 12
+    return {n, 2, false, false, struct.unpack(FORMATS[n], v)}
   end
   local old = redis.call('GET', (string.gsub(key, ':windows:{', ':state:{', 1)))
   if old and #old == 48 then
     local mw, mc, dw, dc, sw, sc, bu, lv, lu, rd, rc, la = struct.unpack('<IIIIIIIIIIII', old)
-    s.sw, s.sc, s.bu, s.lv, s.lu, s.rd, s.rc, s.la = sw, sc, bu, lv, lu, rd, rc, la
-    s.n, s.e, s.w, s.c = 2, {60, 86400}, {mw, dw}, {mc, dc}
-    s.from = 1
+    return {2, 1, false, false, sw, sc, bu, lv, lu, rd, rc, la, 0, 60, mw, mc, 86400, dw, dc,
+      0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
   end
-  return s
+  -- Room for six windows from the start.
+  return {0, 0, false, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0}
 end
 local function u32(x)
   if x < 0 then return 0 end
-  if x > 4294967295 then return 4294967295 end
+  if x > MAX then return MAX end
   return x
 end
--- keys::limits: the month of day number `days` (months since January 1970), and the first
--- second of month `index` (Howard Hinnant's civil date algorithms).
+-- keys::limits: the month holding `now` (months since January 1970), and the first second of
+-- month `index` (Howard Hinnant's civil date algorithms).
 local function month_of(now)
   local z = math.floor(now / 86400) + 719468
   local era = math.floor(z / 146097)
@@ -120,59 +123,68 @@ local function end_of(e, w)
   return (w + 1) * e
 end
 local function save(key, s)
-  if s.from == 1 then
+  if s[FROM] == 1 then
     -- Carried over: the old string goes, so it cannot come back once this state expires.
     redis.call('DEL', (string.gsub(key, ':windows:{', ':state:{', 1)))
   end
-  local parts = {s.sw, s.sc, s.bu, s.lv, s.lu, s.rd, s.rc, s.la}
-  for j = 1, s.n do
-    parts[6 + 3 * j], parts[7 + 3 * j], parts[8 + 3 * j] = s.e[j], u32(s.w[j]), u32(s.c[j])
-  end
-  for i = 1, 8 do parts[i] = u32(parts[i]) end
-  local v = struct.pack(FIXED .. string.rep('III', s.n), unpack(parts))
-  if s.expire or s.from ~= 2 then
+  local n = s[N]
+  local exat = s[FROM] ~= 2 or s[EXPIRE]
+  if exat then
     -- Refusals and strikes are counted by the day: kept to its end even with no window.
-    local at = math.max(s.lu, (s.rd + 1) * 86400)
-    for j = 1, s.n do at = math.max(at, end_of(s.e[j], s.w[j])) end
-    redis.call('SET', key, v, 'EXAT', u32(math.max(at, 1)))
+    local at = math.max(s[LU], (s[RD] + 1) * 86400)
+    for j = 1, n do at = math.max(at, end_of(s[11 + 3 * j], s[12 + 3 * j])) end
+    s[EX] = u32(at)
+  end
+  local v = struct.pack(FORMATS[n], unpack(s, SW, EX + 3 * n))
+  if exat then
+    redis.call('SET', key, v, 'EXAT', math.max(s[EX], 1))
   else
     redis.call('SET', key, v, 'KEEPTTL')
   end
 end
+-- A window's instance moved to `w`: the state must live past its end.
+local function outlive(s, e, w)
+  if not s[EXPIRE] and end_of(e, w) > s[EX] then s[EXPIRE] = true end
+end
 -- The slot of length `e`, or nil.
 local function slot_of(s, e)
-  for j = 1, s.n do
-    if s.e[j] == e then return j end
+  for j = 1, s[N] do
+    if s[11 + 3 * j] == e then return j end
   end
   return nil
 end
--- quota::rules::KeyState::current: the instance to count in (the stored one when it is exactly
--- one ahead: a clock that stepped back) and its count. `cur` is `index_of(e, now)`.
+-- quota::rules::KeyState::put: slot `j` when it still holds length `e`, else its own, else a
+-- new one, else one whose window has ended, else the last. The expiry is worked out again
+-- when a window starts.
+local function put(s, j, e, w, c, now)
+  if j == nil or s[11 + 3 * j] ~= e then j = slot_of(s, e) end
+  if j == nil then
+    if s[N] < 6 then
+      s[N] = s[N] + 1
+      j = s[N]
+    else
+      j = 6
+      for k = 1, 6 do
+        if s[12 + 3 * k] < index_of(s[11 + 3 * k], now) then j = k; break end
+      end
+    end
+    s[11 + 3 * j] = e
+    s[12 + 3 * j] = -1
+  end
+  if s[12 + 3 * j] ~= w then outlive(s, e, w) end
+  s[12 + 3 * j] = w
+  if c > MAX then c = MAX end
+  s[13 + 3 * j] = c
+end
+-- quota::rules::KeyState::current: the instance of length `e` to count in (the stored one when
+-- it is exactly one ahead of `cur`: a clock that stepped back), its count and its slot.
 local function current(s, e, cur)
   local j = slot_of(s, e)
   if j == nil then return cur, 0, nil end
-  local w = cur
-  if s.w[j] == cur + 1 then w = cur + 1 end
-  if s.w[j] == w then return w, s.c[j], j end
-  return w, 0, j
-end
--- quota::rules::KeyState::put: its own slot, else a new one, else one whose window has ended,
--- else the last. The expiry is worked out again when a window starts.
-local function put(s, j, e, w, c, now)
-  if j == nil then
-    if s.n < 6 then
-      s.n = s.n + 1
-      j = s.n
-    else
-      j = 6
-      for k = 1, s.n do
-        if s.w[k] < index_of(s.e[k], now) then j = k; break end
-      end
-    end
-    s.e[j] = e
-  end
-  if s.w[j] ~= w then s.expire = true end
-  s.w[j], s.c[j] = w, c
+  local w = s[12 + 3 * j]
+  if w == cur + 1 then return w, s[13 + 3 * j], j end
+  if w == cur then return cur, s[13 + 3 * j], j end
+  return cur, 0, j
 end
 "#
     };
@@ -205,20 +217,25 @@ local strikes = tonumber(ARGV[1])
 local decay = tonumber(ARGV[2])
 local lengths = tonumber(ARGV[3])
 local p = 4 + lengths
+-- Each set of limits, flat: its number of windows m, then per window k at 3k - 1, 3k and 3k + 1
+-- its length, its instance now and the most it may hold before a request (a shadow window's
+-- is unbounded: it never refuses).
 local sets = {}
 for i = 1, tonumber(ARGV[p]) do
   local m = tonumber(ARGV[p + 1])
-  local set = {m = m, e = {}, limit = {}, shadow = {}, cur = {}}
+  local set = {m}
   for k = 1, m do
     local e = tonumber(ARGV[p + 2 * k])
     local limit = tonumber(ARGV[p + 2 * k + 1])
-    set.e[k], set.cur[k] = e, index_of(e, now)
-    set.limit[k], set.shadow[k] = math.abs(limit), limit < 0
+    set[3 * k - 1], set[3 * k] = e, index_of(e, now)
+    if limit < 0 then set[3 * k + 1] = math.huge else set[3 * k + 1] = limit end
   end
   sets[i] = set
   p = p + 2 + 2 * m
 end
 local states, order, out = {}, {}, {}
+-- One decision's instances, counts and slots, reused from decision to decision.
+local WS, CS, JS = {}, {}, {}
 local minute, day = math.floor(now / 60), math.floor(now / 86400)
 for i = 1, #KEYS do
   local key = KEYS[i]
@@ -231,45 +248,77 @@ for i = 1, #KEYS do
   local set = sets[tonumber(ARGV[p])]
   local cost = tonumber(ARGV[p + 1])
   p = p + 2
-  local ws, cs, js = {}, {}, {}
+  local m = set[1]
   local fits = true
-  for k = 1, set.m do
-    ws[k], cs[k], js[k] = current(s, set.e[k], set.cur[k])
-    if not set.shadow[k] and cs[k] + cost > set.limit[k] then fits = false end
+  local n = s[N]
+  -- current(), inline: this loop is most of a decision.
+  for k = 1, m do
+    local e, cur = set[3 * k - 1], set[3 * k]
+    local w, c, j = cur, 0, nil
+    -- A state written under these limits keeps their order: window k is usually slot k.
+    if k <= n and s[11 + 3 * k] == e then
+      j = k
+    else
+      for q = 1, n do
+        if s[11 + 3 * q] == e then j = q; break end
+      end
+    end
+    if j ~= nil then
+      local stored = s[12 + 3 * j]
+      if stored == cur + 1 then w = stored end
+      if stored == w then c = s[13 + 3 * j] end
+    end
+    WS[k], CS[k], JS[k] = w, c, j
+    if c + cost > set[3 * k + 1] then fits = false end
   end
   local at = #out
-  if s.bu > now then
+  if s[BU] > now then
     out[at + 1] = 2
   elseif fits then
-    for k = 1, set.m do
-      cs[k] = cs[k] + cost
-      put(s, js[k] or slot_of(s, set.e[k]), set.e[k], ws[k], cs[k], now)
+    for k = 1, m do
+      local c = CS[k] + cost
+      CS[k] = c
+      local j, w, e = JS[k], WS[k], set[3 * k - 1]
+      if j ~= nil and s[11 + 3 * j] == e and c <= MAX then
+        if s[12 + 3 * j] ~= w then
+          outlive(s, e, w)
+          s[12 + 3 * j] = w
+        end
+        s[13 + 3 * j] = c
+      else
+        put(s, j, e, w, c, now)
+      end
     end
-    s.la = now
-    s.write = true
+    s[LA] = now
+    s[WRITE] = true
     out[at + 1] = 0
   else
-    if s.rd == day then s.rc = s.rc + 1 else s.rd = day; s.rc = 1 end
-    if s.sw == minute then s.sc = s.sc + 1 else s.sw = minute; s.sc = 1 end
+    if s[RD] == day then
+      s[RC] = math.min(s[RC] + 1, MAX)
+    else
+      s[RD], s[RC] = day, 1
+      if (day + 1) * 86400 > s[EX] then s[EXPIRE] = true end
+    end
+    if s[SW] == minute then s[SC] = math.min(s[SC] + 1, MAX) else s[SW] = minute; s[SC] = 1 end
     out[at + 1] = 1
-    if s.sc > strikes then
-      if s.lu <= now then s.lv = 0 end
-      s.bu = u32(now + tonumber(ARGV[3 + math.min(s.lv + 1, lengths)]))
-      s.lv = s.lv + 1
-      s.lu = u32(s.bu + decay)
-      s.sc = 0
-      s.expire = true
+    if s[SC] > strikes then
+      if s[LU] <= now then s[LV] = 0 end
+      s[BU] = u32(now + tonumber(ARGV[3 + math.min(s[LV] + 1, lengths)]))
+      s[LV] = u32(s[LV] + 1)
+      s[LU] = u32(s[BU] + decay)
+      s[SC] = 0
+      s[EXPIRE] = true
       out[at + 1] = 3
     end
-    s.write = true
+    s[WRITE] = true
   end
   out[at + 2] = now
-  if s.bu > now then out[at + 3] = s.bu else out[at + 3] = 0 end
-  for k = 1, set.m do out[at + 3 + k] = cs[k] end
+  if s[BU] > now then out[at + 3] = s[BU] else out[at + 3] = 0 end
+  for k = 1, m do out[at + 3 + k] = CS[k] end
 end
 for _, key in ipairs(order) do
   local s = states[key]
-  if s.write then save(key, s) end
+  if s[WRITE] then save(key, s) end
 end
 return out
 "#
@@ -285,9 +334,9 @@ pub const LIFT_BAN: &str = concat!(
     r#"
 local now = tonumber(redis.call('TIME')[1])
 local s = load(KEYS[1])
-if s.bu <= now then return 0 end
-s.bu = 0
-s.sc = 0
+if s[BU] <= now then return 0 end
+s[BU] = 0
+s[SC] = 0
 save(KEYS[1], s)
 return 1
 "#
@@ -303,8 +352,8 @@ pub const BAN_OF: &str = concat!(
     r#"
 local now = tonumber(redis.call('TIME')[1])
 local s = load(KEYS[1])
-if s.bu <= now then return 0 end
-return s.bu
+if s[BU] <= now then return 0 end
+return s[BU]
 "#
 );
 
@@ -336,9 +385,9 @@ pub const PROBE: &str = concat!(
     r#"
 local now = tonumber(redis.call('TIME')[1])
 local s = load(KEYS[1])
-s.la = now
-put(s, slot_of(s, 0), 0, index_of(0, now), 0, now)
-s.expire = true
+s[LA] = now
+put(s, nil, 0, index_of(0, now), 0, now)
+s[EXPIRE] = true
 save(KEYS[1], s)
 return 1
 "#
@@ -356,13 +405,14 @@ pub const USAGE: &str = concat!(
 local now = tonumber(redis.call('TIME')[1])
 local s = load(KEYS[1])
 local rc = 0
-if s.rd == math.floor(now / 86400) then rc = s.rc end
+if s[RD] == math.floor(now / 86400) then rc = s[RC] end
 local bu = 0
-if s.bu > now then bu = s.bu end
-local out = {now, rc, s.la, bu}
-for j = 1, s.n do
-  local _, c = current(s, s.e[j], index_of(s.e[j], now))
-  out[#out + 1] = s.e[j]
+if s[BU] > now then bu = s[BU] end
+local out = {now, rc, s[LA], bu}
+for j = 1, s[N] do
+  local e = s[11 + 3 * j]
+  local _, c = current(s, e, index_of(e, now))
+  out[#out + 1] = e
   out[#out + 1] = c
 end
 return out
@@ -376,8 +426,8 @@ pub const RESET_USAGE: &str = concat!(
     state_lua!(),
     r#"
 local s = load(KEYS[1])
-if s.from ~= 0 then
-  for j = 1, s.n do s.c[j] = 0 end
+if s[FROM] ~= 0 then
+  for j = 1, s[N] do s[13 + 3 * j] = 0 end
   save(KEYS[1], s)
 end
 return 1
