@@ -256,12 +256,10 @@ fn plan_in_force(ctx: &Ctx) -> Step {
 
 /// A shadow window this admitted request went past: what it would have refused.
 fn count_shadow_refusals(plan: &str, view: &RateView) {
-    for (w, over) in view.limits.windows().iter().zip(view.shadow_over) {
-        if over {
-            METRICS
-                .shadow_refusals
-                .with_label_values(&[plan, &w.every.name()])
-                .inc();
-        }
+    for w in view.shadow_windows() {
+        METRICS
+            .shadow_refusals
+            .with_label_values(&[plan, &w.every.name()])
+            .inc();
     }
 }

@@ -104,7 +104,7 @@ fn status(plan: &str, limits: Limits, usage: &Usage) -> (Bytes, RateView) {
             name: w.every.name(),
             every: w.every.secs_at(now),
             limit: w.limit(),
-            remaining,
+            remaining: remaining.into(),
             reset: w.every.reset(now),
         })
         .collect();

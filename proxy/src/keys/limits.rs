@@ -116,13 +116,21 @@ impl Every {
 
     /// When the window holding `now` ends (the next one's first second).
     pub fn reset(self, now: u64) -> u64 {
-        self.start_of(self.index(now) + 1)
+        match self {
+            Every::Secs(n) => (now / u64::from(n) + 1) * u64::from(n),
+            Every::Month => self.start_of(self.index(now) + 1),
+        }
     }
 
     /// The length in seconds of the window holding `now` (a month's varies).
     pub fn secs_at(self, now: u64) -> u64 {
-        let index = self.index(now);
-        self.start_of(index + 1) - self.start_of(index)
+        match self {
+            Every::Secs(n) => u64::from(n),
+            Every::Month => {
+                let index = self.index(now);
+                self.start_of(index + 1) - self.start_of(index)
+            }
+        }
     }
 
     /// For ordering windows by length (a month as its average length).

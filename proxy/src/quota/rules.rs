@@ -307,8 +307,9 @@ impl Binding {
 pub struct RateView {
     pub limits: Limits,
     pub now: u64,
-    /// Units remaining in each of the limits' windows (`Limits::windows` order).
-    pub remaining_by_window: [u64; MAX_WINDOWS],
+    /// Units remaining in each of the limits' windows (`Limits::windows` order; limits fit 32
+    /// bits, and a view is copied from phase to phase).
+    pub remaining_by_window: [u32; MAX_WINDOWS],
     /// The binding window, reported in `X-RateLimit-*`.
     pub limit: u64,
     pub remaining: u64,
@@ -317,8 +318,9 @@ pub struct RateView {
     pub retry_after: Option<u64>,
     /// Which window `limit`, `remaining` and `reset` are of.
     pub binding: Binding,
-    /// Shadow windows this request went past (admitted, as shadow windows never refuse).
-    pub shadow_over: [bool; MAX_WINDOWS],
+    /// Shadow windows this request went past (admitted, as shadow windows never refuse): bit k
+    /// for window k.
+    pub shadow_over: u8,
 }
 
 impl RateView {
@@ -352,11 +354,13 @@ impl RateView {
     pub fn new(v: &Verdict, limits: Limits, cost: u64) -> RateView {
         let now = v.now;
         let windows = limits.windows();
-        let mut remaining_by_window = [0u64; MAX_WINDOWS];
-        let mut shadow_over = [false; MAX_WINDOWS];
+        let mut remaining_by_window = [0u32; MAX_WINDOWS];
+        let mut shadow_over = 0u8;
         for (k, w) in windows.iter().enumerate() {
-            remaining_by_window[k] = w.limit().saturating_sub(v.counts[k]);
-            shadow_over[k] = w.shadow && v.outcome == Outcome::Admitted && v.counts[k] > w.limit();
+            remaining_by_window[k] = narrow(w.limit().saturating_sub(v.counts[k]));
+            if w.shadow && v.outcome == Outcome::Admitted && v.counts[k] > w.limit() {
+                shadow_over |= 1 << k;
+            }
         }
         let enforced = || windows.iter().enumerate().filter(|(_, w)| !w.shadow);
         let least_room = enforced()
@@ -377,7 +381,7 @@ impl RateView {
             now,
             remaining_by_window,
             limit: windows.get(chosen).map_or(0, |w| w.limit()),
-            remaining: remaining_by_window[chosen],
+            remaining: u64::from(remaining_by_window[chosen]),
             reset: every.reset(now),
             retry_after: None,
             binding: Binding::Window(every),
@@ -402,15 +406,22 @@ impl RateView {
     /// The shadow windows this request went past, by name (`10s,month`), if any: what they would
     /// have refused, for the access log.
     pub fn shadow_refused(&self) -> Option<String> {
-        let names: Vec<Cow<'static, str>> = self
-            .limits
+        if self.shadow_over == 0 {
+            return None;
+        }
+        let names: Vec<Cow<'static, str>> = self.shadow_windows().map(|w| w.every.name()).collect();
+        Some(names.join(","))
+    }
+
+    /// The shadow windows this request went past.
+    pub fn shadow_windows(&self) -> impl Iterator<Item = &crate::keys::limits::WindowLimit> {
+        let over = self.shadow_over;
+        self.limits
             .windows()
             .iter()
-            .zip(self.shadow_over)
-            .filter(|(_, over)| *over)
-            .map(|(w, _)| w.every.name())
-            .collect();
-        (!names.is_empty()).then(|| names.join(","))
+            .enumerate()
+            .filter(move |(k, _)| over & (1 << k) != 0)
+            .map(|(_, w)| w)
     }
 
     /// The remaining units of the enforced window of length `every`, if the limits have one.
@@ -420,18 +431,21 @@ impl RateView {
             .windows()
             .iter()
             .position(|w| w.every == every && !w.shadow)?;
-        Some(self.remaining_by_window[k])
+        Some(u64::from(self.remaining_by_window[k]))
     }
 
     /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers): every enforced window.
     pub fn policy_header(&self) -> String {
-        let mut out = String::new();
+        let mut out = String::with_capacity(40 * self.limits.windows().len());
         for w in self.limits.enforced() {
-            if !out.is_empty() {
-                out.push_str(", ");
-            }
-            let secs = w.every.secs_at(self.now);
-            out.push_str(&format!("\"{}\";q={};w={secs}", w.every.name(), w.limit));
+            push_item(
+                &mut out,
+                &w.every.name(),
+                "q",
+                w.limit(),
+                "w",
+                w.every.secs_at(self.now),
+            );
         }
         out
     }
@@ -439,23 +453,33 @@ impl RateView {
     /// `RateLimit` (draft-ietf-httpapi-ratelimit-headers): each enforced window's remaining
     /// units and seconds to its reset.
     pub fn ratelimit_header(&self) -> String {
-        let mut out = String::new();
-        for (k, w) in self.limits.windows().iter().enumerate() {
-            if w.shadow {
-                continue;
+        let mut out = String::with_capacity(40 * self.limits.windows().len());
+        for (w, &remaining) in self.limits.windows().iter().zip(&self.remaining_by_window) {
+            if !w.shadow {
+                let t = w.every.reset(self.now) - self.now;
+                push_item(&mut out, &w.every.name(), "r", remaining.into(), "t", t);
             }
-            if !out.is_empty() {
-                out.push_str(", ");
-            }
-            let t = w.every.reset(self.now) - self.now;
-            out.push_str(&format!(
-                "\"{}\";r={};t={t}",
-                w.every.name(),
-                self.remaining_by_window[k]
-            ));
         }
         out
     }
+}
+
+/// One item of the structured headers, `"<name>";<a>=<x>;<b>=<y>`, after a comma when not the
+/// first: written without the formatting machinery, on every response.
+fn push_item(out: &mut String, name: &str, a: &str, x: u64, b: &str, y: u64) {
+    if !out.is_empty() {
+        out.push_str(", ");
+    }
+    out.push('"');
+    out.push_str(name);
+    out.push_str("\";");
+    out.push_str(a);
+    out.push('=');
+    out.push_str(itoa::Buffer::new().format(x));
+    out.push(';');
+    out.push_str(b);
+    out.push('=');
+    out.push_str(itoa::Buffer::new().format(y));
 }
 
 /// The `X-RateLimit-*` triple as numbers, for responses that are not about a key's plan (the
