@@ -5,6 +5,7 @@
 //! - [`redis::RedisStore`]: in Redis, so that every gateway node shares one exact count.
 
 pub mod memory;
+mod packed;
 pub mod redis;
 pub mod scripts;
 
