@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use e2e::{fresh_minute, RedisServer};
 use proxy::keys::index::{KeyInfo, Overrides};
-use proxy::keys::limits::{Every, Limits};
+use proxy::keys::limits::{Every, Limits, WindowLimit};
 use proxy::quota::admission::OnStoreError;
 use proxy::quota::admission::{self, Admission};
 use proxy::quota::resilience::Resilience;
@@ -130,6 +130,57 @@ async fn mixed_keys_in_batches_are_each_counted_exactly() {
         Some(120),
         "key a's 41st request is the first refused"
     );
+}
+
+/// One batch carrying decisions under several sets of limits (plans of other windows, a cost):
+/// each is decided under its own, exactly. A review found the script misreading every set after
+/// the first, which failed such a batch whole.
+#[tokio::test(flavor = "current_thread")]
+async fn a_batch_of_several_plans_decides_each_under_its_own_limits() {
+    let redis = RedisServer::start();
+    let store = store(&redis, Duration::from_secs(2));
+    warm(&store).await;
+    fresh_minute(Duration::from_secs(10));
+    let window =
+        |every: &str, limit: u64| WindowLimit::new(Every::parse(every).unwrap(), limit).unwrap();
+    let plans = [
+        ("a", Limits::minute_day(40, 1_000).unwrap(), 1),
+        (
+            "b",
+            Limits::new(&[window("1m", 5), window("month", 100)]).unwrap(),
+            2,
+        ),
+        ("c", Limits::new(&[window("1h", 100)]).unwrap(), 1),
+    ];
+    let ban = Arc::new(NO_BANS());
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", "300", "ALL"]), "OK");
+    let mut tasks = Vec::new();
+    for i in 0..150 {
+        let (key, limits, cost) = plans[i % 3].clone();
+        let (store, ban) = (Arc::clone(&store), Arc::clone(&ban));
+        tasks.push((
+            key,
+            tokio::spawn(async move { store.acquire(&Arc::from(key), limits, cost, &ban).await }),
+        ));
+        tokio::task::yield_now().await;
+    }
+    let mut admitted: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for (key, t) in tasks {
+        let v = t
+            .await
+            .unwrap()
+            .expect("every decision of a mixed batch is answered");
+        if v.outcome == Outcome::Admitted {
+            admitted.entry(key).or_default().push(v.counts[0]);
+        }
+    }
+    assert_eq!(admitted["a"], (1..=40).collect::<Vec<_>>());
+    assert_eq!(
+        admitted["b"],
+        [2, 4],
+        "5 units at 2 a request: two pass, the third would pass 5"
+    );
+    assert_eq!(admitted["c"], (1..=50).collect::<Vec<_>>());
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -221,17 +221,19 @@ local p = 4 + lengths
 -- its length, its instance now and the most it may hold before a request (a shadow window's
 -- is unbounded: it never refuses).
 local sets = {}
-for i = 1, tonumber(ARGV[p]) do
-  local m = tonumber(ARGV[p + 1])
+local nsets = tonumber(ARGV[p])
+p = p + 1
+for i = 1, nsets do
+  local m = tonumber(ARGV[p])
   local set = {m}
   for k = 1, m do
-    local e = tonumber(ARGV[p + 2 * k])
-    local limit = tonumber(ARGV[p + 2 * k + 1])
+    local e = tonumber(ARGV[p + 2 * k - 1])
+    local limit = tonumber(ARGV[p + 2 * k])
     set[3 * k - 1], set[3 * k] = e, index_of(e, now)
     if limit < 0 then set[3 * k + 1] = math.huge else set[3 * k + 1] = limit end
   end
   sets[i] = set
-  p = p + 2 + 2 * m
+  p = p + 1 + 2 * m
 end
 local states, order, out = {}, {}, {}
 -- One decision's instances, counts and slots, reused from decision to decision.
