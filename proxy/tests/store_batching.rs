@@ -156,7 +156,7 @@ async fn a_batch_of_several_plans_decides_each_under_its_own_limits() {
     assert_eq!(redis.cli(&["CLIENT", "PAUSE", "300", "ALL"]), "OK");
     let mut tasks = Vec::new();
     for i in 0..150 {
-        let (key, limits, cost) = plans[i % 3].clone();
+        let (key, limits, cost) = plans[i % 3];
         let (store, ban) = (Arc::clone(&store), Arc::clone(&ban));
         tasks.push((
             key,

@@ -615,8 +615,8 @@ async fn a_plan_edit_adding_or_dropping_windows_keeps_every_count(subject: &Subj
         .unwrap();
     assert_eq!(
         (v.counts[0], v.counts[1]),
-        (5, 6),
-        "the minute was kept, and not counted, while no window of its length was in force"
+        (6, 6),
+        "the minute was kept, and went on counting while no window of its length was in force"
     );
 }
 
@@ -659,14 +659,50 @@ async fn limits_of_other_lengths_on_one_quota_keep_each_others_counts(subject: &
         .unwrap();
     assert_eq!(
         (v.counts[0], v.counts[1]),
-        (5, 3),
-        "the month counted only its own plan's"
+        (5, 5),
+        "the month counts every request of the quota, whatever plan asked"
     );
     let v = store
         .acquire(&Arc::from("shared"), daily, 1, &NO_BANS())
         .await
         .unwrap();
-    assert_eq!((v.counts[0], v.counts[1]), (6, 3));
+    assert_eq!(
+        (v.counts[0], v.counts[1]),
+        (6, 5),
+        "the day counts from its first request on"
+    );
+}
+
+async fn more_lengths_than_slots_never_lose_the_asking_plans_counts(subject: &Subject) {
+    let store = &*subject.store;
+    subject.fresh_minute(Duration::from_secs(10));
+    let six = windows(
+        &[
+            ("1s", 100),
+            ("1m", 100),
+            ("1h", 100),
+            ("1d", 100),
+            ("7d", 100),
+            ("month", 10),
+        ],
+        &[],
+    );
+    let other = windows(&[("10s", 1_000)], &[]);
+    let mut admitted = 0;
+    for _ in 0..15 {
+        if outcome(store, "seven", six, &NO_BANS()).await == Outcome::Admitted {
+            admitted += 1;
+        }
+        assert_eq!(
+            outcome(store, "seven", other, &NO_BANS()).await,
+            Outcome::Admitted
+        );
+    }
+    // Each request of either plan spends the month: six's five fill it with the other's five.
+    assert_eq!(
+        admitted, 5,
+        "a length evicted to make room must not be the asking plan's"
+    );
 }
 
 #[tokio::test]
@@ -743,6 +779,10 @@ macro_rules! store_suite {
             #[tokio::test]
             async fn a_refusal_binds_the_refusing_window_that_resets_last() {
                 super::a_refusal_binds_the_refusing_window_that_resets_last(&$store()).await
+            }
+            #[tokio::test]
+            async fn more_lengths_than_slots_never_lose_the_asking_plans_counts() {
+                super::more_lengths_than_slots_never_lose_the_asking_plans_counts(&$store()).await
             }
             #[tokio::test]
             async fn limits_of_other_lengths_on_one_quota_keep_each_others_counts() {

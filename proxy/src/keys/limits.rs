@@ -41,6 +41,10 @@ impl Every {
                  1, at most 400 days in all) or month"
             )
         };
+        // ASCII only: a length ending in a character of several bytes must not split it.
+        if !text.is_ascii() {
+            return Err(bad());
+        }
         let split = text.len().checked_sub(1).ok_or_else(bad)?;
         let (digits, unit) = text.split_at(split);
         let unit_secs = match unit {

@@ -69,10 +69,11 @@ impl Breaker {
     }
 }
 
-/// Per-node limits for when the shared store is out: a key's windows of a minute or shorter,
-/// counted on this node alone by the very rules of the stores (fixed windows, the request's cost
-/// in each, refused whole); longer windows pause, nothing being known of them here. No ban
-/// starts here: the ban cache keeps enforcing the bans already known.
+/// Per-node limits for when the shared store is out: a key's windows of a minute or shorter (or,
+/// when it has none, its shortest enforced window), counted on this node alone by the very rules
+/// of the stores (fixed windows, the request's cost in each, refused whole); longer windows
+/// pause, nothing being known of them here. No ban starts here: the ban cache keeps enforcing the
+/// bans already known.
 #[derive(Default)]
 pub struct LocalLimiter {
     counts: MemoryStore,
@@ -90,12 +91,16 @@ impl LocalLimiter {
         cost: u64,
         now: u64,
     ) -> (Outcome, RateView) {
-        let short: Vec<WindowLimit> = limits
+        let mut short: Vec<WindowLimit> = limits
             .windows()
             .iter()
             .filter(|w| w.every.nominal_secs() <= LOCAL_LONGEST_SECS)
             .copied()
             .collect();
+        // A plan of longer windows only keeps its shortest enforced one here: never no limit.
+        if !short.iter().any(|w| !w.shadow) {
+            short.extend(limits.enforced().next().copied());
+        }
         let mut counts = [0; MAX_WINDOWS];
         let outcome = match Limits::new(&short) {
             // No window short enough: nothing to count here.
@@ -254,6 +259,17 @@ mod tests {
         // A cost is spent whole or not at all.
         assert_eq!(l.check(&other, limits, 3, now).0, Outcome::Limited);
         assert_eq!(l.check(&other, limits, 2, now).0, Outcome::Admitted);
+        // A plan of an hour and a day keeps its hour here rather than no limit at all.
+        let hourly = Limits::new(&[
+            WindowLimit::new(crate::keys::limits::Every::Secs(3_600), 2).unwrap(),
+            WindowLimit::new(crate::keys::limits::Every::DAY, 100).unwrap(),
+        ])
+        .unwrap();
+        let third: Arc<str> = "third".into();
+        for _ in 0..2 {
+            assert_eq!(l.check(&third, hourly, 1, now).0, Outcome::Admitted);
+        }
+        assert_eq!(l.check(&third, hourly, 1, now).0, Outcome::Limited);
     }
 
     #[test]

@@ -131,16 +131,22 @@ impl KeyState {
     }
 
     /// Stores `count` for instance `window` of `every`: in its own slot, else a free one, else
-    /// the slot of a window that has ended, else the last (more lengths than slots: only when
-    /// keys of several plans share one quota).
-    fn put(&mut self, now: u64, every: Every, window: u64, count: u64) {
+    /// (more lengths than slots: keys of several plans sharing one quota, or a plan edit) the
+    /// slot of a length `limits` lack, one whose window has ended first. One always exists:
+    /// `limits` have at most six lengths, and `every`, one of them, has no slot.
+    fn put(&mut self, now: u64, limits: &Limits, every: Every, window: u64, count: u64) {
         let code = every.code();
         let len = usize::from(self.len);
+        let foreign = |s: &Slot| limits.get(Every::from_code(s.every)).is_none();
         let at = self.slots[..len]
             .iter()
             .position(|s| s.every == code)
             .or((len < MAX_WINDOWS).then_some(len))
-            .or_else(|| self.slots.iter().position(|s| s.ended(now)))
+            .or_else(|| {
+                let slots = &self.slots;
+                (slots.iter().position(|s| foreign(s) && s.ended(now)))
+                    .or_else(|| slots.iter().position(foreign))
+            })
             .unwrap_or(MAX_WINDOWS - 1);
         if at == len {
             self.len += 1;
@@ -180,9 +186,10 @@ impl KeyState {
             .zip(counts)
             .all(|(w, count)| w.shadow || count + cost <= w.limit());
         if fits {
+            self.count_elsewhere(now, limits, cost);
             for (k, w) in windows.iter().enumerate() {
                 counts[k] += cost;
-                self.put(now, w.every, instances[k], counts[k]);
+                self.put(now, limits, w.every, instances[k], counts[k]);
             }
             self.last_admitted = narrow(now);
             return verdict(Outcome::Admitted, self, counts);
@@ -199,6 +206,23 @@ impl KeyState {
                 self,
                 counts,
             )
+        }
+    }
+
+    /// Counts an admitted request's cost in the windows of this state that `limits` lack and that
+    /// are still running: a customer's keys on plans of other windows share every window's count
+    /// (a key on a plan without a month still spends the customer's month).
+    fn count_elsewhere(&mut self, now: u64, limits: &Limits, cost: u64) {
+        for slot in &mut self.slots[..usize::from(self.len)] {
+            let every = Every::from_code(slot.every);
+            if limits.get(every).is_some() {
+                continue;
+            }
+            let current = every.index(now);
+            let window = u64::from(slot.window);
+            if window == current || window == current + 1 {
+                slot.count = narrow(u64::from(slot.count) + cost);
+            }
         }
     }
 

@@ -68,10 +68,16 @@ local MAX = 4294967295
 local FORMATS = {}
 for n = 0, 6 do FORMATS[n] = '<IIIIIIIII' .. string.rep('III', n) end
 local function load(key)
-  local v = redis.call('GET', key)
-  if v then
+  -- pcall: a key of another type there (written by hand) reads as no state, which the next
+  -- write replaces, rather than failing every decision of the batch.
+  local v = redis.pcall('GET', key)
+  if type(v) == 'string' then
     local n = (#v - 36) / 12
-    return {n, 2, false, false, struct.unpack(FORMATS[n], v)}
+    if FORMATS[n] then
+      return {n, 2, false, false, struct.unpack(FORMATS[n], v)}
+    end
+    redis.log(redis.LOG_WARNING, 'pet-gateway: quota state ' .. key .. ' is unreadable (' ..
+      #v .. ' bytes); it starts again')
   end
   local old = redis.call('GET', (string.gsub(key, ':windows:{', ':state:{', 1)))
   if old and #old == 48 then
@@ -153,10 +159,18 @@ local function slot_of(s, e)
   end
   return nil
 end
+-- Whether length `e` is one of flat set `set`'s (see ACQUIRE).
+local function in_set(set, e)
+  for k = 1, set[1] do
+    if set[3 * k - 1] == e then return true end
+  end
+  return false
+end
 -- quota::rules::KeyState::put: slot `j` when it still holds length `e`, else its own, else a
--- new one, else one whose window has ended, else the last. The expiry is worked out again
--- when a window starts.
-local function put(s, j, e, w, c, now)
+-- new one, else the slot of a length the set lacks, one whose window has ended first (there is
+-- always one: the set has at most six lengths and `e` has no slot). The expiry is worked out
+-- again when a window starts.
+local function put(s, j, e, w, c, now, set)
   if j == nil or s[11 + 3 * j] ~= e then j = slot_of(s, e) end
   if j == nil then
     if s[N] < 6 then
@@ -164,9 +178,15 @@ local function put(s, j, e, w, c, now)
       j = s[N]
     else
       j = 6
+      local foreign = nil
       for k = 1, 6 do
-        if s[12 + 3 * k] < index_of(s[11 + 3 * k], now) then j = k; break end
+        local ek = s[11 + 3 * k]
+        if not in_set(set, ek) then
+          if s[12 + 3 * k] < index_of(ek, now) then foreign = k; break end
+          foreign = foreign or k
+        end
       end
+      j = foreign or j
     end
     s[11 + 3 * j] = e
     s[12 + 3 * j] = -1
@@ -253,6 +273,7 @@ for i = 1, #KEYS do
   local m = set[1]
   local fits = true
   local n = s[N]
+  local matched = 0
   -- current(), inline: this loop is most of a decision.
   for k = 1, m do
     local e, cur = set[3 * k - 1], set[3 * k]
@@ -266,6 +287,7 @@ for i = 1, #KEYS do
       end
     end
     if j ~= nil then
+      matched = matched + 1
       local stored = s[12 + 3 * j]
       if stored == cur + 1 then w = stored end
       if stored == w then c = s[13 + 3 * j] end
@@ -277,6 +299,19 @@ for i = 1, #KEYS do
   if s[BU] > now then
     out[at + 1] = 2
   elseif fits then
+    if matched < n then
+      -- quota::rules::KeyState::count_elsewhere: running windows of this state the set lacks
+      -- (a customer's keys on plans of other windows) spend the cost too.
+      for q = 1, n do
+        local e = s[11 + 3 * q]
+        if not in_set(set, e) then
+          local cur, stored = index_of(e, now), s[12 + 3 * q]
+          if stored == cur or stored == cur + 1 then
+            s[13 + 3 * q] = math.min(s[13 + 3 * q] + cost, MAX)
+          end
+        end
+      end
+    end
     for k = 1, m do
       local c = CS[k] + cost
       CS[k] = c
@@ -288,7 +323,7 @@ for i = 1, #KEYS do
         end
         s[13 + 3 * j] = c
       else
-        put(s, j, e, w, c, now)
+        put(s, j, e, w, c, now, set)
       end
     end
     s[LA] = now
@@ -388,7 +423,7 @@ pub const PROBE: &str = concat!(
 local now = tonumber(redis.call('TIME')[1])
 local s = load(KEYS[1])
 s[LA] = now
-put(s, nil, 0, index_of(0, now), 0, now)
+put(s, nil, 0, index_of(0, now), 0, now, {1, 0, 0, 0})
 s[EXPIRE] = true
 save(KEYS[1], s)
 return 1
