@@ -68,10 +68,8 @@ local MAX = 4294967295
 local FORMATS = {}
 for n = 0, 6 do FORMATS[n] = '<IIIIIIIII' .. string.rep('III', n) end
 local function load(key)
-  -- pcall: a key of another type there (written by hand) reads as no state, which the next
-  -- write replaces, rather than failing every decision of the batch.
-  local v = redis.pcall('GET', key)
-  if type(v) == 'string' then
+  local v = redis.call('GET', key)
+  if v then
     local n = (#v - 36) / 12
     if FORMATS[n] then
       return {n, 2, false, false, struct.unpack(FORMATS[n], v)}
