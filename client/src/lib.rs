@@ -2,7 +2,8 @@
 //!
 //! - The operations: [`Client::list_pets`] (one page), [`Client::list_all`] (every page, through
 //!   `Link: rel="next"`), [`Client::create_pet`], [`Client::get_pet`], and [`Client::quota`]
-//!   (`GET /v1/rate_limit`, which spends nothing).
+//!   (`GET /v1/rate_limit`, which spends nothing: every window of the key's plan, whatever their
+//!   lengths, and any ban).
 //! - Errors are typed: the API's Error body becomes [`Error::Api`] with its `code`.
 //! - The rate-limit headers of every answer are kept ([`Client::rate_state`]) and feed a
 //!   client-side limiter (`rate.rs`): a request the client knows would be refused is not sent.
@@ -14,7 +15,7 @@
 //! # async fn demo() -> Result<(), pet_client::Error> {
 //! let client = pet_client::Client::new("http://127.0.0.1:8080", "pet_live_…")?;
 //! let available = client.list_all(Some("available")).await?;
-//! println!("{} available, {:?} left this minute", available.len(), client.rate_state().remaining);
+//! println!("{} available, {:?} left", available.len(), client.rate_state().remaining);
 //! # Ok(()) }
 //! ```
 
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde::{Deserialize, Serialize};
 
-pub use rate::{unix_now, Limiter, RateState};
+pub use rate::{header_windows, unix_now, HeaderWindow, Limiter, RateState};
 pub use retry::RetryPolicy;
 
 /// The API's types on the wire, shared with the backend through `pet-api`. A status this
@@ -42,11 +43,27 @@ pub struct Page {
     pub next: Option<String>,
 }
 
-/// One window of `GET /v1/rate_limit`.
+/// The `minute` or `day` window of `GET /v1/rate_limit` (the body's first form).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Window {
+    /// Units the window allows: a request spends its operation's cost (1 by default).
     pub limit: u64,
     pub remaining: u64,
+    /// When the window ends, Unix seconds.
+    pub reset: u64,
+}
+
+/// One enforced window of `GET /v1/rate_limit`'s `windows`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedWindow {
+    /// `second`, `minute`, `hour`, `day`, `month`, or the length in its largest whole unit
+    /// (`10s`, `90m`, `6h`, `7d`).
+    pub name: String,
+    /// The length in seconds (for `month`, the current month's).
+    pub every: u64,
+    pub limit: u64,
+    pub remaining: u64,
+    /// When the window ends, Unix seconds.
     pub reset: u64,
 }
 
@@ -56,12 +73,43 @@ pub struct Ban {
 }
 
 /// `GET /v1/rate_limit`: where the caller's quota stands.
+///
+/// A plan has any windows: `windows` lists every enforced one, shortest first; `minute` and
+/// `day` are there only when the plan has a window of that length. A gateway from before windows
+/// answered `minute` and `day` alone: such a body reads with `windows` empty, and
+/// [`Quota::all_windows`] gives the windows of either form.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Quota {
     pub plan: String,
-    pub minute: Window,
-    pub day: Window,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minute: Option<Window>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub day: Option<Window>,
+    #[serde(default)]
+    pub windows: Vec<NamedWindow>,
     pub ban: Option<Ban>,
+}
+
+impl Quota {
+    /// Every window the body tells of: `windows`, or, from a gateway that does not send it,
+    /// `minute` and `day`.
+    pub fn all_windows(&self) -> Vec<NamedWindow> {
+        if !self.windows.is_empty() {
+            return self.windows.clone();
+        }
+        [("minute", 60, self.minute), ("day", 86_400, self.day)]
+            .into_iter()
+            .filter_map(|(name, every, w)| {
+                w.map(|w| NamedWindow {
+                    name: name.to_owned(),
+                    every,
+                    limit: w.limit,
+                    remaining: w.remaining,
+                    reset: w.reset,
+                })
+            })
+            .collect()
+    }
 }
 
 /// The API's Error body (`pet_api::ErrorBody`).
@@ -215,7 +263,8 @@ impl Client {
     }
 
     /// Where the quota stands (`GET /v1/rate_limit`, which spends none of it). What it says
-    /// also tells the client-side limiter: a ban, or a window with nothing left.
+    /// also tells the client-side limiter: a ban, or any window with nothing left (the client
+    /// waits until every such window has reset).
     pub async fn quota(&self) -> Result<Quota, Error> {
         let answer = self.send(Method::GET, "/v1/rate_limit", None).await?;
         let quota: Quota = decode(&answer.body)?;
@@ -225,7 +274,7 @@ impl Client {
             // During a ban every window reads 0 whatever it holds: the ban's end is what counts.
             Some(ban) => limiter.block_until(ban.until, now),
             None => {
-                for w in [quota.minute, quota.day] {
+                for w in quota.all_windows() {
                     if w.remaining == 0 {
                         limiter.block_until(w.reset, now);
                     }
@@ -323,7 +372,7 @@ impl Client {
             Err(e) => return Outcome::Failed(Error::Transport(e.to_string())),
         };
         let status = resp.status();
-        let state = self.observe(resp.headers());
+        let state = self.observe(resp.headers(), call.limited);
         let link = next_of(resp.headers());
         let bytes = match resp.bytes().await {
             Ok(b) => b,
@@ -362,9 +411,14 @@ impl Client {
 
     /// The rate-limit headers of an answer. Only the plan's headers (those with
     /// `RateLimit-Policy`) describe the quota, and only they are kept and fed to the limiter;
-    /// a 401's per-address limit or the quota endpoint's own limit do not.
-    fn observe(&self, headers: &reqwest::header::HeaderMap) -> RateState {
-        let state = RateState::from_headers(headers);
+    /// a 401's per-address limit or the quota endpoint's own limit do not. The quota endpoint
+    /// (`limited` false) answers a banned key with every window at 0: its body, not `RateLimit`,
+    /// tells how long to wait (`X-RateLimit-Reset` is the ban's end).
+    fn observe(&self, headers: &reqwest::header::HeaderMap, limited: bool) -> RateState {
+        let mut state = RateState::from_headers(headers);
+        if !limited {
+            state.spent_for = None;
+        }
         if headers.contains_key("ratelimit-policy") {
             *lock(&self.last) = state;
             if self.policy.enabled {

@@ -108,9 +108,37 @@ async fn paging_through_250_pets_and_the_pet_command() {
     );
     let id = created["id"].as_i64().unwrap().to_string();
     assert_eq!(pet_cli(&gw, &key, &["pets", "get", &id]), created);
-    let quota = pet_cli(&gw, &key, &["quota"]);
+    let quota = pet_cli(&gw, &key, &["quota", "--json"]);
     assert_eq!(quota["plan"], "unlimited");
     assert_eq!(quota["ban"], Value::Null);
+    let names: Vec<&str> = quota["windows"]
+        .as_array()
+        .expect("the gateway lists its windows")
+        .iter()
+        .filter_map(|w| w["name"].as_str())
+        .collect();
+    assert_eq!(names, ["minute", "day"]);
+    assert_eq!(quota["minute"]["limit"], 1_000_000);
+    // Without --json: a line per window.
+    let out = Command::new(e2e::bin_path("pet"))
+        .arg("quota")
+        .env("PET_API_KEY", &key)
+        .env("PET_API_URL", gw.url(""))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.first(), Some(&"plan unlimited"), "{text}");
+    assert!(
+        lines[1].starts_with("minute ") && lines[1].contains(" of 1000000 left, resets "),
+        "{text}"
+    );
+    assert!(
+        lines[2].starts_with("day ") && lines[2].contains(" of 10000000 left"),
+        "{text}"
+    );
+    assert_eq!(lines.last(), Some(&"ban    none"), "{text}");
     let out = Command::new(e2e::bin_path("pet"))
         .args(["pets", "get", "999999"])
         .env("PET_API_KEY", &key)
@@ -228,5 +256,79 @@ async fn a_banned_key_waits_for_its_ban_to_end() {
     assert_eq!(
         during, 0.0,
         "the client sent nothing while it knew the key was banned"
+    );
+}
+
+/// A plan of a `1s` and a `month` window, creating an animal costing 2 units: the client reads
+/// both windows (and no minute or day), `pet quota` prints them, and a client driving the key
+/// past its second waits for the next one instead of being refused.
+#[tokio::test]
+async fn a_plan_of_any_windows_and_costs_is_read_and_respected() {
+    let s = Fixture::new(60, 1_000);
+    std::fs::write(
+        s.plans.join("metered.toml"),
+        "[[window]]\nevery = \"1s\"\nlimit = 4\n\
+         [[window]]\nevery = \"month\"\nlimit = 100000\n\
+         [cost]\ncreatePet = 2\n",
+    )
+    .unwrap();
+    let key = s.issue("metered");
+    let (_backend, gw) = gateway(&s, "[ban]\nstrikes = 0\ndurations_secs = [600]\n");
+    let client = Client::with_policy(
+        &gw.url(""),
+        &key,
+        RetryPolicy {
+            deadline: Duration::from_secs(20),
+            ..RetryPolicy::default()
+        },
+    )
+    .unwrap();
+    let quota = client.quota().await.unwrap();
+    assert_eq!((quota.minute, quota.day), (None, None), "{quota:?}");
+    let names: Vec<&str> = quota.windows.iter().map(|w| w.name.as_str()).collect();
+    assert_eq!(names, ["second", "month"]);
+    assert_eq!((quota.windows[0].every, quota.windows[0].limit), (1, 4));
+    assert!((28 * 86_400..=31 * 86_400).contains(&quota.windows[1].every));
+
+    // Eight creations at 2 units, 4 units a second: four seconds' worth, every one admitted.
+    let started = Instant::now();
+    for i in 0..8 {
+        client
+            .create_pet(&NewPet {
+                name: format!("metered {i}"),
+                category_id: 1,
+                status: None,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("creation {i}: {e}"));
+    }
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "the client waited for the next seconds ({:?})",
+        started.elapsed()
+    );
+    assert_eq!(
+        gw.metric("pet_gateway_bans_total{plan=\"metered\"}").await,
+        0.0,
+        "nothing it knew would be refused was sent (one refusal would have banned the key)"
+    );
+    let quota = client.quota().await.unwrap();
+    assert_eq!(quota.windows[1].remaining, 100_000 - 16, "{quota:?}");
+
+    let out = Command::new(e2e::bin_path("pet"))
+        .arg("quota")
+        .env("PET_API_KEY", &key)
+        .env("PET_API_URL", gw.url(""))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    assert_eq!(lines[0], "plan metered");
+    assert!(lines[1].starts_with("second "), "{text}");
+    assert!(
+        lines[2].starts_with("month  99984 of 100000 left, resets "),
+        "{text}"
     );
 }

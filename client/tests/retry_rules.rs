@@ -2,63 +2,13 @@
 //! gives: a 429 without `Retry-After`, a 502, absurd headers): the client never retries quickly,
 //! never retries a POST after a 5xx, and never waits past its deadline.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+mod common;
+
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use common::scripted;
 use pet_client::{Client, NewPet, RetryPolicy};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-
-/// Answers every request with `response` (a whole HTTP/1.1 response) and counts the requests.
-async fn scripted(response: &'static str) -> (String, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let count = Arc::new(AtomicUsize::new(0));
-    let seen = Arc::clone(&count);
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut socket, _)) = listener.accept().await else {
-                return;
-            };
-            let seen = Arc::clone(&seen);
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 8192];
-                let mut have = 0;
-                loop {
-                    let Ok(n) = socket.read(&mut buf[have..]).await else {
-                        return;
-                    };
-                    if n == 0 {
-                        return;
-                    }
-                    have += n;
-                    let text = String::from_utf8_lossy(&buf[..have]).to_string();
-                    let Some(end) = text.find("\r\n\r\n") else {
-                        continue;
-                    };
-                    let length = text[..end]
-                        .lines()
-                        .find_map(|l| {
-                            l.to_ascii_lowercase()
-                                .strip_prefix("content-length:")
-                                .map(|v| v.trim().parse::<usize>().unwrap_or(0))
-                        })
-                        .unwrap_or(0);
-                    if have < end + 4 + length {
-                        continue;
-                    }
-                    seen.fetch_add(1, Ordering::SeqCst);
-                    have = 0;
-                    if socket.write_all(response.as_bytes()).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (url, count)
-}
 
 const BODY_429: &str = "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: 58\r\n\r\n{\"code\":\"rate_limited\",\"message\":\"slow down\",\"status\":429}";
 const BODY_502: &str = "HTTP/1.1 502 Bad Gateway\r\ncontent-type: application/json\r\ncontent-length: 58\r\n\r\n{\"code\":\"bad_gateway\",\"message\":\"no backend\",\"status\":502}";

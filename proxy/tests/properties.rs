@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use proxy::http::auth::{bearer_token, MAX_TOKEN_LEN};
-use proxy::keys::plans::Limits;
-use proxy::quota::rules::{BanPolicy, KeyState, Outcome, RateView, DAY_SECS, MINUTE_SECS};
+use proxy::keys::limits::{Every, Limits, WindowLimit};
+use proxy::quota::rules::{BanPolicy, KeyState, Outcome, RateView};
 
 proptest! {
     #[test]
@@ -26,33 +26,37 @@ proptest! {
 
     #[test]
     fn quotas_never_admit_more_than_a_window_allows(
-        per_minute in 1u64..20,
-        per_day in 1u64..60,
+        // Any windows of a menu of lengths (0: the calendar month), each with a limit.
+        lengths in proptest::sample::subsequence(vec![1u32, 10, 60, 3_600, 86_400, 0], 1..=4),
+        limits in proptest::collection::vec(1u64..40, 6),
         // Any instant the state's 32-bit seconds hold (until 2106; `quota::KeyState`).
         start in 0u64..(u64::from(u32::MAX) - 60_000),
-        gaps in proptest::collection::vec(0u64..200, 1..300),
+        steps in proptest::collection::vec((0u64..200, 1u64..4), 1..300),
     ) {
-        let limits = Limits { per_minute, per_day };
+        let windows: Vec<WindowLimit> = lengths
+            .iter()
+            .zip(&limits)
+            .map(|(&code, &limit)| WindowLimit::new(Every::from_code(code), limit).unwrap())
+            .collect();
+        let limits = Limits::new(&windows).unwrap();
         let ban = BanPolicy { strikes: 3, durations: vec![30, 300], decay_secs: 600 };
         let mut state = KeyState::default();
-        let mut per_minute_seen: HashMap<u64, u64> = HashMap::new();
-        let mut per_day_seen: HashMap<u64, u64> = HashMap::new();
+        let mut spent: HashMap<(u32, u64), u64> = HashMap::new();
         let mut now = start;
-        for gap in gaps {
+        for (gap, cost) in steps {
             now += gap;
-            let v = state.acquire(now, limits, &ban);
-            let view = RateView::new(&v, limits);
+            let v = state.acquire(now, &limits, cost, &ban);
+            let view = RateView::new(&v, limits, cost);
             prop_assert!(view.reset > now, "reset {} not after now {}", view.reset, now);
             prop_assert!(view.remaining <= view.limit);
             match v.outcome {
                 Outcome::Admitted => {
                     prop_assert!(view.retry_after.is_none());
-                    let m = per_minute_seen.entry(now / MINUTE_SECS).or_default();
-                    *m += 1;
-                    prop_assert!(*m <= per_minute);
-                    let d = per_day_seen.entry(now / DAY_SECS).or_default();
-                    *d += 1;
-                    prop_assert!(*d <= per_day);
+                    for w in limits.windows() {
+                        let s = spent.entry((w.every.code(), w.every.index(now))).or_default();
+                        *s += cost;
+                        prop_assert!(*s <= w.limit(), "{} over {}", w.every, w.limit);
+                    }
                 }
                 Outcome::Limited | Outcome::Banned => {
                     let retry = view.retry_after.unwrap();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use e2e::{fresh_minute, RedisServer};
 use proxy::keys::index::{KeyInfo, Overrides};
-use proxy::keys::plans::Limits;
+use proxy::keys::limits::{Every, Limits, WindowLimit};
 use proxy::quota::admission::OnStoreError;
 use proxy::quota::admission::{self, Admission};
 use proxy::quota::resilience::Resilience;
@@ -60,7 +60,7 @@ async fn burst_while_paused(
     for key in keys {
         let (store, ban, key) = (Arc::clone(store), Arc::clone(&ban), Arc::<str>::from(*key));
         tasks.push(tokio::spawn(async move {
-            store.acquire(&key, limits, &ban).await
+            store.acquire(&key, limits, 1, &ban).await
         }));
         // Spawned in order, and each queued before the next is spawned: arrival order is known.
         tokio::task::yield_now().await;
@@ -81,10 +81,8 @@ async fn warm(store: &RedisStore) {
     store
         .acquire(
             &Arc::from("warm-up"),
-            Limits {
-                per_minute: 1_000,
-                per_day: 1_000,
-            },
+            Limits::minute_day(1_000, 1_000).unwrap(),
+            1,
             &NO_BANS(),
         )
         .await
@@ -97,10 +95,7 @@ async fn mixed_keys_in_batches_are_each_counted_exactly() {
     let store = store(&redis, Duration::from_secs(2));
     warm(&store).await;
     fresh_minute(Duration::from_secs(10));
-    let limits = Limits {
-        per_minute: 40,
-        per_day: 1_000,
-    };
+    let limits = Limits::minute_day(40, 1_000).unwrap();
     let keys: Vec<&str> = (0..300).map(|i| ["a", "b", "c"][i % 3]).collect();
     let (verdicts, runs) = burst_while_paused(
         &redis,
@@ -117,8 +112,8 @@ async fn mixed_keys_in_batches_are_each_counted_exactly() {
     let mut admitted: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
     for (key, v) in keys.iter().zip(&verdicts) {
         match v.outcome {
-            Outcome::Admitted => admitted.entry(key).or_default().push(v.minute_count),
-            Outcome::Limited => assert_eq!(v.minute_count, 40, "{key}: {v:?}"),
+            Outcome::Admitted => admitted.entry(key).or_default().push(v.counts[0]),
+            Outcome::Limited => assert_eq!(v.counts[0], 40, "{key}: {v:?}"),
             Outcome::Banned => panic!("no ban policy here: {v:?}"),
         }
     }
@@ -137,16 +132,64 @@ async fn mixed_keys_in_batches_are_each_counted_exactly() {
     );
 }
 
+/// One batch carrying decisions under several sets of limits (plans of other windows, a cost):
+/// each is decided under its own, exactly. A review found the script misreading every set after
+/// the first, which failed such a batch whole.
+#[tokio::test(flavor = "current_thread")]
+async fn a_batch_of_several_plans_decides_each_under_its_own_limits() {
+    let redis = RedisServer::start();
+    let store = store(&redis, Duration::from_secs(2));
+    warm(&store).await;
+    fresh_minute(Duration::from_secs(10));
+    let window =
+        |every: &str, limit: u64| WindowLimit::new(Every::parse(every).unwrap(), limit).unwrap();
+    let plans = [
+        ("a", Limits::minute_day(40, 1_000).unwrap(), 1),
+        (
+            "b",
+            Limits::new(&[window("1m", 5), window("month", 100)]).unwrap(),
+            2,
+        ),
+        ("c", Limits::new(&[window("1h", 100)]).unwrap(), 1),
+    ];
+    let ban = Arc::new(NO_BANS());
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", "300", "ALL"]), "OK");
+    let mut tasks = Vec::new();
+    for i in 0..150 {
+        let (key, limits, cost) = plans[i % 3];
+        let (store, ban) = (Arc::clone(&store), Arc::clone(&ban));
+        tasks.push((
+            key,
+            tokio::spawn(async move { store.acquire(&Arc::from(key), limits, cost, &ban).await }),
+        ));
+        tokio::task::yield_now().await;
+    }
+    let mut admitted: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for (key, t) in tasks {
+        let v = t
+            .await
+            .unwrap()
+            .expect("every decision of a mixed batch is answered");
+        if v.outcome == Outcome::Admitted {
+            admitted.entry(key).or_default().push(v.counts[0]);
+        }
+    }
+    assert_eq!(admitted["a"], (1..=40).collect::<Vec<_>>());
+    assert_eq!(
+        admitted["b"],
+        [2, 4],
+        "5 units at 2 a request: two pass, the third would pass 5"
+    );
+    assert_eq!(admitted["c"], (1..=50).collect::<Vec<_>>());
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn one_hot_key_admits_exactly_the_limit_in_arrival_order() {
     let redis = RedisServer::start();
     let store = store(&redis, Duration::from_secs(2));
     warm(&store).await;
     fresh_minute(Duration::from_secs(10));
-    let limits = Limits {
-        per_minute: 60,
-        per_day: 1_000,
-    };
+    let limits = Limits::minute_day(60, 1_000).unwrap();
     let keys = vec!["hot"; 500];
     let (verdicts, runs) = burst_while_paused(
         &redis,
@@ -161,11 +204,15 @@ async fn one_hot_key_admits_exactly_the_limit_in_arrival_order() {
     let outcomes: Vec<Outcome> = verdicts.iter().map(|v| v.outcome).collect();
     assert_eq!(outcomes[..60], [Outcome::Admitted; 60]);
     assert_eq!(outcomes[60..], [Outcome::Limited; 440]);
-    let counts: Vec<u64> = verdicts[..60].iter().map(|v| v.minute_count).collect();
+    let counts: Vec<u64> = verdicts[..60].iter().map(|v| v.counts[0]).collect();
     assert_eq!(counts, (1..=60).collect::<Vec<_>>());
     let usage = store.usage("hot").await.unwrap();
     assert_eq!(
-        (usage.minute, usage.day, usage.refused_today),
+        (
+            usage.count(Every::MINUTE),
+            usage.count(Every::DAY),
+            usage.refused_today
+        ),
         (60, 60, 440)
     );
 }
@@ -176,10 +223,7 @@ async fn a_ban_starting_inside_a_batch_refuses_the_rest_of_it() {
     let store = store(&redis, Duration::from_secs(2));
     warm(&store).await;
     fresh_minute(Duration::from_secs(10));
-    let limits = Limits {
-        per_minute: 5,
-        per_day: 1_000,
-    };
+    let limits = Limits::minute_day(5, 1_000).unwrap();
     let ban = BanPolicy {
         strikes: 3,
         durations: vec![600],
@@ -259,10 +303,7 @@ async fn a_batch_that_times_out_falls_back_for_every_request_in_it() {
         OnStoreError::Local,
         NO_BANS(),
     ));
-    let limits = Limits {
-        per_minute: 1_000,
-        per_day: 10_000,
-    };
+    let limits = Limits::minute_day(1_000, 10_000).unwrap();
     let before = script_runs(&redis);
     assert_eq!(redis.cli(&["CLIENT", "PAUSE", "1500", "ALL"]), "OK");
     let started = Instant::now();
@@ -276,7 +317,7 @@ async fn a_batch_that_times_out_falls_back_for_every_request_in_it() {
                 quota: None,
             };
             tokio::spawn(async move {
-                let decided = admission.decide(&key, limits).await;
+                let decided = admission.decide(&key, limits, 1).await;
                 (decided, started.elapsed())
             })
         })
@@ -297,10 +338,10 @@ async fn a_batch_that_times_out_falls_back_for_every_request_in_it() {
     // Once Redis is back the store decides again, exactly.
     tokio::time::sleep(Duration::from_millis(1_600).saturating_sub(started.elapsed())).await;
     let v = store
-        .acquire(&Arc::from("after"), limits, &NO_BANS())
+        .acquire(&Arc::from("after"), limits, 1, &NO_BANS())
         .await
         .unwrap();
-    assert_eq!((v.outcome, v.minute_count), (Outcome::Admitted, 1));
+    assert_eq!((v.outcome, v.counts[0]), (Outcome::Admitted, 1));
     // The held run (and, at most, one more already sent) reached Redis; the decisions whose
     // requests had given up by then were never sent.
     let runs = script_runs(&redis) - before;
@@ -315,20 +356,17 @@ async fn decisions_queued_behind_a_failed_run_fail_with_it() {
     let timeout = Duration::from_millis(400);
     let store = store(&redis, timeout);
     warm(&store).await;
-    let limits = Limits {
-        per_minute: 1_000,
-        per_day: 10_000,
-    };
+    let limits = Limits::minute_day(1_000, 10_000).unwrap();
     let before = script_runs(&redis);
     assert_eq!(redis.cli(&["CLIENT", "PAUSE", "1500", "ALL"]), "OK");
     let started = Instant::now();
     let first = {
         let store = Arc::clone(&store);
-        tokio::spawn(async move { store.acquire(&Arc::from("a"), limits, &NO_BANS()).await })
+        tokio::spawn(async move { store.acquire(&Arc::from("a"), limits, 1, &NO_BANS()).await })
     };
     // Queued behind the first run (well inside a quarter of the deadline, so no run of its own).
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let second = store.acquire(&Arc::from("b"), limits, &NO_BANS()).await;
+    let second = store.acquire(&Arc::from("b"), limits, 1, &NO_BANS()).await;
     assert!(second.is_err(), "{second:?}");
     assert!(first.await.unwrap().is_err());
     let waited = started.elapsed();

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use e2e::{fresh_minute, RedisCluster, RedisServer};
 use proxy::base::clock::Clock;
-use proxy::keys::plans::Limits;
-use proxy::quota::rules::{BanPolicy, Outcome, RateView};
+use proxy::keys::limits::{Every, Limits, WindowLimit};
+use proxy::quota::rules::{BanPolicy, Binding, Outcome, RateView};
 use proxy::quota::store::memory::MemoryStore;
 use proxy::quota::store::redis::RedisStore;
 use proxy::quota::store::QuotaStore;
@@ -49,13 +49,18 @@ impl Subject {
         match (&self.clock, self.redis) {
             (Some(clock), _) => clock.set(MIDNIGHT - 2),
             (None, Some(addr)) => {
-                // The windows mw, dw and sw are the 1st, 3rd and 5th of the state's packed
-                // 32-bit fields (store/scripts.rs).
-                const STEP: &str = "local f = {struct.unpack('<IIIIIIIIIIII', redis.call('GET', KEYS[1]))} \
-                    f[1] = f[1] + 1 f[3] = f[3] + 1 f[5] = f[5] + 1 \
-                    redis.call('SET', KEYS[1], struct.pack('<IIIIIIIIIIII', unpack(f, 1, 12)), 'KEEPTTL') \
+                // Every window's instance (`w`, the 2nd of each window's three fields after the
+                // nine fixed ones) and the strikes' minute (`sw`, the 1st) move one ahead
+                // (store/scripts.rs).
+                const STEP: &str = "local v = redis.call('GET', KEYS[1]) \
+                    local n = (#v - 36) / 12 \
+                    local format = '<IIIIIIIII' .. string.rep('III', n) \
+                    local f = {struct.unpack(format, v)} \
+                    f[1] = f[1] + 1 \
+                    for j = 1, n do f[8 + 3 * j] = f[8 + 3 * j] + 1 end \
+                    redis.call('SET', KEYS[1], struct.pack(format, unpack(f, 1, 9 + 3 * n)), 'KEEPTTL') \
                     return 1";
-                let state = format!("test:state:{{{key}}}");
+                let state = format!("test:windows:{{{key}}}");
                 let out = e2e::redis_cli()
                     .args(["-p", &addr.port().to_string(), "EVAL", STEP, "1", &state])
                     .output()
@@ -129,10 +134,42 @@ const NO_BANS: fn() -> BanPolicy = || BanPolicy {
     ..BanPolicy::default()
 };
 
+/// A cost no window of the tests' limits of 1 has room for: a request always refused.
+const NO_ROOM: u64 = 2;
+
+/// The minute and day windows of the first plan form.
+fn md(per_minute: u64, per_day: u64) -> Limits {
+    Limits::minute_day(per_minute, per_day).unwrap()
+}
+
+/// Limits of windows written as in a plan file, `("1s", 5)`; `shadow` marks the shadow ones.
+fn windows(spec: &[(&str, u64)], shadow: &[&str]) -> Limits {
+    let windows: Vec<WindowLimit> = spec
+        .iter()
+        .map(|&(every, limit)| {
+            let mut w = WindowLimit::new(Every::parse(every).unwrap(), limit).unwrap();
+            w.shadow = shadow.contains(&every);
+            w
+        })
+        .collect();
+    Limits::new(&windows).unwrap()
+}
+
 /// The outcome of one request, for tests that need nothing else of the verdict.
 async fn outcome(store: &dyn QuotaStore, key: &str, limits: Limits, ban: &BanPolicy) -> Outcome {
+    outcome_at(store, key, limits, 1, ban).await
+}
+
+/// The outcome of one request costing `cost`.
+async fn outcome_at(
+    store: &dyn QuotaStore,
+    key: &str,
+    limits: Limits,
+    cost: u64,
+    ban: &BanPolicy,
+) -> Outcome {
     store
-        .acquire(&Arc::from(key), limits, ban)
+        .acquire(&Arc::from(key), limits, cost, ban)
         .await
         .expect("store answers")
         .outcome
@@ -141,31 +178,28 @@ async fn outcome(store: &dyn QuotaStore, key: &str, limits: Limits, ban: &BanPol
 async fn admits_exactly_the_minute_limit_and_refusals_do_not_count(subject: &Subject) {
     let store = &*subject.store;
     subject.fresh_minute(Duration::from_secs(10));
-    let limits = Limits {
-        per_minute: 5,
-        per_day: 100,
-    };
+    let limits = md(5, 100);
     for i in 1..=5 {
         let v = store
-            .acquire(&Arc::from("k1"), limits, &NO_BANS())
+            .acquire(&Arc::from("k1"), limits, 1, &NO_BANS())
             .await
             .unwrap();
         assert_eq!(v.outcome, Outcome::Admitted, "request {i}");
-        assert_eq!((v.minute_count, v.day_count), (i, i));
-        assert_eq!(RateView::new(&v, limits).remaining, 5 - i);
+        assert_eq!((v.counts[0], v.counts[1]), (i, i));
+        assert_eq!(RateView::new(&v, limits, 1).remaining, 5 - i);
     }
     for _ in 0..3 {
         let v = store
-            .acquire(&Arc::from("k1"), limits, &NO_BANS())
+            .acquire(&Arc::from("k1"), limits, 1, &NO_BANS())
             .await
             .unwrap();
         assert_eq!(v.outcome, Outcome::Limited);
         assert_eq!(
-            (v.minute_count, v.day_count),
+            (v.counts[0], v.counts[1]),
             (5, 5),
             "a refusal counts in neither window"
         );
-        let view = RateView::new(&v, limits);
+        let view = RateView::new(&v, limits, 1);
         assert_eq!(view.reset, (v.now / 60 + 1) * 60);
         assert_eq!(view.retry_after, Some(view.reset - v.now));
         assert!(view.retry_after.unwrap() >= 1);
@@ -174,10 +208,7 @@ async fn admits_exactly_the_minute_limit_and_refusals_do_not_count(subject: &Sub
 
 async fn the_day_window_binds_when_it_is_smaller(subject: &Subject) {
     let store = &*subject.store;
-    let limits = Limits {
-        per_minute: 100,
-        per_day: 3,
-    };
+    let limits = md(100, 3);
     for _ in 0..3 {
         assert_eq!(
             outcome(store, "k2", limits, &NO_BANS()).await,
@@ -185,11 +216,11 @@ async fn the_day_window_binds_when_it_is_smaller(subject: &Subject) {
         );
     }
     let v = store
-        .acquire(&Arc::from("k2"), limits, &NO_BANS())
+        .acquire(&Arc::from("k2"), limits, 1, &NO_BANS())
         .await
         .unwrap();
     assert_eq!(v.outcome, Outcome::Limited);
-    let view = RateView::new(&v, limits);
+    let view = RateView::new(&v, limits, 1);
     assert_eq!(
         (view.limit, view.remaining, view.reset),
         (3, 0, (v.now / 86_400 + 1) * 86_400)
@@ -199,10 +230,7 @@ async fn the_day_window_binds_when_it_is_smaller(subject: &Subject) {
 async fn concurrent_requests_never_exceed_the_limit(subject: &Subject) {
     let store = Arc::clone(&subject.store);
     subject.fresh_minute(Duration::from_secs(15));
-    let limits = Limits {
-        per_minute: 50,
-        per_day: 1_000,
-    };
+    let limits = md(50, 1_000);
     let tasks: Vec<_> = (0..300)
         .map(|_| {
             let store = Arc::clone(&store);
@@ -221,10 +249,7 @@ async fn concurrent_requests_never_exceed_the_limit(subject: &Subject) {
 async fn keys_are_counted_apart(subject: &Subject) {
     let store = &*subject.store;
     subject.fresh_minute(Duration::from_secs(10));
-    let limits = Limits {
-        per_minute: 1,
-        per_day: 10,
-    };
+    let limits = md(1, 10);
     assert_eq!(
         outcome(store, "a", limits, &NO_BANS()).await,
         Outcome::Admitted
@@ -242,17 +267,11 @@ async fn keys_are_counted_apart(subject: &Subject) {
 async fn an_edited_limit_applies_to_the_next_request(subject: &Subject) {
     let store = &*subject.store;
     subject.fresh_minute(Duration::from_secs(10));
-    let small = Limits {
-        per_minute: 2,
-        per_day: 100,
-    };
-    let large = Limits {
-        per_minute: 4,
-        per_day: 100,
-    };
+    let small = md(2, 100);
+    let large = md(4, 100);
     for _ in 0..2 {
         store
-            .acquire(&Arc::from("edit"), small, &NO_BANS())
+            .acquire(&Arc::from("edit"), small, 1, &NO_BANS())
             .await
             .unwrap();
     }
@@ -261,19 +280,16 @@ async fn an_edited_limit_applies_to_the_next_request(subject: &Subject) {
         Outcome::Limited
     );
     let v = store
-        .acquire(&Arc::from("edit"), large, &NO_BANS())
+        .acquire(&Arc::from("edit"), large, 1, &NO_BANS())
         .await
         .unwrap();
-    assert_eq!((v.outcome, v.minute_count), (Outcome::Admitted, 3));
+    assert_eq!((v.outcome, v.counts[0]), (Outcome::Admitted, 3));
 }
 
 async fn strikes_past_the_threshold_ban_until_the_ban_ends(subject: &Subject) {
     let store = &*subject.store;
     subject.fresh_minute(Duration::from_secs(15));
-    let limits = Limits {
-        per_minute: 1,
-        per_day: 100,
-    };
+    let limits = md(1, 100);
     let ban = BanPolicy {
         strikes: 3,
         durations: vec![2, 30],
@@ -285,12 +301,12 @@ async fn strikes_past_the_threshold_ban_until_the_ban_ends(subject: &Subject) {
     }
     assert_eq!(store.ban_of("bad").await.unwrap(), None);
     let v = store
-        .acquire(&Arc::from("bad"), limits, &ban)
+        .acquire(&Arc::from("bad"), limits, 1, &ban)
         .await
         .unwrap();
     assert_eq!((v.outcome, v.ban_started), (Outcome::Banned, true));
     assert_eq!(v.ban_until, v.now + 2);
-    let view = RateView::new(&v, limits);
+    let view = RateView::new(&v, limits, 1);
     assert_eq!(
         (view.remaining, view.reset, view.retry_after),
         (0, v.now + 2, Some(2))
@@ -299,7 +315,7 @@ async fn strikes_past_the_threshold_ban_until_the_ban_ends(subject: &Subject) {
     assert_eq!(banned.until, v.ban_until);
     // Still banned, whatever the request.
     let again = store
-        .acquire(&Arc::from("bad"), limits, &ban)
+        .acquire(&Arc::from("bad"), limits, 1, &ban)
         .await
         .unwrap();
     assert_eq!(
@@ -315,31 +331,28 @@ async fn strikes_past_the_threshold_ban_until_the_ban_ends(subject: &Subject) {
 async fn the_second_ban_is_longer(subject: &Subject) {
     let store = &*subject.store;
     subject.fresh_minute(Duration::from_secs(10));
-    let limits = Limits {
-        per_minute: 0,
-        per_day: 100,
-    };
+    let limits = md(1, 100);
     let ban = BanPolicy {
         strikes: 1,
         durations: vec![1, 40],
         decay_secs: 3_600,
     };
     store
-        .acquire(&Arc::from("esc"), limits, &ban)
+        .acquire(&Arc::from("esc"), limits, NO_ROOM, &ban)
         .await
         .unwrap();
     let first = store
-        .acquire(&Arc::from("esc"), limits, &ban)
+        .acquire(&Arc::from("esc"), limits, NO_ROOM, &ban)
         .await
         .unwrap();
     assert_eq!(first.ban_until - first.now, 1);
     subject.wait(Duration::from_millis(1_100)).await;
     store
-        .acquire(&Arc::from("esc"), limits, &ban)
+        .acquire(&Arc::from("esc"), limits, NO_ROOM, &ban)
         .await
         .unwrap();
     let second = store
-        .acquire(&Arc::from("esc"), limits, &ban)
+        .acquire(&Arc::from("esc"), limits, NO_ROOM, &ban)
         .await
         .unwrap();
     assert_eq!(second.outcome, Outcome::Banned);
@@ -348,17 +361,20 @@ async fn the_second_ban_is_longer(subject: &Subject) {
 
 async fn lifting_a_ban_ends_it_now(subject: &Subject) {
     let store = &*subject.store;
-    let limits = Limits {
-        per_minute: 0,
-        per_day: 100,
-    };
+    let limits = md(1, 100);
     let ban = BanPolicy {
         strikes: 0,
         durations: vec![600],
         decay_secs: 3_600,
     };
-    assert_eq!(outcome(store, "lift", limits, &ban).await, Outcome::Banned);
-    assert_eq!(outcome(store, "other", limits, &ban).await, Outcome::Banned);
+    assert_eq!(
+        outcome_at(store, "lift", limits, NO_ROOM, &ban).await,
+        Outcome::Banned
+    );
+    assert_eq!(
+        outcome_at(store, "other", limits, NO_ROOM, &ban).await,
+        Outcome::Banned
+    );
     let listed = |bans: Vec<proxy::quota::store::Ban>| {
         let mut ids: Vec<String> = bans.into_iter().map(|b| b.key_id).collect();
         ids.sort();
@@ -385,10 +401,7 @@ async fn a_clock_stepping_back_keeps_the_counts(subject: &Subject) {
         Some(clock) => clock.set(MIDNIGHT + 3),
         None => subject.fresh_minute(Duration::from_secs(10)),
     }
-    let limits = Limits {
-        per_minute: 100,
-        per_day: 3,
-    };
+    let limits = md(100, 3);
     for _ in 0..3 {
         assert_eq!(
             outcome(store, "back", limits, &NO_BANS()).await,
@@ -397,11 +410,11 @@ async fn a_clock_stepping_back_keeps_the_counts(subject: &Subject) {
     }
     subject.clock_steps_back_over_midnight("back");
     let v = store
-        .acquire(&Arc::from("back"), limits, &NO_BANS())
+        .acquire(&Arc::from("back"), limits, 1, &NO_BANS())
         .await
         .unwrap();
     assert_eq!(
-        (v.outcome, v.minute_count, v.day_count),
+        (v.outcome, v.counts[0], v.counts[1]),
         (Outcome::Limited, 3, 3),
         "an older window must not reset a newer one"
     );
@@ -410,21 +423,22 @@ async fn a_clock_stepping_back_keeps_the_counts(subject: &Subject) {
 async fn usage_is_read_and_reset_without_touching_bans(subject: &Subject) {
     let store = &*subject.store;
     subject.fresh_minute(Duration::from_secs(10));
-    let limits = Limits {
-        per_minute: 3,
-        per_day: 100,
-    };
+    let limits = md(3, 100);
     let ban = BanPolicy {
         strikes: 0,
         durations: vec![600],
         decay_secs: 3_600,
     };
-    assert_eq!(store.usage("u").await.unwrap().minute, 0, "never seen");
+    assert_eq!(
+        store.usage("u").await.unwrap().count(Every::MINUTE),
+        0,
+        "never seen"
+    );
     for _ in 0..3 {
         assert_eq!(outcome(store, "u", limits, &ban).await, Outcome::Admitted);
     }
     let used = store.usage("u").await.unwrap();
-    assert_eq!((used.minute, used.day), (3, 3));
+    assert_eq!((used.count(Every::MINUTE), used.count(Every::DAY)), (3, 3));
     assert_eq!(outcome(store, "u", limits, &ban).await, Outcome::Banned);
     let used = store.usage("u").await.unwrap();
     assert_eq!(used.refused_today, 1, "the refusal that started the ban");
@@ -432,15 +446,263 @@ async fn usage_is_read_and_reset_without_touching_bans(subject: &Subject) {
     assert!(used.now - used.last_admitted <= 2);
     store.reset_usage("u").await.unwrap();
     let used = store.usage("u").await.unwrap();
-    assert_eq!((used.minute, used.day), (0, 0));
+    assert_eq!((used.count(Every::MINUTE), used.count(Every::DAY)), (0, 0));
     assert!(store.ban_of("u").await.unwrap().is_some(), "the ban stays");
     store.lift_ban("u").await.unwrap();
-    let v = store.acquire(&Arc::from("u"), limits, &ban).await.unwrap();
+    let v = store
+        .acquire(&Arc::from("u"), limits, 1, &ban)
+        .await
+        .unwrap();
     assert_eq!(
-        (v.outcome, v.minute_count, v.day_count),
+        (v.outcome, v.counts[0], v.counts[1]),
         (Outcome::Admitted, 1, 1)
     );
     store.reset_usage("never-seen").await.unwrap();
+}
+
+async fn a_cost_is_spent_in_every_window_or_not_at_all(subject: &Subject) {
+    let store = &*subject.store;
+    subject.fresh_minute(Duration::from_secs(10));
+    let limits = md(12, 100);
+    let spend = |cost| async move {
+        store
+            .acquire(&Arc::from("cost"), limits, cost, &NO_BANS())
+            .await
+            .unwrap()
+    };
+    for expected in [5, 10] {
+        let v = spend(5).await;
+        assert_eq!(
+            (v.outcome, v.counts[0], v.counts[1]),
+            (Outcome::Admitted, expected, expected)
+        );
+    }
+    let v = spend(5).await;
+    assert_eq!(
+        (v.outcome, v.counts[0], v.counts[1]),
+        (Outcome::Limited, 10, 10),
+        "refused whole: nothing of its cost is counted"
+    );
+    let view = RateView::new(&v, limits, 5);
+    assert_eq!(
+        (view.remaining, view.retry_after),
+        (2, Some(view.reset - v.now))
+    );
+    assert_eq!(spend(2).await.counts[0], 12, "the 2 left are still there");
+    assert_eq!(spend(1).await.outcome, Outcome::Limited);
+}
+
+async fn a_one_second_window_refuses_until_the_next_second(subject: &Subject) {
+    let store = &*subject.store;
+    subject.fresh_minute(Duration::from_secs(10));
+    let limits = windows(&[("1s", 2), ("1m", 100)], &[]);
+    // Two in one second: start right after a second begins, so the three requests share it.
+    if subject.clock.is_none() {
+        let into = proxy::base::clock::unix_now_ms() % 1_000;
+        tokio::time::sleep(Duration::from_millis(1_000 - into + 20)).await;
+    }
+    let mut last = None;
+    for _ in 0..3 {
+        last = Some(
+            store
+                .acquire(&Arc::from("sec"), limits, 1, &NO_BANS())
+                .await
+                .unwrap(),
+        );
+        if last.unwrap().outcome != Outcome::Admitted {
+            break;
+        }
+    }
+    let v = last.unwrap();
+    assert_eq!(
+        (v.outcome, v.counts[0], v.counts[1]),
+        (Outcome::Limited, 2, 2)
+    );
+    let view = RateView::new(&v, limits, 1);
+    assert_eq!(view.binding, Binding::Window(Every::Secs(1)));
+    assert_eq!((view.reset, view.retry_after), (v.now + 1, Some(1)));
+    subject.wait(Duration::from_millis(1_050)).await;
+    let v = store
+        .acquire(&Arc::from("sec"), limits, 1, &NO_BANS())
+        .await
+        .unwrap();
+    assert_eq!(
+        (v.outcome, v.counts[0], v.counts[1]),
+        (Outcome::Admitted, 1, 3)
+    );
+}
+
+async fn a_shadow_window_counts_but_never_refuses(subject: &Subject) {
+    let store = &*subject.store;
+    subject.fresh_minute(Duration::from_secs(10));
+    let limits = windows(&[("1m", 2), ("1d", 100)], &["1m"]);
+    for i in 1..=3 {
+        let v = store
+            .acquire(&Arc::from("shadow"), limits, 1, &NO_BANS())
+            .await
+            .unwrap();
+        assert_eq!((v.outcome, v.counts[0]), (Outcome::Admitted, i));
+        let view = RateView::new(&v, limits, 1);
+        assert_eq!(
+            view.shadow_over & 1 != 0,
+            i > 2,
+            "request {i} went past the shadow limit"
+        );
+        assert_eq!(
+            view.binding,
+            Binding::Window(Every::DAY),
+            "a shadow window never binds"
+        );
+    }
+}
+
+async fn a_month_window_counts_until_the_month_ends(subject: &Subject) {
+    let store = &*subject.store;
+    subject.fresh_minute(Duration::from_secs(10));
+    let limits = windows(&[("1m", 100), ("month", 3)], &[]);
+    for _ in 0..3 {
+        assert_eq!(
+            outcome(store, "month", limits, &NO_BANS()).await,
+            Outcome::Admitted
+        );
+    }
+    let v = store
+        .acquire(&Arc::from("month"), limits, 1, &NO_BANS())
+        .await
+        .unwrap();
+    assert_eq!((v.outcome, v.counts[1]), (Outcome::Limited, 3));
+    let view = RateView::new(&v, limits, 1);
+    assert_eq!(view.binding, Binding::Window(Every::Month));
+    assert_eq!(view.reset, Every::Month.reset(v.now));
+    assert_eq!(view.retry_after, Some(view.reset - v.now));
+    let used = store.usage("month").await.unwrap();
+    assert_eq!(
+        (used.count(Every::Month), used.count(Every::MINUTE)),
+        (3, 3)
+    );
+}
+
+async fn a_plan_edit_adding_or_dropping_windows_keeps_every_count(subject: &Subject) {
+    let store = &*subject.store;
+    subject.fresh_minute(Duration::from_secs(10));
+    let before = md(100, 1_000);
+    for _ in 0..3 {
+        assert_eq!(
+            outcome(store, "grow", before, &NO_BANS()).await,
+            Outcome::Admitted
+        );
+    }
+    let after = windows(&[("1s", 50), ("1m", 100), ("1h", 500), ("1d", 1_000)], &[]);
+    let v = store
+        .acquire(&Arc::from("grow"), after, 1, &NO_BANS())
+        .await
+        .unwrap();
+    assert_eq!(v.outcome, Outcome::Admitted);
+    assert_eq!(
+        &v.counts[..4],
+        &[1, 4, 1, 4],
+        "the minute and day went on; the new ones start"
+    );
+    let only_day = windows(&[("1d", 1_000)], &[]);
+    let v = store
+        .acquire(&Arc::from("grow"), only_day, 1, &NO_BANS())
+        .await
+        .unwrap();
+    assert_eq!(v.counts[0], 5);
+    let v = store
+        .acquire(&Arc::from("grow"), before, 1, &NO_BANS())
+        .await
+        .unwrap();
+    assert_eq!(
+        (v.counts[0], v.counts[1]),
+        (6, 6),
+        "the minute was kept, and went on counting while no window of its length was in force"
+    );
+}
+
+async fn a_refusal_binds_the_refusing_window_that_resets_last(subject: &Subject) {
+    let store = &*subject.store;
+    subject.fresh_minute(Duration::from_secs(10));
+    let limits = md(2, 2);
+    for _ in 0..2 {
+        assert_eq!(
+            outcome(store, "both", limits, &NO_BANS()).await,
+            Outcome::Admitted
+        );
+    }
+    let v = store
+        .acquire(&Arc::from("both"), limits, 1, &NO_BANS())
+        .await
+        .unwrap();
+    let view = RateView::new(&v, limits, 1);
+    assert_eq!(view.binding, Binding::Window(Every::DAY));
+    assert_eq!(view.reset, (v.now / 86_400 + 1) * 86_400);
+    assert_eq!(
+        view.retry_after,
+        Some(view.reset - v.now),
+        "until both have room"
+    );
+}
+
+async fn limits_of_other_lengths_on_one_quota_keep_each_others_counts(subject: &Subject) {
+    let store = &*subject.store;
+    subject.fresh_minute(Duration::from_secs(10));
+    let monthly = windows(&[("1m", 100), ("month", 5)], &[]);
+    let daily = windows(&[("1m", 100), ("1d", 50)], &[]);
+    for _ in 0..2 {
+        outcome(store, "shared", monthly, &NO_BANS()).await;
+        outcome(store, "shared", daily, &NO_BANS()).await;
+    }
+    let v = store
+        .acquire(&Arc::from("shared"), monthly, 1, &NO_BANS())
+        .await
+        .unwrap();
+    assert_eq!(
+        (v.counts[0], v.counts[1]),
+        (5, 5),
+        "the month counts every request of the quota, whatever plan asked"
+    );
+    let v = store
+        .acquire(&Arc::from("shared"), daily, 1, &NO_BANS())
+        .await
+        .unwrap();
+    assert_eq!(
+        (v.counts[0], v.counts[1]),
+        (6, 5),
+        "the day counts from its first request on"
+    );
+}
+
+async fn more_lengths_than_slots_never_lose_the_asking_plans_counts(subject: &Subject) {
+    let store = &*subject.store;
+    subject.fresh_minute(Duration::from_secs(10));
+    let six = windows(
+        &[
+            ("1s", 100),
+            ("1m", 100),
+            ("1h", 100),
+            ("1d", 100),
+            ("7d", 100),
+            ("month", 10),
+        ],
+        &[],
+    );
+    let other = windows(&[("10s", 1_000)], &[]);
+    let mut admitted = 0;
+    for _ in 0..15 {
+        if outcome(store, "seven", six, &NO_BANS()).await == Outcome::Admitted {
+            admitted += 1;
+        }
+        assert_eq!(
+            outcome(store, "seven", other, &NO_BANS()).await,
+            Outcome::Admitted
+        );
+    }
+    // Each request of either plan spends the month: six's five fill it with the other's five.
+    assert_eq!(
+        admitted, 5,
+        "a length evicted to make room must not be the asking plan's"
+    );
 }
 
 #[tokio::test]
@@ -494,6 +756,38 @@ macro_rules! store_suite {
             async fn lifting_a_ban_ends_it_now() {
                 super::lifting_a_ban_ends_it_now(&$store()).await
             }
+            #[tokio::test]
+            async fn a_cost_is_spent_in_every_window_or_not_at_all() {
+                super::a_cost_is_spent_in_every_window_or_not_at_all(&$store()).await
+            }
+            #[tokio::test]
+            async fn a_one_second_window_refuses_until_the_next_second() {
+                super::a_one_second_window_refuses_until_the_next_second(&$store()).await
+            }
+            #[tokio::test]
+            async fn a_shadow_window_counts_but_never_refuses() {
+                super::a_shadow_window_counts_but_never_refuses(&$store()).await
+            }
+            #[tokio::test]
+            async fn a_month_window_counts_until_the_month_ends() {
+                super::a_month_window_counts_until_the_month_ends(&$store()).await
+            }
+            #[tokio::test]
+            async fn a_plan_edit_adding_or_dropping_windows_keeps_every_count() {
+                super::a_plan_edit_adding_or_dropping_windows_keeps_every_count(&$store()).await
+            }
+            #[tokio::test]
+            async fn a_refusal_binds_the_refusing_window_that_resets_last() {
+                super::a_refusal_binds_the_refusing_window_that_resets_last(&$store()).await
+            }
+            #[tokio::test]
+            async fn more_lengths_than_slots_never_lose_the_asking_plans_counts() {
+                super::more_lengths_than_slots_never_lose_the_asking_plans_counts(&$store()).await
+            }
+            #[tokio::test]
+            async fn limits_of_other_lengths_on_one_quota_keep_each_others_counts() {
+                super::limits_of_other_lengths_on_one_quota_keep_each_others_counts(&$store()).await
+            }
         }
     )*};
 }
@@ -510,13 +804,10 @@ async fn redis_prefixes_keep_environments_apart_and_keys_expire() {
         RedisStore::new(&server.url(), "pet:production", Duration::from_millis(500)).unwrap();
     let staging =
         RedisStore::new(&server.url(), "pet:staging", Duration::from_millis(500)).unwrap();
-    let limits = Limits {
-        per_minute: 2,
-        per_day: 100,
-    };
+    let limits = md(2, 100);
     for _ in 0..2 {
         staging
-            .acquire(&Arc::from("k"), limits, &NO_BANS())
+            .acquire(&Arc::from("k"), limits, 1, &NO_BANS())
             .await
             .unwrap();
     }
@@ -525,10 +816,10 @@ async fn redis_prefixes_keep_environments_apart_and_keys_expire() {
         Outcome::Limited
     );
     let v = production
-        .acquire(&Arc::from("k"), limits, &NO_BANS())
+        .acquire(&Arc::from("k"), limits, 1, &NO_BANS())
         .await
         .unwrap();
-    assert_eq!((v.outcome, v.minute_count), (Outcome::Admitted, 1));
+    assert_eq!((v.outcome, v.counts[0]), (Outcome::Admitted, 1));
 
     let client = ::redis::Client::open(server.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
@@ -538,7 +829,10 @@ async fn redis_prefixes_keep_environments_apart_and_keys_expire() {
         .await
         .unwrap();
     keys.sort();
-    assert_eq!(keys, ["pet:production:state:{k}", "pet:staging:state:{k}"]);
+    assert_eq!(
+        keys,
+        ["pet:production:windows:{k}", "pet:staging:windows:{k}"]
+    );
     for key in keys {
         let ttl: i64 = ::redis::cmd("TTL")
             .arg(&key)
@@ -557,14 +851,7 @@ async fn redis_unreachable_fails_within_the_deadline() {
         RedisStore::new(&format!("redis://{addr}/"), "t", Duration::from_millis(100)).unwrap();
     let started = std::time::Instant::now();
     let result = store
-        .acquire(
-            &Arc::from("k"),
-            Limits {
-                per_minute: 1,
-                per_day: 1,
-            },
-            &NO_BANS(),
-        )
+        .acquire(&Arc::from("k"), md(1, 1), 1, &NO_BANS())
         .await;
     assert!(result.is_err(), "{result:?}");
     assert!(
@@ -574,47 +861,47 @@ async fn redis_unreachable_fails_within_the_deadline() {
     );
 }
 
-/// Redis only: state written by a version before the packed form (a hash under
-/// `<prefix>:quota:{id}`) is carried over on the first decision, so an upgrade keeps every count
-/// and ban, and the new state expires like any other.
+/// Redis only: state written by the version before windows as data (twelve fields, minute and
+/// day, 48 bytes under `<prefix>:state:{id}`) is carried over on the first decision, so an
+/// upgrade keeps every count and ban, and the new state expires like any other.
 #[tokio::test]
 async fn redis_state_of_the_previous_version_is_carried_over() {
     fresh_minute(Duration::from_secs(10));
     let server = RedisServer::start();
     let store = RedisStore::new(&server.url(), "pet:prod", Duration::from_millis(500)).unwrap();
     let now = proxy::base::clock::unix_now();
-    let (mw, dw) = ((now / 60).to_string(), (now / 86_400).to_string());
-    let until = (now + 600).to_string();
-    let hset = |key: &str, fields: &[&str]| {
-        let mut args = vec!["HSET", key];
-        args.extend_from_slice(fields);
-        assert_eq!(
-            server.cli(&args).trim().parse::<u32>().ok().map(|n| n > 0),
-            Some(true)
-        );
+    let (mw, dw) = (now / 60, now / 86_400);
+    // mw, mc, dw, dc, sw, sc, bu, lv, lu, rd, rc, la
+    let old = |key: &str, fields: [u64; 12]| {
+        let args: Vec<String> = fields.iter().map(u64::to_string).collect();
+        let mut cli = vec![
+            "EVAL",
+            "return redis.call('SET', KEYS[1], struct.pack('<IIIIIIIIIIII', unpack(ARGV)), 'EX', 86400)",
+            "1",
+            key,
+        ];
+        cli.extend(args.iter().map(String::as_str));
+        assert_eq!(server.cli(&cli).trim(), "OK");
     };
-    hset(
-        "pet:prod:quota:{counted}",
-        &["mw", &mw, "mc", "5", "dw", &dw, "dc", "7", "la", "1"],
+    old(
+        "pet:prod:state:{counted}",
+        [mw, 5, dw, 7, 0, 0, 0, 0, 0, dw, 2, 1],
     );
-    hset(
-        "pet:prod:quota:{banned}",
-        &["bu", &until, "lv", "1", "dw", &dw],
+    old(
+        "pet:prod:state:{banned}",
+        [0, 0, dw, 0, 0, 0, now + 600, 1, now + 4_000, 0, 0, 0],
     );
-    let limits = Limits {
-        per_minute: 100,
-        per_day: 1_000,
-    };
+    let limits = md(100, 1_000);
     let v = store
-        .acquire(&Arc::from("counted"), limits, &NO_BANS())
+        .acquire(&Arc::from("counted"), limits, 1, &NO_BANS())
         .await
         .unwrap();
     assert_eq!(
-        (v.outcome, v.minute_count, v.day_count),
+        (v.outcome, v.counts[0], v.counts[1]),
         (Outcome::Admitted, 6, 8)
     );
     let v = store
-        .acquire(&Arc::from("banned"), limits, &NO_BANS())
+        .acquire(&Arc::from("banned"), limits, 1, &NO_BANS())
         .await
         .unwrap();
     assert_eq!((v.outcome, v.ban_until), (Outcome::Banned, now + 600));
@@ -623,17 +910,24 @@ async fn redis_state_of_the_previous_version_is_carried_over() {
         Some(now + 600)
     );
     let ttl: i64 = server
-        .cli(&["TTL", "pet:prod:state:{counted}"])
+        .cli(&["TTL", "pet:prod:windows:{counted}"])
         .trim()
         .parse()
         .unwrap();
     assert!(ttl > 0 && ttl <= 86_400, "ttl {ttl}");
-    // From now on the new state counts, and the carried-over hash is gone, so it cannot come
-    // back when the new state expires.
+    // From now on the new state counts, and the carried-over string is gone, so it cannot
+    // come back when the new state expires.
     let usage = store.usage("counted").await.unwrap();
-    assert_eq!((usage.minute, usage.day), (6, 8));
     assert_eq!(
-        server.cli(&["EXISTS", "pet:prod:quota:{counted}"]).trim(),
+        (
+            usage.count(Every::MINUTE),
+            usage.count(Every::DAY),
+            usage.refused_today
+        ),
+        (6, 8, 2)
+    );
+    assert_eq!(
+        server.cli(&["EXISTS", "pet:prod:state:{counted}"]).trim(),
         "0"
     );
 }
@@ -644,21 +938,24 @@ async fn redis_state_of_the_previous_version_is_carried_over() {
 async fn redis_a_ban_past_2106_is_held_at_the_last_second_it_can_store() {
     let server = RedisServer::start();
     let store = RedisStore::new(&server.url(), "t", Duration::from_millis(500)).unwrap();
-    let limits = Limits {
-        per_minute: 0,
-        per_day: 1,
-    };
+    let limits = md(1, 1);
     let ban = BanPolicy {
         strikes: 0,
         durations: vec![1 << 40],
         decay_secs: 1 << 40,
     };
-    let v = store.acquire(&Arc::from("k"), limits, &ban).await.unwrap();
+    let v = store
+        .acquire(&Arc::from("k"), limits, NO_ROOM, &ban)
+        .await
+        .unwrap();
     assert_eq!(
         (v.outcome, v.ban_until),
         (Outcome::Banned, u64::from(u32::MAX))
     );
-    let again = store.acquire(&Arc::from("k"), limits, &ban).await.unwrap();
+    let again = store
+        .acquire(&Arc::from("k"), limits, NO_ROOM, &ban)
+        .await
+        .unwrap();
     assert_eq!(again.ban_until, u64::from(u32::MAX));
     assert_eq!(
         store.ban_of("k").await.unwrap().map(|b| b.until),

@@ -257,7 +257,7 @@ async fn a_cluster_master_failover_under_load_fails_no_request() {
     let client = reqwest::Client::new();
     let before = remaining(&client, &gw, &s.key).await;
 
-    let redis_key = format!("{}:state:{{{}}}", spec.key_prefix, first_key_id(&s.keys));
+    let redis_key = format!("{}:windows:{{{}}}", spec.key_prefix, first_key_id(&s.keys));
     let master = cluster
         .master_of(&redis_key)
         .expect("a master serves the key");

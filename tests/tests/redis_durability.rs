@@ -196,6 +196,7 @@ fn the_gateway_user_is_confined_to_its_prefix_and_cannot_delete_records() {
         "{}",
         "reads the registry"
     );
+    assert_eq!(gateway(&["SET", "pet:test:windows:{k1}", "x"]), "OK");
     assert_eq!(gateway(&["SET", "pet:test:state:{k1}", "x"]), "OK");
     for refused in [
         vec!["DEL", records.as_str()],
@@ -204,7 +205,7 @@ fn the_gateway_user_is_confined_to_its_prefix_and_cannot_delete_records() {
         vec!["FLUSHALL"],
         vec!["KEYS", "*"],
         vec!["CONFIG", "SET", "appendonly", "no"],
-        vec!["GET", "pet:other:state:{k1}"],
+        vec!["GET", "pet:other:windows:{k1}"],
         vec!["SET", "pet:test:anything", "x"],
         vec!["HSET", "pet:test:{registry}:meta", "id", "another"],
         vec!["HSET", "pet:test:{registry}:changes", "a", "b"],

@@ -2,10 +2,11 @@
 //! and reports what Redis spent on them: the question is how many decisions one Redis core can
 //! make, which the gateways in front of one 2-core machine cannot show (they saturate first).
 //!
-//! `store-load --redis URL --keys N --batch-max M --concurrency C --seconds S`
+//! `store-load --redis URL --keys N --batch-max M --concurrency C --seconds S --windows W`
 //!
 //! C tasks each loop over `acquire` on keys spread over N ids (a plan with room for every
-//! request, so each decision is an admission: the path that writes). Before and after, Redis's
+//! request, so each decision is an admission: the path that writes), with W windows: 2 is the
+//! minute and the day, 4 adds a second and the month, up to 6 (an hour and a week). Before and after, Redis's
 //! `INFO commandstats` (the scripts' own time) and `INFO cpu` (the whole process: parsing,
 //! networking, scripts) are read. One JSON line goes to stdout.
 
@@ -13,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use proxy::keys::plans::Limits;
+use proxy::keys::limits::{Every, Limits, WindowLimit};
 use proxy::quota::rules::BanPolicy;
 use proxy::quota::store::redis::RedisStore;
 use proxy::quota::store::QuotaStore;
@@ -28,6 +29,7 @@ struct Args {
     concurrency: usize,
     seconds: u64,
     threads: usize,
+    windows: usize,
 }
 
 fn args() -> Result<Args, String> {
@@ -38,6 +40,7 @@ fn args() -> Result<Args, String> {
         concurrency: 512,
         seconds: 5,
         threads: 1,
+        windows: 2,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -54,6 +57,7 @@ fn args() -> Result<Args, String> {
             "--concurrency" => a.concurrency = number()?.max(1),
             "--seconds" => a.seconds = number()? as u64,
             "--threads" => a.threads = number()?.max(1),
+            "--windows" => a.windows = number()?.clamp(1, 6),
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -103,14 +107,23 @@ fn main() -> Result<(), String> {
     );
     let ids: Arc<Vec<Arc<str>>> =
         Arc::new((0..a.keys).map(|i| Arc::from(format!("k{i}"))).collect());
-    let limits = Limits {
-        per_minute: 1_000_000_000,
-        per_day: 1_000_000_000,
-    };
+    let lengths = [
+        Every::MINUTE,
+        Every::DAY,
+        Every::Secs(1),
+        Every::Month,
+        Every::Secs(3_600),
+        Every::Secs(7 * 86_400),
+    ];
+    let windows: Vec<WindowLimit> = lengths[..a.windows]
+        .iter()
+        .map(|&every| WindowLimit::new(every, 4_000_000_000))
+        .collect::<Result<_, _>>()?;
+    let limits = Limits::new(&windows)?;
     let ban = Arc::new(BanPolicy::default());
     // Loads the script and opens the connection before anything is counted.
     runtime
-        .block_on(store.acquire(&ids[0], limits, &ban))
+        .block_on(store.acquire(&ids[0], limits, 1, &ban))
         .map_err(|e| e.to_string())?;
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -127,7 +140,7 @@ fn main() -> Result<(), String> {
                     let mut i = t * 7_919;
                     while !stop.load(Ordering::Relaxed) {
                         i = (i + 1) % ids.len();
-                        match store.acquire(&ids[i], limits, &ban).await {
+                        match store.acquire(&ids[i], limits, 1, &ban).await {
                             Ok(_) => done.fetch_add(1, Ordering::Relaxed),
                             Err(_) => errors.fetch_add(1, Ordering::Relaxed),
                         };

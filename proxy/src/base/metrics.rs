@@ -16,6 +16,7 @@ pub struct Metrics {
     pub request_duration: HistogramVec,
     pub upstream_duration: HistogramVec,
     pub rate_limited: IntCounterVec,
+    pub shadow_refusals: IntCounterVec,
     pub bans: IntCounterVec,
     pub auth_failures: IntCounterVec,
     pub store_duration: Histogram,
@@ -232,6 +233,14 @@ const REGISTRY_SNAPSHOT_UNSAVED: Def = Def {
     labels: &[],
 };
 
+const SHADOW_REFUSALS: Def = Def {
+    name: "pet_gateway_shadow_refusals_total",
+    help:
+        "Admitted requests that a shadow window (a limit being tried out) would have refused, by \
+           plan and window.",
+    labels: &["plan", "window"],
+};
+
 impl Metrics {
     /// Creates the zero-valued series of every plan, so dashboards and alerts see 0 rather
     /// than nothing before the first event (a missing series makes `rate()` and `increase()`
@@ -276,6 +285,7 @@ impl Metrics {
             request_duration: histogram(r, &REQUEST_DURATION),
             upstream_duration: histogram(r, &UPSTREAM_DURATION),
             rate_limited: counter(r, &RATE_LIMITED),
+            shadow_refusals: counter(r, &SHADOW_REFUSALS),
             bans: counter(r, &BANS),
             auth_failures: counter(r, &AUTH_FAILURES),
             store_duration: plain_histogram(r, &STORE_DURATION, LATENCY),

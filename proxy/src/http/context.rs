@@ -20,6 +20,8 @@ pub struct Ctx {
     pub key: Option<KeyInfo>,
     /// The key's limits in force: its own, else its plan's; `None` while its plan is missing.
     pub limits: Option<Limits>,
+    /// What this request's operation costs under the key's plan, in units of its windows.
+    pub cost: u64,
     pub rate: Option<RateView>,
     pub auth_failure: Option<AuthFailure>,
     pub store_time: Option<Duration>,
@@ -39,6 +41,7 @@ impl Ctx {
             route: Route::Other,
             key: None,
             limits: None,
+            cost: 1,
             rate: None,
             auth_failure: None,
             store_time: None,

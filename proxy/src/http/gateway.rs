@@ -25,7 +25,7 @@ use crate::http::upstreams::Upstreams;
 use crate::keys::catalog::Catalog;
 use crate::quota::admission::{Admission, OnStoreError};
 use crate::quota::resilience::Resilience;
-use crate::quota::rules::BanPolicy;
+use crate::quota::rules::{BanPolicy, RateView};
 use crate::quota::store::QuotaStore;
 use crate::quota::unauth::UnauthLimiter;
 
@@ -95,7 +95,7 @@ impl ProxyHttp for Gateway {
             Ok(()) => Ok(false),
             Err(Stop::Answered) => Ok(true),
             Err(Stop::Refuse(refusal)) => {
-                refuse(session, &ctx.request_id, refusal).await;
+                refuse(session, &ctx.request_id, *refusal).await;
                 Ok(true)
             }
             Err(Stop::Failed(e)) => Err(e),
@@ -230,6 +230,7 @@ impl ProxyHttp for Gateway {
             store_us = ctx.store_time.map(|d| d.as_micros() as u64),
             duration_us = ctx.started.elapsed().as_micros() as u64,
             store_degraded = ctx.store_degraded,
+            shadow_refused = ctx.rate.as_ref().and_then(RateView::shadow_refused),
             error = e.map(|e| e.etype().as_str()),
         );
     }

@@ -29,21 +29,27 @@ use crate::http::trace::TraceContext;
 use crate::keys::catalog::Catalog;
 use crate::keys::format;
 use crate::quota::admission::{Admission, Outcome};
+use crate::quota::rules::RateView;
 use crate::quota::unauth::{UnauthDecision, UnauthLimiter};
 
 /// Why the request path stopped before forwarding.
 pub enum Stop {
-    /// Answer with this Error response; nothing is forwarded.
-    Refuse(Refusal),
+    /// Answer with this Error response; nothing is forwarded. Boxed: a refusal carries the
+    /// request's whole rate view, and the path that goes on should not move it around.
+    Refuse(Box<Refusal>),
     /// The gateway has written the whole answer itself.
     Answered,
     /// pingora failed (the client went away mid-body, say).
     Failed(Box<Error>),
 }
 
-/// What one step decides: `Ok(())` goes on to the next step. The `Err` is large (a refusal
-/// carries its rate-limit numbers) but moves once per stopped request; boxing it would
-/// allocate on every refusal, the path a flood of 429s takes.
+impl Stop {
+    pub fn refuse(refusal: Refusal) -> Stop {
+        Stop::Refuse(Box::new(refusal))
+    }
+}
+
+/// What one step decides: `Ok(())` goes on to the next step.
 pub type Step = Result<(), Stop>;
 
 /// What the steps need: the keys and plans in force, the quota decision, the limit on
@@ -110,17 +116,20 @@ impl Pipeline {
                 if key.expired(unix_now()) {
                     return Err(AuthFailure::Expired);
                 }
-                let limits = snapshot.plans.get(&key.plan).map(|p| key.limits(p.limits));
-                Ok((key.clone(), limits))
+                let plan = snapshot.plans.get(&key.plan);
+                let limits = plan.map(|p| key.limits(&p.limits));
+                let cost = plan.map_or(1, |p| p.costs.of(ctx.route.cost_index()));
+                Ok((key.clone(), limits, cost))
             })
         };
         match found {
-            Ok((key, limits)) => {
+            Ok((key, limits, cost)) => {
                 ctx.key = Some(key);
                 ctx.limits = limits;
+                ctx.cost = cost;
                 Ok(())
             }
-            Err(why) => Err(Stop::Refuse(self.unauthenticated(session, ctx, why))),
+            Err(why) => Err(Stop::refuse(self.unauthenticated(session, ctx, why))),
         }
     }
 
@@ -166,7 +175,7 @@ impl Pipeline {
             return Err(Stop::Answered);
         }
         if session.req_header().uri.path() == "/v1/rate_limit" {
-            return Err(Stop::Refuse(Refusal::get_only()));
+            return Err(Stop::refuse(Refusal::get_only()));
         }
         Ok(())
     }
@@ -177,7 +186,7 @@ impl Pipeline {
         let (Some(key), Some(limits)) = (&ctx.key, ctx.limits) else {
             return Ok(());
         };
-        let decision = self.admission.decide(key, limits).await;
+        let decision = self.admission.decide(key, limits, ctx.cost).await;
         ctx.store_time = decision.store_time;
         ctx.store_degraded = decision.degraded;
         ctx.rate = decision.view;
@@ -186,7 +195,12 @@ impl Pipeline {
             METRICS.bans.with_label_values(&[plan]).inc();
         }
         let refusal = match (decision.outcome, ctx.rate.as_ref()) {
-            (Outcome::Admitted, _) => return Ok(()),
+            (Outcome::Admitted, view) => {
+                if let Some(view) = view {
+                    count_shadow_refusals(plan, view);
+                }
+                return Ok(());
+            }
             (Outcome::Limited, Some(view)) => Refusal::rate_limited(view),
             (Outcome::Banned, Some(view)) => Refusal::banned(view),
             (Outcome::StoreUnavailable, _) | (_, None) => Refusal::store_unavailable(),
@@ -194,10 +208,10 @@ impl Pipeline {
         if let RateHeaders::Plan(view) = refusal.rate {
             METRICS
                 .rate_limited
-                .with_label_values(&[plan, view.binding.as_str()])
+                .with_label_values(&[plan, &view.binding.name()])
                 .inc();
         }
-        Err(Stop::Refuse(refusal))
+        Err(Stop::refuse(refusal))
     }
 
     /// An admitted HTTP/2 request's body, read whole under the client read timeout (pingora
@@ -206,7 +220,7 @@ impl Pipeline {
         match read_h2_body(session, self.client_read_timeout).await {
             Err(e) => Err(Stop::Failed(e)),
             Ok(Ok(())) => Ok(()),
-            Ok(Err(why)) => Err(Stop::Refuse(Refusal::unread_body(why, ctx.rate.as_ref()))),
+            Ok(Err(why)) => Err(Stop::refuse(Refusal::unread_body(why, ctx.rate.as_ref()))),
         }
     }
 }
@@ -214,7 +228,7 @@ impl Pipeline {
 /// Oversized or smuggling-prone requests, refused before anything else is read.
 fn shape(session: &Session) -> Step {
     match refuse_shape(session.req_header()) {
-        Some((status, message)) => Err(Stop::Refuse(Refusal::bad_shape(status, message))),
+        Some((status, message)) => Err(Stop::refuse(Refusal::bad_shape(status, message))),
         None => Ok(()),
     }
 }
@@ -225,7 +239,7 @@ fn versioned_only(session: &Session) -> Step {
     if session.req_header().uri.path().starts_with("/v1/") {
         Ok(())
     } else {
-        Err(Stop::Refuse(Refusal::not_found()))
+        Err(Stop::refuse(Refusal::not_found()))
     }
 }
 
@@ -234,8 +248,18 @@ fn plan_in_force(ctx: &Ctx) -> Step {
     match (&ctx.key, ctx.limits) {
         (Some(key), None) => {
             tracing::error!(key_id = %key.id, plan = %key.plan, "key's plan is missing");
-            Err(Stop::Refuse(Refusal::plan_missing()))
+            Err(Stop::refuse(Refusal::plan_missing()))
         }
         _ => Ok(()),
+    }
+}
+
+/// A shadow window this admitted request went past: what it would have refused.
+fn count_shadow_refusals(plan: &str, view: &RateView) {
+    for w in view.shadow_windows() {
+        METRICS
+            .shadow_refusals
+            .with_label_values(&[plan, &w.every.name()])
+            .inc();
     }
 }

@@ -4,6 +4,7 @@
 //! So that it cannot become a free way to load the store, it has a small limit of its own per
 //! key (its quota id: a rotated key and its successor share it), kept on each node.
 
+use std::borrow::Cow;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
@@ -17,7 +18,7 @@ use serde::Serialize;
 use crate::base::metrics::METRICS;
 use crate::http::responses::{json_head, refuse, RateHeaders, Refusal};
 use crate::keys::index::KeyInfo;
-use crate::keys::plans::Limits;
+use crate::keys::limits::{Every, Limits, MAX_WINDOWS};
 use crate::quota::resilience::Resilience;
 use crate::quota::rules::SimpleLimit;
 use crate::quota::rules::{self, RateView, Verdict};
@@ -42,6 +43,17 @@ struct Window {
     reset: u64,
 }
 
+/// One enforced window, in `windows`.
+#[derive(Serialize)]
+struct Named {
+    name: Cow<'static, str>,
+    /// Seconds (for `month`, the current month's length).
+    every: u64,
+    limit: u64,
+    remaining: u64,
+    reset: u64,
+}
+
 #[derive(Serialize)]
 struct Ban {
     until: u64,
@@ -50,8 +62,15 @@ struct Ban {
 #[derive(Serialize)]
 struct Body<'a> {
     plan: &'a str,
-    minute: Window,
-    day: Window,
+    /// The minute and day windows where the key's limits have them (the first form of the
+    /// body; `windows` has them too).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    minute: Option<Window>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    day: Option<Window>,
+    /// Every enforced window, shortest first (shadow windows are the operator's experiment
+    /// and never shown to clients).
+    windows: Vec<Named>,
     ban: Option<Ban>,
 }
 
@@ -59,33 +78,49 @@ struct Body<'a> {
 /// the view behind the usual rate-limit headers.
 fn status(plan: &str, limits: Limits, usage: &Usage) -> (Bytes, RateView) {
     let banned = usage.ban_until > usage.now;
-    let view = RateView::new(
-        &Verdict {
-            outcome: if banned {
-                rules::Outcome::Banned
-            } else {
-                rules::Outcome::Admitted
-            },
-            now: usage.now,
-            minute_count: usage.minute,
-            day_count: usage.day,
-            ban_until: usage.ban_until,
-            ban_started: false,
+    let now = usage.now;
+    let mut counts = [0u64; MAX_WINDOWS];
+    for (count, w) in counts.iter_mut().zip(limits.windows()) {
+        *count = usage.count(w.every);
+    }
+    let verdict = Verdict {
+        outcome: if banned {
+            rules::Outcome::Banned
+        } else {
+            rules::Outcome::Admitted
         },
-        limits,
-    );
+        now,
+        counts,
+        ban_until: usage.ban_until,
+        ban_started: false,
+    };
+    let view = RateView::new(&verdict, limits, 0);
+    let windows: Vec<Named> = limits
+        .windows()
+        .iter()
+        .zip(view.remaining_by_window)
+        .filter(|(w, _)| !w.shadow)
+        .map(|(w, remaining)| Named {
+            name: w.every.name(),
+            every: w.every.secs_at(now),
+            limit: w.limit(),
+            remaining: remaining.into(),
+            reset: w.every.reset(now),
+        })
+        .collect();
+    let first_form = |every: Every| {
+        let n = windows.iter().find(|n| n.name == every.name())?;
+        Some(Window {
+            limit: n.limit,
+            remaining: n.remaining,
+            reset: n.reset,
+        })
+    };
     let body = Body {
         plan,
-        minute: Window {
-            limit: limits.per_minute,
-            remaining: view.minute_remaining,
-            reset: view.minute_reset,
-        },
-        day: Window {
-            limit: limits.per_day,
-            remaining: view.day_remaining,
-            reset: view.day_reset,
-        },
+        minute: first_form(Every::MINUTE),
+        day: first_form(Every::DAY),
+        windows,
         ban: banned.then_some(Ban {
             until: usage.ban_until,
         }),
@@ -141,8 +176,7 @@ impl QuotaStatus {
         {
             Some(Usage {
                 now,
-                minute: 0,
-                day: 0,
+                windows: Vec::new(),
                 refused_today: 0,
                 last_admitted: 0,
                 ban_until: until,
@@ -193,23 +227,21 @@ mod tests {
     fn usage(now: u64, minute: u64, day: u64, ban_until: u64) -> Usage {
         Usage {
             now,
-            minute,
-            day,
+            windows: vec![(Every::MINUTE, minute), (Every::DAY, day)],
             refused_today: 0,
             last_admitted: 0,
             ban_until,
         }
     }
 
-    const FREE: Limits = Limits {
-        per_minute: 60,
-        per_day: 1_000,
-    };
+    fn free() -> Limits {
+        Limits::minute_day(60, 1_000).unwrap()
+    }
 
     #[test]
     fn the_body_has_both_windows_and_no_ban() {
         let now = 20_000 * 86_400 + 3_600 + 30;
-        let (body, view) = status("free", FREE, &usage(now, 10, 400, 0));
+        let (body, view) = status("free", free(), &usage(now, 10, 400, 0));
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
             v,
@@ -217,6 +249,10 @@ mod tests {
                 "plan": "free",
                 "minute": {"limit": 60, "remaining": 50, "reset": now - 30 + 60},
                 "day": {"limit": 1000, "remaining": 600, "reset": 20_001 * 86_400},
+                "windows": [
+                    {"name": "minute", "every": 60, "limit": 60, "remaining": 50, "reset": now - 30 + 60},
+                    {"name": "day", "every": 86_400, "limit": 1000, "remaining": 600, "reset": 20_001 * 86_400},
+                ],
                 "ban": null,
             })
         );
@@ -224,9 +260,46 @@ mod tests {
     }
 
     #[test]
+    fn any_windows_are_listed_shadow_ones_never_and_minute_and_day_only_when_there() {
+        let now = 20_000 * 86_400 + 3_600 + 30;
+        let w = |every: &str, limit: u64, shadow: bool| {
+            let mut w =
+                crate::keys::limits::WindowLimit::new(Every::parse(every).unwrap(), limit).unwrap();
+            w.shadow = shadow;
+            w
+        };
+        let limits =
+            Limits::new(&[w("1s", 5, false), w("6h", 100, false), w("month", 9, true)]).unwrap();
+        let used = Usage {
+            now,
+            windows: vec![
+                (Every::Secs(1), 2),
+                (Every::Secs(21_600), 40),
+                (Every::Month, 12),
+            ],
+            refused_today: 0,
+            last_admitted: 0,
+            ban_until: 0,
+        };
+        let (body, view) = status("pro", limits, &used);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert!(v.get("minute").is_none() && v.get("day").is_none(), "{v}");
+        let names: Vec<&str> = v["windows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["second", "6h"]);
+        assert_eq!(v["windows"][1]["remaining"], 60);
+        assert_eq!((view.limit, view.remaining), (5, 3), "the least room binds");
+        assert!(!view.policy_header().contains("month"));
+    }
+
+    #[test]
     fn a_banned_key_is_told_when_its_ban_ends_and_has_nothing_left() {
         let now = 20_000 * 86_400;
-        let (body, view) = status("free", FREE, &usage(now, 60, 70, now + 600));
+        let (body, view) = status("free", free(), &usage(now, 60, 70, now + 600));
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["ban"], serde_json::json!({"until": now + 600}));
         assert_eq!(v["minute"]["remaining"], 0);

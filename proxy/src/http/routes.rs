@@ -42,6 +42,19 @@ impl Route {
         }
     }
 
+    /// Where this operation's cost is in a plan's `Costs` (`keys::plans::COSTED_OPERATIONS`);
+    /// `None` for what costs 1 whatever a plan says (an unknown path) or nothing
+    /// (`getRateLimit`).
+    pub fn cost_index(self) -> Option<usize> {
+        match self {
+            Route::ListPets => Some(0),
+            Route::CreatePet => Some(1),
+            Route::GetPet => Some(2),
+            Route::ListOrders => Some(3),
+            Route::RateLimit | Route::Other => None,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Route::ListPets => "listPets",
@@ -57,6 +70,19 @@ impl Route {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_costed_operation_is_its_route() {
+        for (i, name) in crate::keys::plans::COSTED_OPERATIONS.iter().enumerate() {
+            let route = Route::OPERATIONS
+                .iter()
+                .map(|(r, _, _)| *r)
+                .find(|r| r.as_str() == *name)
+                .unwrap_or_else(|| panic!("{name} is no operation"));
+            assert_eq!(route.cost_index(), Some(i), "{name}");
+        }
+        assert_eq!(Route::RateLimit.cost_index(), None);
+    }
 
     #[test]
     fn routes_are_the_operation_names() {

@@ -48,6 +48,14 @@ pub fn line(action: &str, key: &KeyRecord, who: &str) -> String {
         ("per_minute", key.per_minute.map(serde_json::Value::from)),
         ("per_day", key.per_day.map(serde_json::Value::from)),
         (
+            "limits",
+            (!key.limits.is_empty()).then(|| serde_json::json!(key.limits)),
+        ),
+        (
+            "customer",
+            key.customer.clone().map(serde_json::Value::from),
+        ),
+        (
             "quota_of",
             key.quota_of.clone().map(serde_json::Value::from),
         ),
@@ -102,6 +110,8 @@ mod tests {
             expires_at: Some("2027-01-01T00:00:00Z".into()),
             per_minute: Some(5),
             per_day: None,
+            limits: [("1s".to_owned(), 2)].into(),
+            customer: Some("acme-corp".into()),
             quota_of: None,
             rotated_to: None,
             version: 0,
@@ -113,6 +123,10 @@ mod tests {
         assert_eq!(v["plan"], "pro");
         assert_eq!(v["who"], "alice");
         assert_eq!(v["per_minute"], 5);
+        assert_eq!(
+            (v["limits"]["1s"].clone(), v["customer"].clone()),
+            (2.into(), "acme-corp".into())
+        );
         assert!(v.get("per_day").is_none() && v.get("sha256").is_none());
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.log");

@@ -9,24 +9,24 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::keys::plans::Limits;
+use crate::keys::limits::{Every, Limits};
 
 /// What the gateway needs to know about a valid key on the hot path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyInfo {
     pub id: Arc<str>,
     pub plan: Arc<str>,
-    /// Per-key settings, 4 bytes each (a million keys carry them).
+    /// Per-key settings, in 12 bytes (a million keys carry them).
     pub overrides: Overrides,
     /// The id counts and bans are kept under when it is not `id` (a rotation's successor).
     pub quota: Option<Arc<str>>,
 }
 
 /// A key's own limits and expiry; `None` where the plan's apply or it never expires.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Overrides {
-    pub per_minute: Option<NonZeroU32>,
-    pub per_day: Option<NonZeroU32>,
+    /// Window lengths and their limits for this key (behind one pointer: most keys have none).
+    pub own: Option<Arc<Vec<(Every, u32)>>>,
     /// Unix seconds (fits until 2106).
     pub expires_at: Option<NonZeroU32>,
 }
@@ -45,16 +45,10 @@ impl KeyInfo {
     }
 
     /// The limits this key is held to: its plan's, with its own in their place.
-    pub fn limits(&self, plan: Limits) -> Limits {
-        Limits {
-            per_minute: self
-                .overrides
-                .per_minute
-                .map_or(plan.per_minute, |n| u64::from(n.get())),
-            per_day: self
-                .overrides
-                .per_day
-                .map_or(plan.per_day, |n| u64::from(n.get())),
+    pub fn limits(&self, plan: &Limits) -> Limits {
+        match &self.overrides.own {
+            None => *plan,
+            Some(own) => plan.with_overrides(own),
         }
     }
 }

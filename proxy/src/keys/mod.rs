@@ -4,7 +4,8 @@
 //! | module | owns |
 //! |---|---|
 //! | [`format`] | the API key format: environment prefix, random part, checksum |
-//! | [`plans`] | the plan files and a plan's [`plans::Limits`] |
+//! | [`limits`] | a quota as data: windows ([`limits::Every`], a limit each) and their arithmetic |
+//! | [`plans`] | the plan files: a plan's [`limits::Limits`] and its costs |
 //! | [`index`] | the hot-path index: a key's hash to its [`index::KeyInfo`] |
 //! | [`record`] | a key's record, the keys file's model, validation and status |
 //! | [`file`] | the keys file on disk: locked, atomic writes that keep owner and mode |
@@ -20,6 +21,7 @@ pub mod catalog;
 pub mod file;
 pub mod format;
 pub mod index;
+pub mod limits;
 pub mod plans;
 pub mod record;
 pub mod registry;

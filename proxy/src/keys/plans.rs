@@ -6,11 +6,40 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// A plan's quotas.
+pub use crate::keys::limits::Limits;
+use crate::keys::limits::{Every, WindowLimit, MAX_LIMIT};
+
+/// The operations a plan's `[cost]` may name: `openapi.yaml`'s operation ids of what the
+/// gateway forwards (`getRateLimit` is answered by the gateway and costs nothing). Their order is
+/// [`Costs`]' index; `http::routes` maps a request to it and a test holds the two together.
+pub const COSTED_OPERATIONS: [&str; 4] = ["listPets", "createPet", "getPet", "listOrders"];
+
+/// What each operation costs under a plan, in units of its windows: 1 unless `[cost]` says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    pub per_minute: u64,
-    pub per_day: u64,
+pub struct Costs([u32; COSTED_OPERATIONS.len()]);
+
+impl Default for Costs {
+    fn default() -> Self {
+        Costs([1; COSTED_OPERATIONS.len()])
+    }
+}
+
+impl Costs {
+    /// The cost of operation `index` of [`COSTED_OPERATIONS`]; 1 for anything else.
+    pub fn of(&self, index: Option<usize>) -> u64 {
+        index
+            .and_then(|i| self.0.get(i))
+            .map_or(1, |&c| u64::from(c))
+    }
+
+    /// The operations that cost more than 1, by name.
+    pub fn listed(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        COSTED_OPERATIONS
+            .iter()
+            .zip(self.0)
+            .filter(|&(_, c)| c != 1)
+            .map(|(&name, c)| (name, u64::from(c)))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +59,7 @@ pub enum PlanError {
 pub struct Plan {
     pub name: Arc<str>,
     pub limits: Limits,
+    pub costs: Costs,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -40,7 +70,14 @@ pub struct Plans {
     ignored: Vec<PathBuf>,
 }
 
-const FIELDS: [&str; 3] = ["requests_per_minute", "requests_per_day", "description"];
+const FIELDS: [&str; 5] = [
+    "requests_per_minute",
+    "requests_per_day",
+    "window",
+    "cost",
+    "description",
+];
+const WINDOW_FIELDS: [&str; 3] = ["every", "limit", "shadow"];
 
 impl Plans {
     /// Loads every plan file (`<name>.toml`, the name in a-z, 0-9, `-` and `_`) in `dir`. Other
@@ -75,12 +112,13 @@ impl Plans {
                 path: path.clone(),
                 source,
             })?;
-            let limits = parse_limits(&text).map_err(invalid)?;
+            let (limits, costs) = parse_plan(&text).map_err(invalid)?;
             by_name.insert(
                 name.to_owned(),
                 Arc::new(Plan {
                     name: name.into(),
                     limits,
+                    costs,
                 }),
             );
         }
@@ -164,8 +202,9 @@ fn plan_name(path: &Path) -> Option<&str> {
     valid.then_some(name)
 }
 
-/// Parses one plan file's text; the error says which field is wrong.
-pub fn parse_limits(text: &str) -> Result<Limits, String> {
+/// Parses one plan file's text (the first form, `requests_per_minute` and
+/// `requests_per_day`, the `[[window]]` form, or both); the error says which field is wrong.
+pub fn parse_plan(text: &str) -> Result<(Limits, Costs), String> {
     let table: toml::Table = text
         .parse()
         .map_err(|e: toml::de::Error| format!("not valid TOML: {}", e.to_string().trim_end()))?;
@@ -180,21 +219,131 @@ pub fn parse_limits(text: &str) -> Result<Limits, String> {
             return Err("field `description` must be a string".into());
         }
     }
-    let positive = |field: &str| -> Result<u64, String> {
+    let mut windows = Vec::new();
+    let first_form = [
+        ("requests_per_minute", Every::MINUTE),
+        ("requests_per_day", Every::DAY),
+    ];
+    for (field, every) in first_form {
         match table.get(field) {
-            None => Err(format!("field `{field}` is missing")),
-            // Counts are kept in 32 bits (the Redis state and the embedded store).
-            Some(toml::Value::Integer(n)) if (1..=i64::from(u32::MAX)).contains(n) => Ok(*n as u64),
-            Some(v) => Err(format!(
-                "field `{field}` must be a whole number of requests from 1 to {} (got {v})",
-                u32::MAX
-            )),
+            Some(value) => windows.push(WindowLimit::new(every, whole(field, value)?)?),
+            // The first form alone names both, as it always has.
+            None if !table.contains_key("window") && !windows.is_empty() => {
+                return Err(format!("field `{field}` is missing"));
+            }
+            None => {}
+        }
+    }
+    if windows.len() == 1 && !table.contains_key("window") {
+        return Err("field `requests_per_day` is missing".into());
+    }
+    match table.get("window") {
+        None => {}
+        Some(toml::Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                windows.push(parse_window(i, item)?);
+            }
+        }
+        Some(_) => return Err("`window` must be [[window]] tables".into()),
+    }
+    if windows.is_empty() {
+        return Err("field `requests_per_minute` is missing (or give [[window]] tables)".into());
+    }
+    let limits = Limits::new(&windows).map_err(|e| format!("windows: {e}"))?;
+    let Some(smallest) = limits.smallest_enforced() else {
+        return Err("windows: every window is `shadow`: a plan needs one that is enforced".into());
+    };
+    let costs = parse_costs(table.get("cost"), smallest)?;
+    Ok((limits, costs))
+}
+
+/// A whole number from 1 to [`MAX_LIMIT`], or an error naming `field`.
+fn whole(field: &str, value: &toml::Value) -> Result<u64, String> {
+    match value {
+        toml::Value::Integer(n) if (1..=MAX_LIMIT as i64).contains(n) => Ok(*n as u64),
+        v => Err(format!(
+            "field `{field}` must be a whole number from 1 to {MAX_LIMIT} (got {v})"
+        )),
+    }
+}
+
+/// The `i`th `[[window]]` table.
+fn parse_window(i: usize, item: &toml::Value) -> Result<WindowLimit, String> {
+    let at = |field: &str| format!("window[{i}].{field}");
+    let Some(t) = item.as_table() else {
+        return Err(format!("`window[{i}]` must be a table (`[[window]]`)"));
+    };
+    if let Some(unknown) = t.keys().find(|k| !WINDOW_FIELDS.contains(&k.as_str())) {
+        return Err(format!(
+            "unknown field `{}`; a window has {}",
+            at(unknown),
+            WINDOW_FIELDS.join(", ")
+        ));
+    }
+    let every = match t.get("every") {
+        Some(toml::Value::String(text)) => {
+            Every::parse(text).map_err(|e| format!("field `{}`: {e}", at("every")))?
+        }
+        Some(v) => {
+            return Err(format!(
+                "field `{}` must be a string such as \"1m\" (got {v})",
+                at("every")
+            ))
+        }
+        None => return Err(format!("field `{}` is missing", at("every"))),
+    };
+    let limit = match t.get("limit") {
+        Some(v) => whole(&at("limit"), v)?,
+        None => return Err(format!("field `{}` is missing", at("limit"))),
+    };
+    let shadow = match t.get("shadow") {
+        None => false,
+        Some(toml::Value::Boolean(b)) => *b,
+        Some(v) => {
+            return Err(format!(
+                "field `{}` must be true or false (got {v})",
+                at("shadow")
+            ))
         }
     };
-    Ok(Limits {
-        per_minute: positive("requests_per_minute")?,
-        per_day: positive("requests_per_day")?,
-    })
+    let mut window = WindowLimit::new(every, limit).map_err(|e| format!("{}: {e}", at("limit")))?;
+    window.shadow = shadow;
+    Ok(window)
+}
+
+/// `[cost]`: operation ids to their cost, each from 1 to the smallest enforced limit (an
+/// operation costing more could never pass).
+fn parse_costs(value: Option<&toml::Value>, smallest: u64) -> Result<Costs, String> {
+    let mut costs = Costs::default();
+    let Some(value) = value else {
+        return Ok(costs);
+    };
+    let Some(table) = value.as_table() else {
+        return Err("`cost` must be a table (`[cost]`) of operation ids".into());
+    };
+    for (operation, cost) in table {
+        let field = format!("cost.{operation}");
+        let Some(index) = COSTED_OPERATIONS.iter().position(|o| o == operation) else {
+            let why = if operation == "getRateLimit" {
+                "`getRateLimit` is answered by the gateway and costs nothing".to_owned()
+            } else {
+                format!(
+                    "no operation `{operation}`; the operations are {}",
+                    COSTED_OPERATIONS.join(", ")
+                )
+            };
+            return Err(format!("field `{field}`: {why}"));
+        };
+        let n = whole(&field, cost)?;
+        if n > smallest {
+            return Err(format!(
+                "field `{field}`: {n} is more than the smallest enforced window's limit ({smallest}): \
+                 that operation could never pass"
+            ));
+        }
+        costs.0[index] = n as u32;
+    }
+    Ok(costs)
 }
 
 #[cfg(test)]
@@ -261,10 +410,7 @@ mod tests {
         );
         assert_eq!(
             plans.get("free").unwrap().limits,
-            Limits {
-                per_minute: 60,
-                per_day: 1000
-            }
+            Limits::minute_day(60, 1000).unwrap()
         );
     }
 
@@ -297,6 +443,89 @@ mod tests {
         for (text, expected) in cases {
             let dir = tempfile::tempdir().unwrap();
             write(dir.path(), "pro.toml", text);
+            let message = Plans::load_dir(dir.path()).unwrap_err().to_string();
+            assert!(message.contains("pro.toml"), "{message}");
+            assert!(message.contains(expected), "{text:?}: {message}");
+        }
+    }
+
+    #[test]
+    fn the_window_form_mixes_with_the_first_and_names_costs() {
+        let text = "requests_per_minute = 300\n\
+                    [[window]]\nevery = \"1s\"\nlimit = 20\n\
+                    [[window]]\nevery = \"1d\"\nlimit = 10000\n\
+                    [[window]]\nevery = \"month\"\nlimit = 200000\nshadow = true\n\
+                    [cost]\ncreatePet = 5\n";
+        let (limits, costs) = parse_plan(text).unwrap();
+        let windows: Vec<(String, u32, bool)> = limits
+            .windows()
+            .iter()
+            .map(|w| (w.every.spec(), w.limit, w.shadow))
+            .collect();
+        assert_eq!(
+            windows,
+            [
+                ("1s".into(), 20, false),
+                ("1m".into(), 300, false),
+                ("1d".into(), 10_000, false),
+                ("month".into(), 200_000, true)
+            ]
+        );
+        let create = COSTED_OPERATIONS.iter().position(|o| *o == "createPet");
+        assert_eq!(
+            (costs.of(create), costs.of(Some(0)), costs.of(None)),
+            (5, 1, 1)
+        );
+        // Only windows, no minute or day at all.
+        let (limits, _) = parse_plan("[[window]]\nevery = \"1h\"\nlimit = 7\n").unwrap();
+        assert_eq!(limits.windows().len(), 1);
+    }
+
+    #[test]
+    fn bad_windows_and_costs_name_their_field() {
+        let w =
+            |every: &str, limit: &str| format!("[[window]]\nevery = {every}\nlimit = {limit}\n");
+        let cases = [
+            (w("\"5x\"", "1"), "window[0].every"),
+            (w("\"1m\"", "0"), "window[0].limit"),
+            (w("\"1m\"", "4294967296"), "window[0].limit"),
+            (
+                format!("{}{}", w("\"1m\"", "1"), w("\"60s\"", "2")),
+                "two windows of one length",
+            ),
+            (
+                (1..=7).map(|n| w(&format!("\"{n}s\""), "9")).collect(),
+                "at most 6",
+            ),
+            (format!("{}shadow = true\n", w("\"1m\"", "1")), "enforced"),
+            (
+                format!("{}burst = 1\n", w("\"1m\"", "1")),
+                "window[0].burst",
+            ),
+            (
+                format!("{}[cost]\nfeedPet = 2\n", w("\"1m\"", "5")),
+                "cost.feedPet",
+            ),
+            (
+                format!("{}[cost]\ncreatePet = 0\n", w("\"1m\"", "5")),
+                "cost.createPet",
+            ),
+            (
+                format!("{}[cost]\ncreatePet = 6\n", w("\"1m\"", "5")),
+                "could never pass",
+            ),
+            (
+                format!("{}[cost]\ngetRateLimit = 1\n", w("\"1m\"", "5")),
+                "costs nothing",
+            ),
+            (
+                "requests_per_minute = 60\n".to_owned(),
+                "`requests_per_day`",
+            ),
+        ];
+        for (text, expected) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            write(dir.path(), "pro.toml", &text);
             let message = Plans::load_dir(dir.path()).unwrap_err().to_string();
             assert!(message.contains("pro.toml"), "{message}");
             assert!(message.contains(expected), "{text:?}: {message}");

@@ -3,7 +3,7 @@
 //! them) cannot use the keys. Validation, status and the records' JSON live here; reading and
 //! writing the file is [`crate::keys::file`], changing records is [`crate::keys::service`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::base::clock::parse_rfc3339;
 use crate::keys::index::{index_hash, KeyIndex, KeyInfo, Overrides};
+use crate::keys::limits::Every;
 use crate::keys::plans::Plans;
 
 /// What keys issued before the checksummed format (`key_format`) start with: `pet_` and 64
@@ -36,6 +37,10 @@ pub enum KeysError {
     UnknownPlan { plan: String, known: String },
     #[error("no key with id `{0}`")]
     NoSuchKey(String),
+    /// The key's own limits do not fit its plan (too many windows, an operation that could
+    /// never pass).
+    #[error("{0}")]
+    OwnLimits(String),
     #[error("key `{0}` is revoked or expired: issue a new one instead")]
     NotActive(String),
     #[error("key registry: {0}")]
@@ -69,6 +74,14 @@ pub struct KeyRecord {
     pub per_minute: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_day: Option<u64>,
+    /// This key's own limits of windows by length as a plan writes it (`1s`, `month`): a length
+    /// its plan has takes this limit, a length it lacks is added for this key.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, u64>,
+    /// The customer this key belongs to: keys of one customer share every window's count and
+    /// every ban, each held to the limits of its own plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub customer: Option<String>,
     /// The key whose quota (counts and bans) this one shares: set on a rotation's successor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota_of: Option<String>,
@@ -99,6 +112,8 @@ pub(crate) fn sample_record(version: u64) -> KeyRecord {
         expires_at: None,
         per_minute: None,
         per_day: None,
+        limits: BTreeMap::new(),
+        customer: None,
         quota_of: None,
         rotated_to: None,
         version,
@@ -128,12 +143,64 @@ impl KeyRecord {
             n.and_then(|n| u32::try_from(n).ok())
                 .and_then(NonZeroU32::new)
         };
+        let shorthands = [(Every::MINUTE, self.per_minute), (Every::DAY, self.per_day)];
+        let windows = self
+            .limits
+            .iter()
+            .filter_map(|(every, &n)| Some((Every::parse(every).ok()?, Some(n))));
+        let own: Vec<(Every, u32)> = shorthands
+            .into_iter()
+            .chain(windows)
+            .filter_map(|(every, n)| Some((every, small(n)?.get())))
+            .collect();
         Overrides {
-            per_minute: small(self.per_minute),
-            per_day: small(self.per_day),
+            own: (!own.is_empty()).then(|| Arc::new(own)),
             expires_at: small(self.expires_at.as_deref().and_then(parse_rfc3339)),
         }
     }
+}
+
+impl KeyRecord {
+    /// The quota this key's counts and bans are kept under when it is not its own id: its
+    /// customer's (`customer:<name>`, which no key id can be), else the key it was rotated from.
+    pub fn shared_quota(&self) -> Option<String> {
+        match (&self.customer, &self.quota_of) {
+            (Some(customer), _) => Some(format!("customer:{customer}")),
+            (None, quota_of) => quota_of.clone(),
+        }
+    }
+}
+
+/// Whether `name` may name a customer: 1 to 64 letters, digits, `-`, `_` or `.` (it becomes part
+/// of a Redis key and of log lines).
+pub fn valid_customer(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
+/// A key's own windows (`limits`), checked: known lengths, limits that fit, at most
+/// [`crate::keys::limits::MAX_WINDOWS`]. `what` names the field or flag in the error.
+pub fn check_own_limits(limits: &BTreeMap<String, u64>, what: &str) -> Result<(), String> {
+    if limits.len() > crate::keys::limits::MAX_WINDOWS {
+        return Err(format!(
+            "{what}: {} windows, at most {} are allowed",
+            limits.len(),
+            crate::keys::limits::MAX_WINDOWS
+        ));
+    }
+    for (every, &n) in limits {
+        Every::parse(every).map_err(|e| format!("{what}: {e}"))?;
+        if n == 0 || n > u64::from(u32::MAX) {
+            return Err(format!(
+                "{what}: the limit of `{every}` must be a whole number from 1 to {}",
+                u32::MAX
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Longest key id accepted.
@@ -195,6 +262,13 @@ impl KeysFile {
                     )));
                 }
             }
+            if k.customer.as_deref().is_some_and(|c| !valid_customer(c)) {
+                return Err(invalid(format!(
+                    "{at}: field `customer` must be 1 to 64 letters, digits, `-`, `_` or `.`"
+                )));
+            }
+            check_own_limits(&k.limits, "field `limits`")
+                .map_err(|e| invalid(format!("{at}: {e}")))?;
             for (field, value) in [("per_minute", k.per_minute), ("per_day", k.per_day)] {
                 if value.is_some_and(|n| n == 0 || n > u64::from(u32::MAX)) {
                     return Err(invalid(format!(
@@ -314,7 +388,7 @@ impl KeysFile {
                         id: k.id.as_str().into(),
                         plan,
                         overrides: k.overrides(),
-                        quota: k.quota_of.as_deref().map(Arc::from),
+                        quota: k.shared_quota().map(Arc::from),
                     },
                 ))
             })
@@ -328,6 +402,9 @@ pub struct KeyRecordOptions {
     pub expires_at: Option<u64>,
     pub per_minute: Option<u64>,
     pub per_day: Option<u64>,
+    /// Own limits by window length as a plan writes it (`1s`, `month`).
+    pub limits: BTreeMap<String, u64>,
+    pub customer: Option<String>,
 }
 
 impl KeyRecordOptions {
@@ -366,7 +443,37 @@ impl KeyRecordOptions {
             expires_at,
             per_minute,
             per_day,
+            ..KeyRecordOptions::default()
         })
+    }
+
+    /// With the key's own windows (`--limit EVERY=N`, or the admin API's `limits`) and its
+    /// customer, checked; `flag` names where the windows came from in an error.
+    pub fn with(
+        mut self,
+        limits: BTreeMap<String, u64>,
+        customer: Option<String>,
+        flag: &str,
+    ) -> Result<KeyRecordOptions, String> {
+        // One spelling per length (`60s` is `1m`), so a length cannot be given twice.
+        let mut canonical = BTreeMap::new();
+        for (every, n) in limits {
+            let spec = Every::parse(&every)
+                .map_err(|e| format!("{flag}: {e}"))?
+                .spec();
+            if canonical.insert(spec.clone(), n).is_some() {
+                return Err(format!("{flag}: the window `{spec}` is given twice"));
+            }
+        }
+        check_own_limits(&canonical, flag)?;
+        if let Some(c) = customer.as_deref().filter(|c| !valid_customer(c)) {
+            return Err(format!(
+                "customer: `{c}` must be 1 to 64 letters, digits, `-`, `_` or `.`"
+            ));
+        }
+        self.limits = canonical;
+        self.customer = customer;
+        Ok(self)
     }
 }
 
@@ -393,6 +500,19 @@ pub struct NewKey {
     /// This key's requests per day, in place of its plan's.
     #[arg(long, value_name = "N")]
     pub per_day: Option<u64>,
+    /// This key's own limit of a window, `EVERY=N` (`1s=50`, `month=1000000`; repeat the flag
+    /// for more): a length its plan has takes this limit, a length it lacks is added.
+    #[arg(long = "limit", value_name = "EVERY=N")]
+    #[serde(skip)]
+    pub limit: Vec<String>,
+    /// The admin API's form of `--limit`: `{"1s": 50, "month": 1000000}`.
+    #[arg(skip)]
+    #[serde(default)]
+    pub limits: BTreeMap<String, u64>,
+    /// The customer the key belongs to: keys of one customer share every window's count and
+    /// every ban (1 to 64 letters, digits, `-`, `_` or `.`).
+    #[arg(long)]
+    pub customer: Option<String>,
 }
 
 impl NewKey {
@@ -402,12 +522,33 @@ impl NewKey {
             // clap refuses the pair of flags first; a JSON body can still hold both.
             return Err("give expires_in or expires_at, not both".to_owned());
         }
+        let mut limits = self.limits.clone();
+        for given in &self.limit {
+            let (every, n) = given
+                .split_once('=')
+                .ok_or_else(|| format!("--limit {given}: write EVERY=N, such as 1s=50"))?;
+            let n = n
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| format!("--limit {given}: N must be a whole number"))?;
+            if limits.insert(every.trim().to_owned(), n).is_some() {
+                return Err(format!(
+                    "--limit {given}: the window `{every}` is given twice"
+                ));
+            }
+        }
+        let flag = if self.limit.is_empty() {
+            "limits"
+        } else {
+            "--limit"
+        };
         KeyRecordOptions::checked(
             self.expires_in.as_deref(),
             self.expires_at.as_deref(),
             self.per_minute,
             self.per_day,
-        )
+        )?
+        .with(limits, self.customer.clone(), flag)
     }
 }
 
@@ -449,6 +590,8 @@ impl KeyRecord {
             "revoked_at": self.revoked_at,
             "per_minute": self.per_minute,
             "per_day": self.per_day,
+            "limits": self.limits,
+            "customer": self.customer,
             "quota_of": self.quota_of,
             "rotated_to": self.rotated_to,
         })

@@ -193,7 +193,10 @@ impl Sync {
         let mut replica = self.snapshot_replica();
         let mut position: Option<String> = None;
         let mut conn: Option<Conn> = None;
-        let mut failing = false;
+        // Rounds failed in a row: the wait after a failure grows from one poll to five, so a
+        // Redis back after a restart is caught up with within a poll or two, and a Redis that
+        // stays away costs a connection attempt a second.
+        let mut failures: u32 = 0;
         while !stop() {
             // Before the registry is reached: a snapshot to write matters most while Redis is
             // away (a restart would start from it).
@@ -201,19 +204,24 @@ impl Sync {
                 self.save(&mut replica, false);
             }
             let round = self.round(&mut conn, &mut replica, &mut position);
-            let slow = match round {
+            let wait = match round {
                 Ok(round) => {
-                    if failing {
+                    if failures > 0 {
                         tracing::info!("key registry reachable again: caught up");
                     }
-                    failing = false;
-                    self.report(round)
+                    failures = 0;
+                    // Poll quickly while in step, back off while apart.
+                    if self.report(round) {
+                        POLL * 5
+                    } else {
+                        POLL
+                    }
                 }
                 Err(e) => {
-                    if !failing {
+                    if failures == 0 {
                         tracing::error!(error = %e, "key registry: cannot sync; serving the keys last synced (snapshot) and retrying");
                     }
-                    failing = true;
+                    failures = failures.saturating_add(1);
                     // A new connection next time; the replica and its feed position stay,
                     // so the feed catches up on what was missed.
                     conn = None;
@@ -221,11 +229,10 @@ impl Sync {
                     if code == SyncState::SYNCED || code == SyncState::REPAIRING {
                         self.state.snapshot_only();
                     }
-                    true
+                    POLL * (1u32 << (failures - 1).min(3)).min(5)
                 }
             };
-            // Poll quickly while in step, back off while failing or apart.
-            std::thread::sleep(if slow { POLL * 5 } else { POLL });
+            std::thread::sleep(wait);
         }
         if replica.unsaved.is_some() {
             // One last try on the way out, whatever the backoff says.

@@ -10,7 +10,8 @@ use rand::RngCore;
 use crate::base::clock::{parse_rfc3339, rfc3339_now};
 use crate::keys::file::modify;
 use crate::keys::index::sha256;
-use crate::keys::plans::Plans;
+use crate::keys::limits::Every;
+use crate::keys::plans::{Plan, Plans};
 use crate::keys::record::{KeyRecord, KeyRecordOptions, KeysError, KeysFile};
 
 /// Where the keys live: the keys file, or the fleet-wide registry in Redis
@@ -70,12 +71,13 @@ pub fn issue(
     key_prefix: &str,
     own: &KeyRecordOptions,
 ) -> Result<(KeyRecord, String), KeysError> {
-    if !plans.contains(plan) {
+    let Some(in_force) = plans.get(plan) else {
         return Err(KeysError::UnknownPlan {
             plan: plan.to_owned(),
             known: plans.names().join(", "),
         });
-    }
+    };
+    check_fits(in_force, own).map_err(KeysError::OwnLimits)?;
     store.into().modify(|file| {
         let mut rng = rand::rng();
         let key = crate::keys::format::generate(key_prefix);
@@ -90,6 +92,8 @@ pub fn issue(
             expires_at: own.expires_at.map(crate::base::clock::rfc3339),
             per_minute: own.per_minute,
             per_day: own.per_day,
+            limits: own.limits.clone(),
+            customer: own.customer.clone(),
             quota_of: None,
             rotated_to: None,
             version: 0,
@@ -98,6 +102,43 @@ pub fn issue(
         file.keys.push(record.clone());
         Ok((record, key))
     })
+}
+
+/// A key's own limits under its plan follow the plan's rules: at most six windows in all, and no
+/// operation costing more than the smallest enforced limit (it could never pass).
+fn check_fits(plan: &Plan, own: &KeyRecordOptions) -> Result<(), String> {
+    let mut lengths: Vec<Every> = plan.limits.windows().iter().map(|w| w.every).collect();
+    let shorthands = [(Every::MINUTE, own.per_minute), (Every::DAY, own.per_day)];
+    let given = own
+        .limits
+        .iter()
+        .filter_map(|(every, &n)| Some((Every::parse(every).ok()?, Some(n))));
+    let mut overrides = Vec::new();
+    for (every, n) in shorthands.into_iter().chain(given) {
+        let Some(n) = n else { continue };
+        if !lengths.contains(&every) {
+            lengths.push(every);
+        }
+        overrides.push((every, u32::try_from(n).unwrap_or(u32::MAX)));
+    }
+    if lengths.len() > crate::keys::limits::MAX_WINDOWS {
+        return Err(format!(
+            "the key's own limits and plan `{}` make {} windows; at most {} are allowed",
+            plan.name,
+            lengths.len(),
+            crate::keys::limits::MAX_WINDOWS
+        ));
+    }
+    let limits = plan.limits.with_overrides(&overrides);
+    let smallest = limits.smallest_enforced().unwrap_or(u64::MAX);
+    if let Some((operation, cost)) = plan.costs.listed().find(|&(_, c)| c > smallest) {
+        return Err(format!(
+            "{operation} costs {cost} under plan `{}`, more than this key's smallest limit \
+             ({smallest}): it could never pass",
+            plan.name
+        ));
+    }
+    Ok(())
 }
 
 fn new_id(file: &KeysFile, rng: &mut impl RngCore) -> String {

@@ -101,8 +101,8 @@ impl Admission {
         }
     }
 
-    /// Decides one request of `key` under `limits`.
-    pub async fn decide(&self, key: &KeyInfo, limits: Limits) -> Decision {
+    /// Decides one request of `key` costing `cost` units under `limits`.
+    pub async fn decide(&self, key: &KeyInfo, limits: Limits, cost: u64) -> Decision {
         let now = unix_now();
         // Counts and bans belong to the quota: a rotated key and its successor share one.
         let quota = key.quota_id();
@@ -114,7 +114,10 @@ impl Admission {
         let mut store_time = None;
         if store_up {
             let started = Instant::now();
-            let result = self.store.acquire(quota, limits, &self.ban_policy).await;
+            let result = self
+                .store
+                .acquire(quota, limits, cost, &self.ban_policy)
+                .await;
             let elapsed = started.elapsed();
             store_time = Some(elapsed);
             METRICS.store_duration.observe(elapsed.as_secs_f64());
@@ -132,7 +135,7 @@ impl Admission {
                     return Decision {
                         ban_started: v.ban_started,
                         store_time,
-                        ..Decision::of(v.outcome.into(), RateView::new(&v, limits))
+                        ..Decision::of(v.outcome.into(), RateView::new(&v, limits, cost))
                     };
                 }
                 Err(error) => {
@@ -160,7 +163,7 @@ impl Admission {
             },
             OnStoreError::Open => Decision::of(Outcome::Admitted, RateView::unmetered(limits, now)),
             OnStoreError::Local => {
-                let (outcome, view) = r.local.check(quota, limits, now);
+                let (outcome, view) = r.local.check(quota, limits, cost, now);
                 Decision::of(outcome.into(), view)
             }
         };

@@ -3,8 +3,8 @@
 //! - [`Breaker`]: after a few failed store calls in a row the gateway stops waiting on the store
 //!   for each request; a background probe, the one trial while it is open, closes it once the
 //!   store runs a script again (not merely answers `PING`), and exact shared counting resumes.
-//! - [`LocalLimiter`]: while the store is out (`on_store_error = "local"`), each node limits a key
-//!   to the plan's per-minute rate on its own (governor, GCRA); the day quota pauses.
+//! - [`LocalLimiter`]: while the store is out (`on_store_error = "local"`), each node holds a key
+//!   to its windows of a minute or shorter on its own; longer windows (the day) pause.
 //! - [`BanCache`]: bans this node has seen stay enforced without asking the store, through an
 //!   outage and on the hot path (a banned key costs no round trip; it is re-checked at most once
 //!   a second). The store probe compares it with the store's list of bans every second, and a
@@ -12,20 +12,13 @@
 //!   here within a second too and does not come back during a later outage.
 
 use std::collections::HashMap;
-use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use governor::clock::{Clock, DefaultClock};
-use governor::middleware::StateInformationMiddleware;
-use governor::state::keyed::DefaultKeyedStateStore;
-use governor::{Quota, RateLimiter};
-
-use crate::keys::plans::Limits;
-use crate::quota::rules::{
-    gcra_refill_secs, retry_after_secs, Outcome, RateView, Window, DAY_SECS,
-};
+use crate::keys::limits::{Limits, WindowLimit, MAX_WINDOWS};
+use crate::quota::rules::{BanPolicy, Outcome, RateView, Verdict, MINUTE_SECS};
+use crate::quota::store::memory::MemoryStore;
 
 /// The gateway's fault handling as one thing, passed whole: admission decides with it, the admin
 /// listener clears the ban cache on a lift, the store probe closes the breaker, and the reloader
@@ -76,75 +69,69 @@ impl Breaker {
     }
 }
 
-type KeyedLimiter = RateLimiter<
-    Arc<str>,
-    DefaultKeyedStateStore<Arc<str>>,
-    DefaultClock,
-    StateInformationMiddleware,
->;
-
-/// Per-node limits for when the shared store is out: one governor limiter per distinct
-/// per-minute rate (plans share them), keyed by API key id.
+/// Per-node limits for when the shared store is out: a key's windows of a minute or shorter (or,
+/// when it has none, its shortest enforced window), counted on this node alone by the very rules
+/// of the stores (fixed windows, the request's cost in each, refused whole); longer windows
+/// pause, nothing being known of them here. No ban starts here: the ban cache keeps enforcing the
+/// bans already known.
 #[derive(Default)]
 pub struct LocalLimiter {
-    by_rate: Mutex<HashMap<u64, Arc<KeyedLimiter>>>,
-    clock: DefaultClock,
+    counts: MemoryStore,
 }
 
+/// Windows the local limiter enforces: a minute or shorter.
+const LOCAL_LONGEST_SECS: u64 = MINUTE_SECS;
+
 impl LocalLimiter {
-    fn limiter(&self, per_minute: u64) -> Arc<KeyedLimiter> {
-        let mut map = self.by_rate.lock().unwrap_or_else(|p| p.into_inner());
-        Arc::clone(map.entry(per_minute).or_insert_with(|| {
-            let rate = u32::try_from(per_minute).unwrap_or(u32::MAX);
-            let quota = Quota::per_minute(NonZeroU32::new(rate).unwrap_or(NonZeroU32::MIN));
-            Arc::new(RateLimiter::keyed(quota).with_middleware::<StateInformationMiddleware>())
-        }))
-    }
-
-    /// Decides one request on this node alone, at `now` (Unix seconds).
-    pub fn check(&self, key_id: &Arc<str>, limits: Limits, now: u64) -> (Outcome, RateView) {
-        let limit = limits.per_minute.max(1);
-        let day_reset = (now / DAY_SECS + 1) * DAY_SECS;
-        let view = |remaining: u64, reset: u64, retry_after: Option<u64>| RateView {
-            limits,
-            now,
-            minute_remaining: remaining,
-            minute_reset: reset.max(now + 1),
-            // The day quota pauses during an outage: nothing is known about it here.
-            day_remaining: limits.per_day,
-            day_reset,
-            limit,
-            remaining,
-            reset: reset.max(now + 1),
-            retry_after,
-            binding: Window::Minute,
+    /// Decides one request costing `cost` on this node alone, at `now` (Unix seconds).
+    pub fn check(
+        &self,
+        key_id: &Arc<str>,
+        limits: Limits,
+        cost: u64,
+        now: u64,
+    ) -> (Outcome, RateView) {
+        let mut short: Vec<WindowLimit> = limits
+            .windows()
+            .iter()
+            .filter(|w| w.every.nominal_secs() <= LOCAL_LONGEST_SECS)
+            .copied()
+            .collect();
+        // A plan of longer windows only keeps its shortest enforced one here: never no limit.
+        if !short.iter().any(|w| !w.shadow) {
+            short.extend(limits.enforced().next().copied());
+        }
+        let mut counts = [0; MAX_WINDOWS];
+        let outcome = match Limits::new(&short) {
+            // No window short enough: nothing to count here.
+            Err(_) => Outcome::Admitted,
+            Ok(local) => {
+                let never = BanPolicy {
+                    strikes: u64::MAX,
+                    ..BanPolicy::default()
+                };
+                let v = self.counts.decide(key_id, &local, cost, &never, now);
+                for (k, w) in limits.windows().iter().enumerate() {
+                    if let Some(j) = local.windows().iter().position(|l| l.every == w.every) {
+                        counts[k] = v.counts[j];
+                    }
+                }
+                v.outcome
+            }
         };
-        match self.limiter(limit).check_key(key_id) {
-            Ok(snapshot) => {
-                let remaining = u64::from(snapshot.remaining_burst_capacity()).min(limit);
-                (
-                    Outcome::Admitted,
-                    view(
-                        remaining,
-                        now + gcra_refill_secs(limit - remaining, limit),
-                        None,
-                    ),
-                )
-            }
-            Err(not_until) => {
-                let retry = retry_after_secs(not_until.wait_time_from(self.clock.now()));
-                (Outcome::Limited, view(0, now + retry, Some(retry)))
-            }
-        }
+        let verdict = Verdict {
+            outcome,
+            now,
+            counts,
+            ban_until: 0,
+            ban_started: false,
+        };
+        (outcome, RateView::new(&verdict, limits, cost))
     }
 
-    /// Forgets keys whose allowance is full again.
+    /// Forgets keys whose windows have all ended.
     pub fn sweep(&self) {
-        let map = self.by_rate.lock().unwrap_or_else(|p| p.into_inner());
-        for limiter in map.values() {
-            limiter.retain_recent();
-            limiter.shrink_to_fit();
-        }
+        self.counts.sweep(crate::base::clock::unix_now());
     }
 }
 
@@ -253,22 +240,36 @@ mod tests {
     }
 
     #[test]
-    fn the_local_limiter_holds_a_key_to_its_per_minute_rate() {
+    fn the_local_limiter_holds_a_key_to_its_short_windows_only() {
         let l = LocalLimiter::default();
         let key: Arc<str> = "k".into();
         let other: Arc<str> = "other".into();
-        let limits = Limits {
-            per_minute: 3,
-            per_day: 1000,
-        };
+        let limits = Limits::minute_day(3, 3).unwrap();
+        let now = 60 * 1_000 + 10;
         for remaining in [2, 1, 0] {
-            let (outcome, view) = l.check(&key, limits, 1_000);
+            let (outcome, view) = l.check(&key, limits, 1, now);
             assert_eq!((outcome, view.remaining), (Outcome::Admitted, remaining));
         }
-        let (outcome, view) = l.check(&key, limits, 1_000);
+        let (outcome, view) = l.check(&key, limits, 1, now);
         assert_eq!(outcome, Outcome::Limited);
-        assert!(view.retry_after.is_some_and(|r| (1..=20).contains(&r)));
-        assert_eq!(l.check(&other, limits, 1_000).0, Outcome::Admitted);
+        assert_eq!(view.retry_after, Some(50), "until the minute's end");
+        assert_eq!(l.check(&other, limits, 1, now).0, Outcome::Admitted);
+        // The day pauses: a new minute has room, though 3 went today.
+        assert_eq!(l.check(&key, limits, 1, now + 60).0, Outcome::Admitted);
+        // A cost is spent whole or not at all.
+        assert_eq!(l.check(&other, limits, 3, now).0, Outcome::Limited);
+        assert_eq!(l.check(&other, limits, 2, now).0, Outcome::Admitted);
+        // A plan of an hour and a day keeps its hour here rather than no limit at all.
+        let hourly = Limits::new(&[
+            WindowLimit::new(crate::keys::limits::Every::Secs(3_600), 2).unwrap(),
+            WindowLimit::new(crate::keys::limits::Every::DAY, 100).unwrap(),
+        ])
+        .unwrap();
+        let third: Arc<str> = "third".into();
+        for _ in 0..2 {
+            assert_eq!(l.check(&third, hourly, 1, now).0, Outcome::Admitted);
+        }
+        assert_eq!(l.check(&third, hourly, 1, now).0, Outcome::Limited);
     }
 
     #[test]

@@ -1,13 +1,15 @@
-//! The quota rules, as plain arithmetic: fixed windows aligned to UTC (the minute and the UTC
-//! day), admission only when both windows have room, strikes for requests sent after a refusal,
-//! and escalating bans. The in-memory store runs exactly this code; the Redis script
-//! (`store/scripts.rs`) is its transcription to Lua, and the store behaviour suite holds the two
-//! to the same results.
+//! The quota rules, as plain arithmetic: a key's windows (`keys::limits`: any lengths, fixed
+//! windows aligned to the epoch or the UTC month), admission only when every enforced window has
+//! room for the request's cost, strikes for requests sent after a refusal, and escalating bans.
+//! The in-memory store runs exactly this code; the Redis script (`store/scripts.rs`) is its
+//! transcription to Lua, and the store behaviour suite holds the two to the same results.
 
 pub const MINUTE_SECS: u64 = 60;
 pub const DAY_SECS: u64 = 86_400;
 
-use crate::keys::plans::Limits;
+use std::borrow::Cow;
+
+use crate::keys::limits::{Every, Limits, MAX_WINDOWS};
 
 /// When a key that keeps sending after its 429s is banned, and for how long.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,9 +43,9 @@ impl BanPolicy {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// Counted in both windows; forward the request.
+    /// Counted in every window; forward the request.
     Admitted,
-    /// A window is full; nothing was counted.
+    /// An enforced window has no room for the request's cost; nothing was counted.
     Limited,
     /// The key is banned (possibly by this very request); nothing was counted.
     Banned,
@@ -55,29 +57,33 @@ pub struct Verdict {
     pub outcome: Outcome,
     /// The store's clock, Unix seconds (Redis `TIME` in Redis mode).
     pub now: u64,
-    /// Requests counted in the current minute and day windows, this one included if admitted.
-    pub minute_count: u64,
-    pub day_count: u64,
+    /// Units counted in each of the limits' windows (in `Limits::windows` order) in their
+    /// current instance, this request's cost included if admitted.
+    pub counts: [u64; MAX_WINDOWS],
     /// Unix second at which the ban ends; 0 when not banned.
     pub ban_until: u64,
     /// This very request started the ban (for counting bans, not refusals).
     pub ban_started: bool,
 }
 
-/// One API key's counters. Window numbers say which window a count belongs to, so a count from
-/// an older window reads as zero without anything having to reset it.
+/// One window's count in a key's state: which length (`Every::code`), which instance of it
+/// (`Every::index`) and the units counted there. Kept by length, not by position, so a plan
+/// edit that adds or removes a window leaves every other window's count where it was.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Slot {
+    pub every: u32,
+    pub window: u32,
+    pub count: u32,
+}
+
+/// One API key's (or customer's) counters. Window numbers say which instance a count belongs to,
+/// so a count from an older window reads as zero without anything having to reset it.
 ///
-/// Every field is 32 bits (48 bytes a key, against 96 in `u64`s: the embedded store holds one
-/// per key seen today, a million of them on a large node): windows and Unix seconds fit until
-/// 2106, counts fit because plan and key limits are capped at `u32::MAX`, and whatever could pass
-/// the cap (a ban configured to end after 2106) is held at it. The arithmetic is done in `u64`
-/// on a [`Wide`] copy, so nothing can wrap.
+/// Every field is 32 bits: windows and Unix seconds fit until 2106, counts fit because limits
+/// are capped at `u32::MAX`, and whatever could pass the cap (a ban configured to end after
+/// 2106) is held at it. The arithmetic is done in `u64`, so nothing can wrap.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KeyState {
-    pub minute_window: u32,
-    pub minute_count: u32,
-    pub day_window: u32,
-    pub day_count: u32,
     pub strike_window: u32,
     pub strikes: u32,
     pub ban_until: u32,
@@ -90,214 +96,232 @@ pub struct KeyState {
     /// refused during a ban are answered from ban caches and not counted here).
     pub refused_day: u32,
     pub refused: u32,
-}
-
-/// [`KeyState`] widened for arithmetic.
-#[derive(Debug, Clone, Copy)]
-struct Wide {
-    minute_window: u64,
-    minute_count: u64,
-    day_window: u64,
-    day_count: u64,
-    strike_window: u64,
-    strikes: u64,
-    ban_until: u64,
-    ban_level: u64,
-    level_until: u64,
-    last_admitted: u64,
-    refused_day: u64,
-    refused: u64,
+    /// The windows' counts, `len` of them.
+    pub slots: [Slot; MAX_WINDOWS],
+    pub len: u8,
 }
 
 /// Held at `u32::MAX` rather than wrapped.
-fn narrow(v: u64) -> u32 {
+pub fn narrow(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
 impl KeyState {
-    fn wide(&self) -> Wide {
-        Wide {
-            minute_window: self.minute_window.into(),
-            minute_count: self.minute_count.into(),
-            day_window: self.day_window.into(),
-            day_count: self.day_count.into(),
-            strike_window: self.strike_window.into(),
-            strikes: self.strikes.into(),
-            ban_until: self.ban_until.into(),
-            ban_level: self.ban_level.into(),
-            level_until: self.level_until.into(),
-            last_admitted: self.last_admitted.into(),
-            refused_day: self.refused_day.into(),
-            refused: self.refused.into(),
-        }
+    /// The slots in use.
+    pub fn slots(&self) -> &[Slot] {
+        &self.slots[..usize::from(self.len)]
     }
 
-    fn set(&mut self, w: &Wide) {
-        *self = KeyState {
-            minute_window: narrow(w.minute_window),
-            minute_count: narrow(w.minute_count),
-            day_window: narrow(w.day_window),
-            day_count: narrow(w.day_count),
-            strike_window: narrow(w.strike_window),
-            strikes: narrow(w.strikes),
-            ban_until: narrow(w.ban_until),
-            ban_level: narrow(w.ban_level),
-            level_until: narrow(w.level_until),
-            last_admitted: narrow(w.last_admitted),
-            refused_day: narrow(w.refused_day),
-            refused: narrow(w.refused),
+    /// The instance of `every` to count in at `now`, and its count. Only a newer window starts
+    /// from zero: a clock that steps back by up to one window (NTP, a failover to a node whose
+    /// clock lags) keeps counting in the stored window, or a backwards step over midnight would
+    /// zero today's count and admit it all again. A stored window further ahead came from a
+    /// clock that had jumped forward; it is not kept, or the key would stay pinned to it.
+    pub fn current(&self, every: Every, now: u64) -> (u64, u64) {
+        let code = every.code();
+        let slot = self.slots().iter().find(|s| s.every == code);
+        let window = ahead_by_one(
+            slot.map_or(u64::MAX, |s| u64::from(s.window)),
+            every.index(now),
+        );
+        let count = slot
+            .filter(|s| u64::from(s.window) == window)
+            .map_or(0, |s| u64::from(s.count));
+        (window, count)
+    }
+
+    /// Stores `count` for instance `window` of `every`: in its own slot, else a free one, else
+    /// (more lengths than slots: keys of several plans sharing one quota, or a plan edit) the
+    /// slot of a length `limits` lack, one whose window has ended first. One always exists:
+    /// `limits` have at most six lengths, and `every`, one of them, has no slot.
+    fn put(&mut self, now: u64, limits: &Limits, every: Every, window: u64, count: u64) {
+        let code = every.code();
+        let len = usize::from(self.len);
+        let foreign = |s: &Slot| limits.get(Every::from_code(s.every)).is_none();
+        let at = self.slots[..len]
+            .iter()
+            .position(|s| s.every == code)
+            .or((len < MAX_WINDOWS).then_some(len))
+            .or_else(|| {
+                let slots = &self.slots;
+                (slots.iter().position(|s| foreign(s) && s.ended(now)))
+                    .or_else(|| slots.iter().position(foreign))
+            })
+            .unwrap_or(MAX_WINDOWS - 1);
+        if at == len {
+            self.len += 1;
+        }
+        self.slots[at] = Slot {
+            every: code,
+            window: narrow(window),
+            count: narrow(count),
         };
     }
 
-    /// Decides one request at `now` and updates the counters.
-    pub fn acquire(&mut self, now: u64, limits: Limits, ban: &BanPolicy) -> Verdict {
-        let mut w = self.wide();
-        let verdict = w.acquire(now, limits, ban);
-        self.set(&w);
-        // The answer says what was stored: a ban end past 2106 is the one held at the cap.
-        Verdict {
-            ban_until: verdict.ban_until.min(u64::from(u32::MAX)),
-            ..verdict
+    /// Decides one request costing `cost` units at `now` and updates the counters.
+    pub fn acquire(&mut self, now: u64, limits: &Limits, cost: u64, ban: &BanPolicy) -> Verdict {
+        let windows = limits.windows();
+        let mut counts = [0u64; MAX_WINDOWS];
+        let mut instances = [0u64; MAX_WINDOWS];
+        for (k, w) in windows.iter().enumerate() {
+            (instances[k], counts[k]) = self.current(w.every, now);
         }
-    }
-
-    /// The counts of the windows current at `now` (as [`KeyState::acquire`] would see them):
-    /// admitted this minute, admitted today, refused today.
-    pub fn usage(&self, now: u64) -> (u64, u64, u64) {
-        self.wide().usage(now)
-    }
-
-    /// True when nothing in this state can matter any more: its day is over and no ban or ban
-    /// level is pending. Such entries are evicted to keep memory bounded.
-    pub fn is_idle(&self, now: u64) -> bool {
-        let w = self.wide();
-        w.day_window < now / DAY_SECS && w.ban_until <= now && w.level_until <= now
-    }
-}
-
-impl Wide {
-    fn acquire(&mut self, now: u64, limits: Limits, ban: &BanPolicy) -> Verdict {
-        // Only a newer window starts from zero. A clock that steps back by up to one window
-        // (NTP, a failover to a node whose clock lags) keeps counting in the stored window:
-        // resetting to the older one would zero today's count at a backwards step over midnight
-        // and admit it all again. A stored window further ahead came from a clock that had
-        // jumped forward; it is not kept, or the key would stay pinned to it.
-        let minute = ahead_by_one(self.minute_window, now / MINUTE_SECS);
-        let day = ahead_by_one(self.day_window, now / DAY_SECS);
-        let minute_count = if self.minute_window == minute {
-            self.minute_count
-        } else {
-            0
-        };
-        let day_count = if self.day_window == day {
-            self.day_count
-        } else {
-            0
-        };
-        // A banned request changes nothing, as in the Lua script (which writes nothing then).
-        if self.ban_until > now {
-            return Verdict {
-                outcome: Outcome::Banned,
-                now,
-                minute_count,
-                day_count,
-                ban_until: self.ban_until,
-                ban_started: false,
-            };
-        }
-        self.minute_window = minute;
-        self.minute_count = minute_count;
-        self.day_window = day;
-        self.day_count = day_count;
-        let verdict = |outcome, s: &Wide| Verdict {
+        let verdict = |outcome, s: &KeyState, counts| Verdict {
             outcome,
             now,
-            minute_count: s.minute_count,
-            day_count: s.day_count,
-            ban_until: if s.ban_until > now { s.ban_until } else { 0 },
+            counts,
+            ban_until: if u64::from(s.ban_until) > now {
+                u64::from(s.ban_until)
+            } else {
+                0
+            },
             ban_started: false,
         };
-        if self.minute_count < limits.per_minute && self.day_count < limits.per_day {
-            self.minute_count += 1;
-            self.day_count += 1;
-            self.last_admitted = now;
-            return verdict(Outcome::Admitted, self);
+        // A banned request changes nothing, as in the Lua script (which writes nothing then).
+        if u64::from(self.ban_until) > now {
+            return verdict(Outcome::Banned, self, counts);
         }
+        let fits = windows
+            .iter()
+            .zip(counts)
+            .all(|(w, count)| w.shadow || count + cost <= w.limit());
+        if fits {
+            self.count_elsewhere(now, limits, cost);
+            for (k, w) in windows.iter().enumerate() {
+                counts[k] += cost;
+                self.put(now, limits, w.every, instances[k], counts[k]);
+            }
+            self.last_admitted = narrow(now);
+            return verdict(Outcome::Admitted, self, counts);
+        }
+        let started = self.refuse(now, ban);
+        Verdict {
+            ban_started: started,
+            ..verdict(
+                if started {
+                    Outcome::Banned
+                } else {
+                    Outcome::Limited
+                },
+                self,
+                counts,
+            )
+        }
+    }
+
+    /// Counts an admitted request's cost in the windows of this state that `limits` lack and that
+    /// are still running: a customer's keys on plans of other windows share every window's count
+    /// (a key on a plan without a month still spends the customer's month).
+    fn count_elsewhere(&mut self, now: u64, limits: &Limits, cost: u64) {
+        for slot in &mut self.slots[..usize::from(self.len)] {
+            let every = Every::from_code(slot.every);
+            if limits.get(every).is_some() {
+                continue;
+            }
+            let current = every.index(now);
+            let window = u64::from(slot.window);
+            if window == current || window == current + 1 {
+                slot.count = narrow(u64::from(slot.count) + cost);
+            }
+        }
+    }
+
+    /// Counts a refusal and a strike; true when the strike starts a ban.
+    fn refuse(&mut self, now: u64, ban: &BanPolicy) -> bool {
+        let day = narrow(now / DAY_SECS);
+        let minute = narrow(now / MINUTE_SECS);
         if self.refused_day != day {
             self.refused_day = day;
             self.refused = 0;
         }
-        self.refused += 1;
+        self.refused = self.refused.saturating_add(1);
         if self.strike_window != minute {
             self.strike_window = minute;
             self.strikes = 0;
         }
-        self.strikes += 1;
-        if self.strikes <= ban.strikes {
-            return verdict(Outcome::Limited, self);
+        self.strikes = self.strikes.saturating_add(1);
+        if u64::from(self.strikes) <= ban.strikes {
+            return false;
         }
-        if self.level_until <= now {
+        if u64::from(self.level_until) <= now {
             self.ban_level = 0;
         }
-        self.ban_until = now + ban.duration_for_level(self.ban_level);
-        self.ban_level += 1;
-        self.level_until = self.ban_until + ban.decay_secs;
+        let until = now + ban.duration_for_level(u64::from(self.ban_level));
+        self.ban_until = narrow(until);
+        self.ban_level = self.ban_level.saturating_add(1);
+        self.level_until = narrow(until + ban.decay_secs);
         self.strikes = 0;
-        Verdict {
-            ban_started: true,
-            ..verdict(Outcome::Banned, self)
+        true
+    }
+
+    /// The count of every window this state holds a current instance of, at `now`.
+    pub fn windows_now(&self, now: u64) -> Vec<(Every, u64)> {
+        self.slots()
+            .iter()
+            .map(|s| Every::from_code(s.every))
+            .map(|every| (every, self.current(every, now).1))
+            .filter(|&(_, count)| count > 0)
+            .collect()
+    }
+
+    /// Requests refused today (by the clock's day at `now`).
+    pub fn refused_today(&self, now: u64) -> u64 {
+        if u64::from(self.refused_day) == now / DAY_SECS {
+            u64::from(self.refused)
+        } else {
+            0
         }
     }
 
-    fn usage(&self, now: u64) -> (u64, u64, u64) {
-        let minute = ahead_by_one(self.minute_window, now / MINUTE_SECS);
-        let day = ahead_by_one(self.day_window, now / DAY_SECS);
-        (
-            if self.minute_window == minute {
-                self.minute_count
-            } else {
-                0
-            },
-            if self.day_window == day {
-                self.day_count
-            } else {
-                0
-            },
-            if self.refused_day == day {
-                self.refused
-            } else {
-                0
-            },
-        )
+    /// Zeroes every window's count (an operator's goodwill gesture); bans and strikes stay.
+    pub fn reset_counts(&mut self) {
+        for slot in &mut self.slots {
+            slot.count = 0;
+        }
+    }
+
+    /// True when nothing in this state can matter any more: every window it counts in has
+    /// ended, as has the day of its refusals, and no ban or ban level is pending. Such entries are evicted to keep memory
+    /// bounded.
+    pub fn is_idle(&self, now: u64) -> bool {
+        u64::from(self.ban_until) <= now
+            && u64::from(self.level_until) <= now
+            && u64::from(self.refused_day) < now / DAY_SECS
+            && self.slots().iter().all(|s| s.ended(now))
+    }
+}
+
+impl Slot {
+    /// Whether this slot's window instance is over at `now`.
+    fn ended(&self, now: u64) -> bool {
+        u64::from(self.window) < Every::from_code(self.every).index(now)
     }
 }
 
 /// The window to count in: the stored one when it is exactly one ahead of the clock's (the
 /// clock stepped back a little), else the clock's.
 fn ahead_by_one(stored: u64, current: u64) -> u64 {
-    if stored == current + 1 {
+    if stored == current.saturating_add(1) {
         stored
     } else {
         current
     }
 }
 
-/// The window a response reports in `X-RateLimit-*` (and a refusal is counted under, as the
-/// `window` label of `pet_gateway_rate_limited_total`).
+/// What binds a response's `X-RateLimit-*`: one of the limits' windows, or a ban (whose end is
+/// the reset, whatever the windows hold). Its name is the `window` label of
+/// `pet_gateway_rate_limited_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Window {
-    Minute,
-    Day,
-    /// A ban binds: its end is the reset, whatever the windows hold.
+pub enum Binding {
+    Window(Every),
     Ban,
 }
 
-impl Window {
-    pub fn as_str(self) -> &'static str {
+impl Binding {
+    pub fn name(self) -> Cow<'static, str> {
         match self {
-            Window::Minute => "minute",
-            Window::Day => "day",
-            Window::Ban => "ban",
+            Binding::Window(every) => every.name(),
+            Binding::Ban => Cow::Borrowed("ban"),
         }
     }
 }
@@ -307,10 +331,9 @@ impl Window {
 pub struct RateView {
     pub limits: Limits,
     pub now: u64,
-    pub minute_remaining: u64,
-    pub minute_reset: u64,
-    pub day_remaining: u64,
-    pub day_reset: u64,
+    /// Units remaining in each of the limits' windows (`Limits::windows` order; limits fit 32
+    /// bits, and a view is copied from phase to phase).
+    pub remaining_by_window: [u32; MAX_WINDOWS],
     /// The binding window, reported in `X-RateLimit-*`.
     pub limit: u64,
     pub remaining: u64,
@@ -318,7 +341,10 @@ pub struct RateView {
     /// Whole seconds, at least 1; only on refusals.
     pub retry_after: Option<u64>,
     /// Which window `limit`, `remaining` and `reset` are of.
-    pub binding: Window,
+    pub binding: Binding,
+    /// Shadow windows this request went past (admitted, as shadow windows never refuse): bit k
+    /// for window k.
+    pub shadow_over: u8,
 }
 
 impl RateView {
@@ -335,84 +361,149 @@ impl RateView {
     }
 
     fn untouched(outcome: Outcome, limits: Limits, now: u64, ban_until: u64) -> RateView {
-        Self::new(
-            &Verdict {
-                outcome,
-                now,
-                minute_count: 0,
-                day_count: 0,
-                ban_until,
-                ban_started: false,
-            },
-            limits,
-        )
+        let verdict = Verdict {
+            outcome,
+            now,
+            counts: [0; MAX_WINDOWS],
+            ban_until,
+            ban_started: false,
+        };
+        Self::new(&verdict, limits, 0)
     }
 
-    pub fn new(v: &Verdict, limits: Limits) -> RateView {
-        let minute_reset = (v.now / MINUTE_SECS + 1) * MINUTE_SECS;
-        let day_reset = (v.now / DAY_SECS + 1) * DAY_SECS;
-        let mut minute_remaining = limits.per_minute.saturating_sub(v.minute_count);
-        let mut day_remaining = limits.per_day.saturating_sub(v.day_count);
-        let minute = (limits.per_minute, minute_remaining, minute_reset);
-        let day = (limits.per_day, day_remaining, day_reset);
-        // The binding window has the fewest requests remaining, the minute on a tie; when a
-        // request is refused because both are full, the day binds: waiting for the minute would
-        // not help.
-        let day_binds = day_remaining < minute_remaining
-            || (v.outcome != Outcome::Admitted && day_remaining == 0);
-        let (limit, mut remaining, mut reset) = if day_binds { day } else { minute };
-        let mut binding = if day_binds {
-            Window::Day
-        } else {
-            Window::Minute
+    /// The view of `v`, a decision on a request costing `cost` under `limits`. The binding
+    /// window: on an admission, the enforced window with the least room left (the shortest on a
+    /// tie); on a refusal, the refusing window that resets last, so `X-RateLimit-Reset` is never
+    /// sooner than `Retry-After` (the time until every refusing window has room).
+    pub fn new(v: &Verdict, limits: Limits, cost: u64) -> RateView {
+        let now = v.now;
+        let windows = limits.windows();
+        let mut remaining_by_window = [0u32; MAX_WINDOWS];
+        let mut shadow_over = 0u8;
+        for (k, w) in windows.iter().enumerate() {
+            remaining_by_window[k] = narrow(w.limit().saturating_sub(v.counts[k]));
+            if w.shadow && v.outcome == Outcome::Admitted && v.counts[k] > w.limit() {
+                shadow_over |= 1 << k;
+            }
+        }
+        let enforced = || windows.iter().enumerate().filter(|(_, w)| !w.shadow);
+        let least_room = enforced()
+            .min_by_key(|&(k, _)| remaining_by_window[k])
+            .map(|(k, _)| k);
+        let refusing = enforced()
+            .filter(|&(k, w)| v.counts[k] + cost.max(1) > w.limit())
+            .max_by_key(|(_, w)| w.every.reset(now))
+            .map(|(k, _)| k);
+        let chosen = match v.outcome {
+            Outcome::Admitted => least_room,
+            _ => refusing.or(least_room),
+        }
+        .unwrap_or(0);
+        let every = windows.get(chosen).map_or(Every::MINUTE, |w| w.every);
+        let mut view = RateView {
+            limits,
+            now,
+            remaining_by_window,
+            limit: windows.get(chosen).map_or(0, |w| w.limit()),
+            remaining: u64::from(remaining_by_window[chosen]),
+            reset: every.reset(now),
+            retry_after: None,
+            binding: Binding::Window(every),
+            shadow_over,
         };
-        let retry_after = match v.outcome {
-            Outcome::Admitted => None,
-            Outcome::Limited => Some(reset.saturating_sub(v.now).max(1)),
+        match v.outcome {
+            Outcome::Admitted => {}
+            Outcome::Limited => view.retry_after = Some(view.reset.saturating_sub(now).max(1)),
             Outcome::Banned => {
                 // A banned key can send nothing, whatever its windows hold: every header
-                // (`X-RateLimit-Remaining` and both windows of `RateLimit`) says 0.
-                remaining = 0;
-                minute_remaining = 0;
-                day_remaining = 0;
-                reset = v.ban_until.max(v.now + 1);
-                binding = Window::Ban;
-                Some(reset - v.now)
+                // (`X-RateLimit-Remaining` and every window of `RateLimit`) says 0.
+                view.remaining = 0;
+                view.remaining_by_window = [0; MAX_WINDOWS];
+                view.reset = v.ban_until.max(now + 1);
+                view.binding = Binding::Ban;
+                view.retry_after = Some(view.reset - now);
             }
-        };
-        RateView {
-            limits,
-            now: v.now,
-            minute_remaining,
-            minute_reset,
-            day_remaining,
-            day_reset,
-            limit,
-            remaining,
-            reset,
-            retry_after,
-            binding,
         }
+        view
     }
 
-    /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers).
+    /// The shadow windows this request went past, by name (`10s,month`), if any: what they would
+    /// have refused, for the access log.
+    pub fn shadow_refused(&self) -> Option<String> {
+        if self.shadow_over == 0 {
+            return None;
+        }
+        let names: Vec<Cow<'static, str>> = self.shadow_windows().map(|w| w.every.name()).collect();
+        Some(names.join(","))
+    }
+
+    /// The shadow windows this request went past.
+    pub fn shadow_windows(&self) -> impl Iterator<Item = &crate::keys::limits::WindowLimit> {
+        let over = self.shadow_over;
+        self.limits
+            .windows()
+            .iter()
+            .enumerate()
+            .filter(move |(k, _)| over & (1 << k) != 0)
+            .map(|(_, w)| w)
+    }
+
+    /// The remaining units of the enforced window of length `every`, if the limits have one.
+    pub fn remaining_of(&self, every: Every) -> Option<u64> {
+        let k = self
+            .limits
+            .windows()
+            .iter()
+            .position(|w| w.every == every && !w.shadow)?;
+        Some(u64::from(self.remaining_by_window[k]))
+    }
+
+    /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers): every enforced window.
     pub fn policy_header(&self) -> String {
-        format!(
-            "\"minute\";q={};w={MINUTE_SECS}, \"day\";q={};w={DAY_SECS}",
-            self.limits.per_minute, self.limits.per_day
-        )
+        let mut out = String::with_capacity(40 * self.limits.windows().len());
+        for w in self.limits.enforced() {
+            push_item(
+                &mut out,
+                &w.every.name(),
+                "q",
+                w.limit(),
+                "w",
+                w.every.secs_at(self.now),
+            );
+        }
+        out
     }
 
-    /// `RateLimit` (draft-ietf-httpapi-ratelimit-headers): remaining and seconds to reset.
+    /// `RateLimit` (draft-ietf-httpapi-ratelimit-headers): each enforced window's remaining
+    /// units and seconds to its reset.
     pub fn ratelimit_header(&self) -> String {
-        format!(
-            "\"minute\";r={};t={}, \"day\";r={};t={}",
-            self.minute_remaining,
-            self.minute_reset - self.now,
-            self.day_remaining,
-            self.day_reset - self.now
-        )
+        let mut out = String::with_capacity(40 * self.limits.windows().len());
+        for (w, &remaining) in self.limits.windows().iter().zip(&self.remaining_by_window) {
+            if !w.shadow {
+                let t = w.every.reset(self.now) - self.now;
+                push_item(&mut out, &w.every.name(), "r", remaining.into(), "t", t);
+            }
+        }
+        out
     }
+}
+
+/// One item of the structured headers, `"<name>";<a>=<x>;<b>=<y>`, after a comma when not the
+/// first: written without the formatting machinery, on every response.
+fn push_item(out: &mut String, name: &str, a: &str, x: u64, b: &str, y: u64) {
+    if !out.is_empty() {
+        out.push_str(", ");
+    }
+    out.push('"');
+    out.push_str(name);
+    out.push_str("\";");
+    out.push_str(a);
+    out.push('=');
+    out.push_str(itoa::Buffer::new().format(x));
+    out.push(';');
+    out.push_str(b);
+    out.push('=');
+    out.push_str(itoa::Buffer::new().format(y));
 }
 
 /// The `X-RateLimit-*` triple as numbers, for responses that are not about a key's plan (the
@@ -439,38 +530,38 @@ pub fn retry_after_secs(wait: std::time::Duration) -> u64 {
 mod tests {
     use super::*;
 
-    const FREE: Limits = Limits {
-        per_minute: 60,
-        per_day: 1000,
-    };
+    fn md(per_minute: u64, per_day: u64) -> Limits {
+        Limits::minute_day(per_minute, per_day).unwrap()
+    }
+
+    fn free() -> Limits {
+        md(60, 1000)
+    }
 
     #[test]
     fn a_clock_stepping_back_over_midnight_keeps_the_day_count() {
         let ban = BanPolicy::default();
-        let tight = Limits {
-            per_minute: 100,
-            per_day: 5,
-        };
+        let tight = md(100, 5);
         let mut s = KeyState::default();
         let midnight = 20_000 * DAY_SECS;
         for _ in 0..5 {
             assert_eq!(
-                s.acquire(midnight + 3, tight, &ban).outcome,
+                s.acquire(midnight + 3, &tight, 1, &ban).outcome,
                 Outcome::Admitted
             );
         }
         // The clock steps back 5 s, into yesterday, then forward again.
         for t in [midnight - 2, midnight + 4] {
-            let v = s.acquire(t, tight, &ban);
+            let v = s.acquire(t, &tight, 1, &ban);
             assert_eq!(v.outcome, Outcome::Limited, "at {t}");
-            assert_eq!(v.day_count, 5);
+            assert_eq!(v.counts[1], 5);
         }
         // A stored window far ahead (the clock had jumped forward, then back) is not kept: the
         // key is not pinned to it.
         let mut s = KeyState::default();
-        s.acquire(midnight + 10 * DAY_SECS, tight, &ban);
-        let v = s.acquire(midnight + 3, tight, &ban);
-        assert_eq!((v.outcome, v.day_count), (Outcome::Admitted, 1));
+        s.acquire(midnight + 10 * DAY_SECS, &tight, 1, &ban);
+        let v = s.acquire(midnight + 3, &tight, 1, &ban);
+        assert_eq!((v.outcome, v.counts[1]), (Outcome::Admitted, 1));
     }
 
     #[test]
@@ -480,53 +571,50 @@ mod tests {
         let minute_start = 60 * 16_667;
         let t0 = minute_start + 20;
         for i in 1..=60 {
-            let v = s.acquire(t0, FREE, &ban);
+            let v = s.acquire(t0, &free(), 1, &ban);
             assert_eq!(v.outcome, Outcome::Admitted);
-            let view = RateView::new(&v, FREE);
+            let view = RateView::new(&v, free(), 1);
             assert_eq!((view.limit, view.remaining), (60, 60 - i));
         }
-        let v = s.acquire(t0 + 5, FREE, &ban);
+        let v = s.acquire(t0 + 5, &free(), 1, &ban);
         assert_eq!(v.outcome, Outcome::Limited);
-        assert_eq!(v.day_count, 60, "refused requests do not count");
-        let view = RateView::new(&v, FREE);
+        assert_eq!(v.counts[1], 60, "refused requests do not count");
+        let view = RateView::new(&v, free(), 1);
         assert_eq!(view.reset, minute_start + 60);
         assert_eq!(view.retry_after, Some(35));
-        assert_eq!(view.binding, Window::Minute);
+        assert_eq!(view.binding, Binding::Window(Every::MINUTE));
         // The next minute has room again.
-        assert_eq!(s.acquire(t0 + 40, FREE, &ban).outcome, Outcome::Admitted);
+        assert_eq!(
+            s.acquire(t0 + 40, &free(), 1, &ban).outcome,
+            Outcome::Admitted
+        );
     }
 
     #[test]
     fn the_day_binds_when_it_has_fewer_remaining() {
-        let limits = Limits {
-            per_minute: 100,
-            per_day: 5,
-        };
+        let limits = md(100, 5);
         let mut s = KeyState::default();
         let now = 10 * DAY_SECS + 3_600;
         for _ in 0..5 {
             assert_eq!(
-                s.acquire(now, limits, &BanPolicy::default()).outcome,
+                s.acquire(now, &limits, 1, &BanPolicy::default()).outcome,
                 Outcome::Admitted
             );
         }
-        let v = s.acquire(now, limits, &BanPolicy::default());
+        let v = s.acquire(now, &limits, 1, &BanPolicy::default());
         assert_eq!(v.outcome, Outcome::Limited);
-        let view = RateView::new(&v, limits);
+        let view = RateView::new(&v, limits, 1);
         assert_eq!(
             (view.limit, view.remaining, view.reset),
             (5, 0, 11 * DAY_SECS)
         );
         assert_eq!(view.retry_after, Some(DAY_SECS - 3_600));
-        assert_eq!(view.binding, Window::Day);
+        assert_eq!(view.binding, Binding::Window(Every::DAY));
     }
 
     #[test]
     fn strikes_past_the_threshold_ban_with_escalating_then_decaying_levels() {
-        let limits = Limits {
-            per_minute: 1,
-            per_day: 1000,
-        };
+        let limits = md(1, 1000);
         let ban = BanPolicy {
             strikes: 2,
             durations: vec![10, 100],
@@ -534,45 +622,51 @@ mod tests {
         };
         let mut s = KeyState::default();
         let t = 600;
-        assert_eq!(s.acquire(t, limits, &ban).outcome, Outcome::Admitted);
-        assert_eq!(s.acquire(t, limits, &ban).outcome, Outcome::Limited);
-        assert_eq!(s.acquire(t, limits, &ban).outcome, Outcome::Limited);
-        let v = s.acquire(t, limits, &ban);
+        assert_eq!(s.acquire(t, &limits, 1, &ban).outcome, Outcome::Admitted);
+        assert_eq!(s.acquire(t, &limits, 1, &ban).outcome, Outcome::Limited);
+        assert_eq!(s.acquire(t, &limits, 1, &ban).outcome, Outcome::Limited);
+        let v = s.acquire(t, &limits, 1, &ban);
         assert_eq!(
             (v.outcome, v.ban_until, v.ban_started),
             (Outcome::Banned, t + 10, true)
         );
-        let view = RateView::new(&v, limits);
+        let view = RateView::new(&v, limits, 1);
         assert_eq!(
             (view.remaining, view.reset, view.retry_after, view.binding),
-            (0, t + 10, Some(10), Window::Ban)
+            (0, t + 10, Some(10), Binding::Ban)
         );
-        let during = s.acquire(t + 9, limits, &ban);
+        let during = s.acquire(t + 9, &limits, 1, &ban);
         assert_eq!(
             (during.outcome, during.ban_started),
             (Outcome::Banned, false)
         );
         // Ban over; a new minute has room.
-        assert_eq!(s.acquire(t + 60, limits, &ban).outcome, Outcome::Admitted);
+        assert_eq!(
+            s.acquire(t + 60, &limits, 1, &ban).outcome,
+            Outcome::Admitted
+        );
         // Second ban inside the decay period is longer.
         for _ in 0..2 {
-            assert_eq!(s.acquire(t + 60, limits, &ban).outcome, Outcome::Limited);
+            assert_eq!(
+                s.acquire(t + 60, &limits, 1, &ban).outcome,
+                Outcome::Limited
+            );
         }
-        assert_eq!(s.acquire(t + 60, limits, &ban).ban_until, t + 160);
+        assert_eq!(s.acquire(t + 60, &limits, 1, &ban).ban_until, t + 160);
         // Third, still escalated: the last duration repeats.
         let t2 = t + 240;
-        assert_eq!(s.acquire(t2, limits, &ban).outcome, Outcome::Admitted);
+        assert_eq!(s.acquire(t2, &limits, 1, &ban).outcome, Outcome::Admitted);
         for _ in 0..2 {
-            s.acquire(t2, limits, &ban);
+            s.acquire(t2, &limits, 1, &ban);
         }
-        assert_eq!(s.acquire(t2, limits, &ban).ban_until, t2 + 100);
+        assert_eq!(s.acquire(t2, &limits, 1, &ban).ban_until, t2 + 100);
         // After a quiet period longer than the decay the level starts over.
         let t3 = t2 + 100 + 1_000 + 60;
-        assert_eq!(s.acquire(t3, limits, &ban).outcome, Outcome::Admitted);
+        assert_eq!(s.acquire(t3, &limits, 1, &ban).outcome, Outcome::Admitted);
         for _ in 0..2 {
-            s.acquire(t3, limits, &ban);
+            s.acquire(t3, &limits, 1, &ban);
         }
-        assert_eq!(s.acquire(t3, limits, &ban).ban_until, t3 + 10);
+        assert_eq!(s.acquire(t3, &limits, 1, &ban).ban_until, t3 + 10);
     }
 
     #[test]
@@ -580,12 +674,11 @@ mod tests {
         let v = Verdict {
             outcome: Outcome::Admitted,
             now: 120 + 18,
-            minute_count: 1,
-            day_count: 1,
+            counts: [1, 1, 0, 0, 0, 0],
             ban_until: 0,
             ban_started: false,
         };
-        let view = RateView::new(&v, FREE);
+        let view = RateView::new(&v, free(), 1);
         assert_eq!(
             view.policy_header(),
             "\"minute\";q=60;w=60, \"day\";q=1000;w=86400"
@@ -599,7 +692,7 @@ mod tests {
     #[test]
     fn a_ban_known_locally_and_an_unmetered_admission_read_as_untouched_windows() {
         let now = 120 + 18;
-        let banned = RateView::banned(FREE, now, now + 30);
+        let banned = RateView::banned(free(), now, now + 30);
         assert_eq!(
             (
                 banned.binding,
@@ -607,18 +700,18 @@ mod tests {
                 banned.reset,
                 banned.retry_after
             ),
-            (Window::Ban, 0, now + 30, Some(30))
+            (Binding::Ban, 0, now + 30, Some(30))
         );
         assert_eq!(
-            (banned.minute_remaining, banned.day_remaining),
+            (banned.remaining_by_window[0], banned.remaining_by_window[1]),
             (0, 0),
             "every header of a banned key says 0 remaining"
         );
         assert!(banned.ratelimit_header().contains("\"minute\";r=0;"));
-        let open = RateView::unmetered(FREE, now);
+        let open = RateView::unmetered(free(), now);
         assert_eq!(
             (open.binding, open.limit, open.remaining, open.retry_after),
-            (Window::Minute, 60, 60, None)
+            (Binding::Window(Every::MINUTE), 60, 60, None)
         );
     }
 
@@ -636,7 +729,7 @@ mod tests {
     #[test]
     fn idle_states_are_those_of_past_days_without_bans() {
         let mut s = KeyState::default();
-        s.acquire(DAY_SECS + 5, FREE, &BanPolicy::default());
+        s.acquire(DAY_SECS + 5, &free(), 1, &BanPolicy::default());
         assert!(!s.is_idle(DAY_SECS + 100));
         assert!(s.is_idle(2 * DAY_SECS));
     }

@@ -58,8 +58,9 @@ const ON_STORE_ERROR: Setting<OnStoreError> = Setting::new(
     "on_store_error",
     choice::<OnStoreError>(),
     Preset::Value("local"),
-    "when the store fails: `local` (each node limits a key to the plan's per-minute rate on its \
-     own, governor; the day quota pauses), `open` (admit), `closed` (503)",
+    "when the store fails: `local` (each node holds a key to its windows of a minute or shorter, \
+     or its shortest if it has none, on its own; longer windows, the day, pause), `open` \
+     (admit), `closed` (503)",
     parse_choice,
 )
 .flag("--on-store-error", "MODE")

@@ -13,8 +13,10 @@ use super::Admin;
 use crate::base::clock::rfc3339;
 use crate::http::responses::ErrorCode;
 use crate::keys::index::KeyInfo;
+use crate::keys::limits::{Every, Limits};
 use crate::keys::record::{KeysError, NewKey};
 use crate::keys::service::{Changed, KeyService};
+use crate::quota::store::Usage;
 
 /// `POST /keys/{id}/rotate`.
 #[derive(Debug, Deserialize)]
@@ -74,9 +76,11 @@ impl Admin {
             Ok(Err(e @ KeysError::CannotSign(_))) => {
                 Err(error(409, ErrorCode::Conflict, &e.to_string()))
             }
-            Ok(Err(e @ (KeysError::UnknownPlan { .. } | KeysError::NotActive(_)))) => {
-                Err(error(400, ErrorCode::InvalidRequest, &e.to_string()))
-            }
+            Ok(Err(
+                e @ (KeysError::UnknownPlan { .. }
+                | KeysError::NotActive(_)
+                | KeysError::OwnLimits(_)),
+            )) => Err(error(400, ErrorCode::InvalidRequest, &e.to_string())),
             Ok(Err(e)) => Err(error(500, ErrorCode::Internal, &e.to_string())),
             Err(e) => Err(error(500, ErrorCode::Internal, &e.to_string())),
         }
@@ -177,17 +181,7 @@ impl Admin {
         match self.active_key(id) {
             Some((key, limits)) => {
                 let (usage, usage_error) = match self.store.usage(key.quota_id()).await {
-                    Ok(u) => {
-                        let mut v = serde_json::to_value(u).unwrap_or_default();
-                        // To the minute: when, not a trace of the client's traffic.
-                        v["last_used"] = serde_json::json!(
-                            (u.last_admitted > 0).then(|| rfc3339(u.last_admitted / 60 * 60))
-                        );
-                        if let Some(map) = v.as_object_mut() {
-                            map.remove("last_admitted");
-                        }
-                        (Some(v), None)
-                    }
+                    Ok(u) => (Some(usage_json(&u, limits.as_ref())), None),
                     Err(e) => (None, Some(e.to_string())),
                 };
                 let body = serde_json::json!({
@@ -195,10 +189,7 @@ impl Admin {
                     "plan": &*key.plan,
                     "status": "active",
                     "quota_id": &**key.quota_id(),
-                    "limits": limits.map(|l| serde_json::json!({
-                        "per_minute": l.per_minute,
-                        "per_day": l.per_day,
-                    })),
+                    "limits": limits.as_ref().map(limits_json),
                     "usage": usage,
                     "usage_error": usage_error,
                 });
@@ -264,14 +255,68 @@ impl Admin {
 
     /// The key with this id while this gateway accepts it (not expired), and the limits it is
     /// held to (none when its plan is missing).
-    fn active_key(&self, id: &str) -> Option<(KeyInfo, Option<crate::keys::plans::Limits>)> {
+    fn active_key(&self, id: &str) -> Option<(KeyInfo, Option<Limits>)> {
         let snapshot = self.catalog.snapshot();
         let key = snapshot
             .keys
             .by_id(id)
             .filter(|k| !k.expired(crate::base::clock::unix_now()))
             .cloned()?;
-        let limits = snapshot.plans.get(&key.plan).map(|p| key.limits(p.limits));
+        let limits = snapshot.plans.get(&key.plan).map(|p| key.limits(&p.limits));
         Some((key, limits))
     }
+}
+
+/// A key's limits as `GET /keys/{id}` shows them: `per_minute` and `per_day` where it has them
+/// (the first form), and every window, shadow ones marked.
+fn limits_json(limits: &Limits) -> serde_json::Value {
+    let windows: Vec<serde_json::Value> = limits
+        .windows()
+        .iter()
+        .map(|w| {
+            serde_json::json!({
+                "name": w.every.name(),
+                "every": w.every.spec(),
+                "limit": w.limit,
+                "shadow": w.shadow,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "per_minute": limits.enforced_limit(Every::MINUTE),
+        "per_day": limits.enforced_limit(Every::DAY),
+        "windows": windows,
+    })
+}
+
+/// A quota's usage as `GET /keys/{id}` shows it: `minute` and `day` (the first form), and each
+/// window of the key's limits (shadow ones marked) with what is used and left of it.
+fn usage_json(u: &Usage, limits: Option<&Limits>) -> serde_json::Value {
+    let windows: Vec<serde_json::Value> = limits
+        .map(|l| l.windows())
+        .unwrap_or_default()
+        .iter()
+        .map(|w| {
+            let used = u.count(w.every);
+            serde_json::json!({
+                "name": w.every.name(),
+                "every": w.every.spec(),
+                "limit": w.limit,
+                "used": used,
+                "remaining": w.limit().saturating_sub(used),
+                "reset": w.every.reset(u.now),
+                "shadow": w.shadow,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "now": u.now,
+        "minute": u.count(Every::MINUTE),
+        "day": u.count(Every::DAY),
+        "windows": windows,
+        "refused_today": u.refused_today,
+        // To the minute: when, not a trace of the client's traffic.
+        "last_used": (u.last_admitted > 0).then(|| rfc3339(u.last_admitted / 60 * 60)),
+        "ban_until": u.ban_until,
+    })
 }

@@ -209,17 +209,30 @@ fn print_shown(shown: &serde_json::Value) {
         "created_at",
         "expires_at",
         "revoked_at",
+        "customer",
     ] {
         println!("{}", output::field(name, &field(name)));
     }
-    let limits = &shown["limits"];
     let usage = &shown["usage"];
     if usage.is_object() {
-        let line = format!(
-            "{} of {} this minute, {} of {} today (UTC)",
-            usage["minute"], limits["per_minute"], usage["day"], limits["per_day"]
-        );
-        println!("{}", output::field("usage", &line));
+        // The first form's line where the key has a minute and a day, then every window.
+        let limits = &shown["limits"];
+        if limits["per_minute"].is_u64() && limits["per_day"].is_u64() {
+            let line = format!(
+                "{} of {} this minute, {} of {} today (UTC)",
+                usage["minute"], limits["per_minute"], usage["day"], limits["per_day"]
+            );
+            println!("{}", output::field("usage", &line));
+        }
+        for w in usage["windows"].as_array().into_iter().flatten() {
+            let reset = w["reset"]
+                .as_u64()
+                .map_or("-".to_owned(), crate::base::clock::rfc3339);
+            let shadow = if w["shadow"] == true { " (shadow)" } else { "" };
+            let line = format!("{} of {}, resets {reset}{shadow}", w["used"], w["limit"]);
+            let name = format!("window {}", w["name"].as_str().unwrap_or("?"));
+            println!("{}", output::field(&name, &line));
+        }
         println!(
             "{}",
             output::field("429s today", &usage["refused_today"].to_string())

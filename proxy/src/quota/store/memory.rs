@@ -1,23 +1,24 @@
-//! The embedded store: every key's [`KeyState`] in a sharded map in this process. Shards keep
-//! two worker threads from contending on one lock; idle entries (a past day, no ban pending) are
-//! swept out once a minute per shard, so memory follows the keys in use today, not every key
-//! ever seen.
+//! The embedded store: every key's [`KeyState`] in a sharded map in this process, packed
+//! ([`super::packed`]: 40 bytes a key and 8 per window of its own). Shards keep two worker
+//! threads from contending on one lock; idle entries (every window over, no ban pending) are
+//! swept out once a minute per shard, so memory follows the keys in use in their windows, not
+//! every key ever seen.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
+use super::packed::PackedStates;
 use super::{Ban, QuotaStore, StoreError, Usage};
 use crate::base::clock::Clock;
-use crate::keys::plans::Limits;
-use crate::quota::rules::{BanPolicy, KeyState, Verdict, MINUTE_SECS};
+use crate::keys::limits::Limits;
+use crate::quota::rules::{BanPolicy, Verdict, MINUTE_SECS};
 
 const SHARDS: usize = 64;
 
 #[derive(Default)]
 struct Shard {
-    keys: HashMap<Arc<str>, KeyState>,
+    keys: PackedStates,
     swept_minute: u64,
 }
 
@@ -64,6 +65,37 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// [`QuotaStore::acquire`] at `now`, without waiting for anything.
+    pub fn decide(
+        &self,
+        key_id: &Arc<str>,
+        limits: &Limits,
+        cost: u64,
+        ban: &BanPolicy,
+        now: u64,
+    ) -> Verdict {
+        let mut shard = lock(self.shard(key_id));
+        let minute = now / MINUTE_SECS;
+        if shard.swept_minute != minute {
+            shard.swept_minute = minute;
+            shard.keys.retain(|s| !s.is_idle(now));
+        }
+        shard
+            .keys
+            .update(key_id, |state| state.acquire(now, limits, cost, ban))
+    }
+
+    /// Drops every state with nothing left that can matter at `now`.
+    pub fn sweep(&self, now: u64) {
+        for shard in self.shards.iter() {
+            let mut shard = lock(shard);
+            shard.keys.retain(|s| !s.is_idle(now));
+            shard.keys.shrink_to_fit();
+        }
+    }
+}
+
 /// A poisoned shard only means another thread panicked mid-update of plain counters; the
 /// counters are still usable, so carry on rather than fail every later request.
 fn lock(m: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
@@ -76,38 +108,23 @@ impl QuotaStore for MemoryStore {
         &self,
         key_id: &Arc<str>,
         limits: Limits,
+        cost: u64,
         ban: &BanPolicy,
     ) -> Result<Verdict, StoreError> {
-        let now = self.clock.now();
-        let mut shard = lock(self.shard(key_id));
-        let minute = now / MINUTE_SECS;
-        if shard.swept_minute != minute {
-            shard.swept_minute = minute;
-            shard.keys.retain(|_, s| !s.is_idle(now));
-        }
-        let verdict = match shard.keys.get_mut(key_id) {
-            Some(state) => state.acquire(now, limits, ban),
-            None => {
-                let mut state = KeyState::default();
-                let verdict = state.acquire(now, limits, ban);
-                shard.keys.insert(Arc::clone(key_id), state);
-                verdict
-            }
-        };
-        Ok(verdict)
+        Ok(self.decide(key_id, &limits, cost, ban, self.clock.now()))
     }
 
     async fn lift_ban(&self, key_id: &str) -> Result<bool, StoreError> {
         let now = self.clock.now();
         let mut shard = lock(self.shard(key_id));
-        Ok(match shard.keys.get_mut(key_id) {
-            Some(state) if u64::from(state.ban_until) > now => {
-                state.ban_until = 0;
-                state.strikes = 0;
-                true
+        Ok(shard.keys.update_existing(key_id, |state| {
+            if u64::from(state.ban_until) <= now {
+                return false;
             }
-            _ => false,
-        })
+            state.ban_until = 0;
+            state.strikes = 0;
+            true
+        }))
     }
 
     async fn ban_of(&self, key_id: &str) -> Result<Option<Ban>, StoreError> {
@@ -127,30 +144,26 @@ impl QuotaStore for MemoryStore {
         let now = self.clock.now();
         let mut bans = Vec::new();
         for shard in self.shards.iter() {
-            bans.extend(
-                lock(shard)
-                    .keys
-                    .iter()
-                    .filter(|(_, s)| u64::from(s.ban_until) > now)
-                    .map(|(id, s)| Ban {
+            lock(shard).keys.each(|id, s| {
+                if u64::from(s.ban_until) > now {
+                    bans.push(Ban {
                         key_id: id.to_string(),
                         until: s.ban_until.into(),
-                    }),
-            );
+                    });
+                }
+            });
         }
         Ok(bans)
     }
 
     async fn usage(&self, quota_id: &str) -> Result<Usage, StoreError> {
         let now = self.clock.now();
-        let shard = lock(self.shard(quota_id));
-        let state = shard.keys.get(quota_id);
-        let (minute, day, refused_today) = state.map_or((0, 0, 0), |s| s.usage(now));
+        let state = lock(self.shard(quota_id)).keys.get(quota_id);
+        let state = state.as_ref();
         Ok(Usage {
             now,
-            minute,
-            day,
-            refused_today,
+            windows: state.map_or_else(Vec::new, |s| s.windows_now(now)),
+            refused_today: state.map_or(0, |s| s.refused_today(now)),
             last_admitted: state.map_or(0, |s| s.last_admitted.into()),
             ban_until: state
                 .map(|s| u64::from(s.ban_until))
@@ -160,11 +173,12 @@ impl QuotaStore for MemoryStore {
     }
 
     async fn reset_usage(&self, quota_id: &str) -> Result<(), StoreError> {
-        let mut shard = lock(self.shard(quota_id));
-        if let Some(state) = shard.keys.get_mut(quota_id) {
-            state.minute_count = 0;
-            state.day_count = 0;
-        }
+        lock(self.shard(quota_id))
+            .keys
+            .update_existing(quota_id, |state| {
+                state.reset_counts();
+                true
+            });
         Ok(())
     }
 

@@ -5,6 +5,7 @@
 //! - [`redis::RedisStore`]: in Redis, so that every gateway node shares one exact count.
 
 pub mod memory;
+mod packed;
 pub mod redis;
 pub mod scripts;
 
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::keys::plans::Limits;
+use crate::keys::limits::{Every, Limits};
 use crate::quota::rules::{BanPolicy, Verdict};
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -49,12 +50,13 @@ impl StoreError {
     }
 }
 
-/// Requests admitted in the current windows, by the store's clock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+/// Units counted in the current windows, by the store's clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Usage {
     pub now: u64,
-    pub minute: u64,
-    pub day: u64,
+    /// Each window length the quota has a count in, and the count of its current instance
+    /// (lengths with nothing counted may be left out).
+    pub windows: Vec<(Every, u64)>,
     /// Requests refused today by a full window or a ban's start (not those refused during a
     /// ban: ban caches answer them without the store).
     pub refused_today: u64,
@@ -62,6 +64,16 @@ pub struct Usage {
     pub last_admitted: u64,
     /// The end of the key's ban, Unix seconds; 0 when not banned.
     pub ban_until: u64,
+}
+
+impl Usage {
+    /// The count of the current window of length `every`.
+    pub fn count(&self, every: Every) -> u64 {
+        self.windows
+            .iter()
+            .find(|(e, _)| *e == every)
+            .map_or(0, |&(_, n)| n)
+    }
 }
 
 /// A ban as the admin commands show it.
@@ -74,14 +86,15 @@ pub struct Ban {
 #[async_trait]
 pub trait QuotaStore: Send + Sync {
     /// Decides one request of `key_id` (an API key's id, never the key; shared, so the embedded
-    /// store keeps a reference rather than a copy per key) under `limits`:
-    /// refuses during a ban; admits and counts in both windows when both have room; otherwise
-    /// counts a strike and bans once the strikes pass the policy's threshold. Atomic: concurrent
-    /// calls for one key never admit more than the limits.
+    /// store keeps a reference rather than a copy per key) costing `cost` units under `limits`:
+    /// refuses during a ban; admits and counts `cost` in every window when every enforced one
+    /// has room for it; otherwise counts a strike and bans once the strikes pass the policy's
+    /// threshold. Atomic: concurrent calls for one key never admit more than the limits.
     async fn acquire(
         &self,
         key_id: &Arc<str>,
         limits: Limits,
+        cost: u64,
         ban: &BanPolicy,
     ) -> Result<Verdict, StoreError>;
 
@@ -100,11 +113,11 @@ pub trait QuotaStore: Send + Sync {
     /// writes (paused, out of memory, a read-only replica) counts as failing.
     async fn probe(&self) -> Result<(), StoreError>;
 
-    /// What `quota_id` has used in the current minute and UTC day (for `keys show`).
+    /// What `quota_id` has used in its current windows (for `keys show`).
     async fn usage(&self, quota_id: &str) -> Result<Usage, StoreError>;
 
-    /// Zeroes the counts of the current minute and day (an operator's goodwill gesture); bans
-    /// and strikes stay (`lift_ban` ends a ban).
+    /// Zeroes the counts of the current windows (an operator's goodwill gesture); bans and
+    /// strikes stay (`lift_ban` ends a ban).
     async fn reset_usage(&self, quota_id: &str) -> Result<(), StoreError>;
 
     /// Whether the store answers (for `/readyz`).

@@ -1,34 +1,41 @@
 //! Every Lua script the Redis store runs, in one place, each with its KEYS and ARGV.
 //!
-//! All of one API key's state is one Redis string, `<prefix>:state:{<key id>}`: a single key
-//! cannot span Redis Cluster slots, the braces make the key id its hash tag should more keys
-//! join it, and the environment's prefix keeps production and staging apart on a shared Redis.
+//! All of one quota's state (an API key's, or the key it shares counts with) is one Redis
+//! string, `<prefix>:windows:{<quota id>}`: a single key cannot span Redis Cluster slots, the
+//! braces make the id its hash tag should more keys join it, and the environment's prefix keeps
+//! production and staging apart on a shared Redis.
 //!
-//! The string is twelve little-endian unsigned 32-bit integers (48 bytes, Lua's
-//! `struct.pack('<IIIIIIIIIIII', ...)`), Unix seconds for times:
+//! The string is little-endian unsigned 32-bit integers (Lua's `struct`), Unix seconds for
+//! times: nine fixed fields, then three per window the quota counts in (36 + 12 × n bytes):
 //!
 //! | # | field | meaning |
 //! |---|---|---|
-//! | 1, 2 | `mw`, `mc` | minute window number (`now / 60`) and requests admitted in it |
-//! | 3, 4 | `dw`, `dc` | day window number (`now / 86400`) and requests admitted in it |
-//! | 5, 6 | `sw`, `sc` | minute window of the strikes and refused requests counted in it |
-//! | 7 | `bu` | ban end; banned while `bu > now` |
-//! | 8, 9 | `lv`, `lu` | ban level (how many bans in a row) and when it decays back to 0 |
-//! | 10, 11 | `rd`, `rc` | day window of the refusals, and requests refused in it (full window or a ban's start) |
-//! | 12 | `la` | when a request was last admitted |
+//! | 1, 2 | `sw`, `sc` | minute (`now / 60`) of the strikes, and refused requests counted in it |
+//! | 3 | `bu` | ban end; banned while `bu > now` |
+//! | 4, 5 | `lv`, `lu` | ban level (how many bans in a row) and when it decays back to 0 |
+//! | 6, 7 | `rd`, `rc` | day (`now / 86400`) of the refusals, and requests refused in it (a full window or a ban's start) |
+//! | 8 | `la` | when a request was last admitted |
+//! | 9 | `ex` | when the string expires, as last set: a window that moves on sets it again only when it would end later (a `1s` window moves every second; the month rarely) |
+//! | then, per window | `e`, `w`, `c` | the window's length (`keys::limits::Every::code`: seconds, 0 for the calendar month), which instance of it (`Every::index`), and the units counted there |
+//!
+//! Windows are kept by length, not by position, so a plan edit that adds or drops a window leaves
+//! every other window's count where it was; keys of several plans sharing one quota (a
+//! customer's) keep each length their plans name, up to six (beyond that a window that has ended
+//! gives its place, else the last one). Every field fits 32 bits because limits are capped at
+//! 2^32 - 1 (`keys::limits`) and windows and seconds fit until 2106.
 //!
 //! One string rather than a hash of fields, because a script's `redis.call` costs Redis about a
 //! microsecond plus a little per argument: a `GET` and a `SET` of one value are what lets one
-//! Redis core decide several hundred thousand requests a second (bench/RESULTS.md). Counts fit
-//! 32 bits because plan and key limits are capped at 2^32 - 1 (`plans.rs`).
+//! Redis core decide several hundred thousand requests a second (bench/RESULTS.md).
 //!
-//! Versions before this form kept the same fields in a hash, `<prefix>:quota:{<key id>}`. A key
-//! with no string yet is read from that hash (a key not in KEYS, but under the same hash tag, so
-//! in the same slot) and, once written in the new form, the hash is deleted: an upgrade keeps
-//! every count and ban, and an old hash never comes back. Nodes still on the old version keep
-//! writing the hash until they are upgraded, so upgrade all of an environment's nodes together
-//! (deploy/README.md). The scripts need Redis 6.2 or later (`SET ... EXAT`) and its Lua
-//! `struct` library; the probe runs the same commands, so an older Redis shows as failing.
+//! The version before this one kept twelve fields (minute and day only) in
+//! `<prefix>:state:{<id>}`, 48 bytes. A quota with no `windows` string yet is read from that
+//! string, its minute and day counts carried over into the `1m` and `1d` windows, and once
+//! written in the new form the old string is deleted: an upgrade keeps every count and ban.
+//! Nodes still on the old version keep writing the old string until they are upgraded, so
+//! upgrade all of an environment's nodes together (deploy/README.md). The scripts need Redis
+//! 6.2 or later (`SET ... EXAT`) and its Lua `struct` library; the probe runs the same commands,
+//! so an older Redis shows as failing.
 //!
 //! Beside them, one sorted set per environment, `<prefix>:bans`, indexes the active bans (member
 //! the key id, score the ban's end), so listing them is one call. It is a key of its own slot,
@@ -36,71 +43,166 @@
 //! runs a script across two slots.
 //!
 //! The clock is Redis `TIME`, read inside the script, so every gateway node agrees on windows.
-//! The rules are those of `quota::KeyState::acquire`; the store behaviour suite runs the same
-//! tests against this script (batched and one decision per call) and that function.
+//! The rules are those of `quota::rules::KeyState::acquire`; the store behaviour suite runs the
+//! same tests against this script (batched and one decision per call) and that function.
 
-/// The state's reader and writer, the first lines of every script that touches a key's state.
+/// The state's reader and writer and the window arithmetic, the first lines of every script
+/// that touches a quota's state.
 ///
 /// `load(key)` returns the state as a table and where it came from (also its `from`): 2 the
-/// packed string, 1 the hash of an older version, 0 nowhere (every field 0). `save(key, s, from)` writes it back,
-/// keeping the string's expiry unless `s.expire` is set or the string is new, in which case it
-/// expires when nothing in it can matter any more: the end of its day, or the ban level's
-/// decay if later.
+/// `windows` string, 1 the older 48-byte string, 0 nowhere (every field 0, no windows).
+/// `save(key, s)` writes it back, keeping the string's expiry unless its `EXPIRE` flag is set or the
+/// string is new, in which case it expires when nothing in it can matter any more: the end of
+/// its last window, or the ban level's decay if later.
 macro_rules! state_lua {
     () => {
         r#"
-local FORMAT = '<IIIIIIIIIIII'
--- Built whole by one constructor: a table grown field by field is rehashed as it grows, which
--- cost more than the rest of a decision.
-local function state(mw, mc, dw, dc, sw, sc, bu, lv, lu, rd, rc, la)
-  return {mw = mw, mc = mc, dw = dw, dc = dc, sw = sw, sc = sc, bu = bu, lv = lv, lu = lu,
-    rd = rd, rc = rc, la = la, from = 0, write = false, expire = false}
-end
+-- A state is one flat array, built whole by one constructor (a table grown field by field is
+-- rehashed as it grows, which costs more than the rest of a decision): at 1..4 its number of
+-- windows, where it came from (`load`), whether to write it and whether to work its expiry out
+-- again; at 5..13 the nine fixed fields (SW .. EX); then per window j its length, instance and
+-- count at 11 + 3j, 12 + 3j and 13 + 3j.
+local N, FROM, WRITE, EXPIRE = 1, 2, 3, 4
+local SW, SC, BU, LV, LU, RD, RC, LA, EX = 5, 6, 7, 8, 9, 10, 11, 12, 13
+local MAX = 4294967295
+local FORMATS = {}
+for n = 0, 6 do FORMATS[n] = '<IIIIIIIII' .. string.rep('III', n) end
 local function load(key)
   local v = redis.call('GET', key)
   if v then
-    local s = state(struct.unpack(FORMAT, v))
-    s.from = 2
-    return s, 2
+    local n = (#v - 36) / 12
+    if FORMATS[n] then
+      return {n, 2, false, false, struct.unpack(FORMATS[n], v)}
+    end
+    redis.log(redis.LOG_WARNING, 'pet-gateway: quota state ' .. key .. ' is unreadable (' ..
+      #v .. ' bytes); it starts again')
   end
-  local old = string.gsub(key, ':state:{', ':quota:{', 1)
-  local f = redis.call('HMGET', old, 'mw', 'mc', 'dw', 'dc', 'sw', 'sc', 'bu', 'lv', 'lu', 'rd', 'rc', 'la')
-  local from = 0
-  for i = 1, 12 do
-    if f[i] then from = 1 end
-    f[i] = tonumber(f[i]) or 0
+  local old = redis.call('GET', (string.gsub(key, ':windows:{', ':state:{', 1)))
+  if old and #old == 48 then
+    local mw, mc, dw, dc, sw, sc, bu, lv, lu, rd, rc, la = struct.unpack('<IIIIIIIIIIII', old)
+    return {2, 1, false, false, sw, sc, bu, lv, lu, rd, rc, la, 0, 60, mw, mc, 86400, dw, dc,
+      0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
   end
-  local s = state(unpack(f))
-  s.from = from
-  return s, from
+  -- Room for six windows from the start.
+  return {0, 0, false, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0}
 end
 local function u32(x)
   if x < 0 then return 0 end
-  if x > 4294967295 then return 4294967295 end
+  if x > MAX then return MAX end
   return x
 end
-local function save(key, s, from)
-  if from == 1 then
-    -- Carried over: the old hash goes, so it cannot come back once this state expires.
-    redis.call('DEL', (string.gsub(key, ':state:{', ':quota:{', 1)))
+-- keys::limits: the month holding `now` (months since January 1970), and the first second of
+-- month `index` (Howard Hinnant's civil date algorithms).
+local function month_of(now)
+  local z = math.floor(now / 86400) + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  return (y - 1970) * 12 + m - 1
+end
+local function month_start(index)
+  local y = math.floor(index / 12) + 1970
+  local m = index % 12 + 1
+  if m <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local doy = math.floor((153 * ((m + 9) % 12) + 2) / 5)
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  return (era * 146097 + doe - 719468) * 86400
+end
+-- The instance of length `e` holding `now`, and the first second after instance `w`.
+local function index_of(e, now)
+  if e == 0 then return month_of(now) end
+  return math.floor(now / e)
+end
+local function end_of(e, w)
+  if e == 0 then return month_start(w + 1) end
+  return (w + 1) * e
+end
+local function save(key, s)
+  if s[FROM] == 1 then
+    -- Carried over: the old string goes, so it cannot come back once this state expires.
+    redis.call('DEL', (string.gsub(key, ':windows:{', ':state:{', 1)))
   end
-  local v = struct.pack(FORMAT, u32(s.mw), u32(s.mc), u32(s.dw), u32(s.dc), u32(s.sw),
-    u32(s.sc), u32(s.bu), u32(s.lv), u32(s.lu), u32(s.rd), u32(s.rc), u32(s.la))
-  if s.expire or from ~= 2 then
-    redis.call('SET', key, v, 'EXAT', u32(math.max((s.dw + 1) * 86400, s.lu)))
+  local n = s[N]
+  local exat = s[FROM] ~= 2 or s[EXPIRE]
+  if exat then
+    -- Refusals and strikes are counted by the day: kept to its end even with no window.
+    local at = math.max(s[LU], (s[RD] + 1) * 86400)
+    for j = 1, n do at = math.max(at, end_of(s[11 + 3 * j], s[12 + 3 * j])) end
+    s[EX] = u32(at)
+  end
+  local v = struct.pack(FORMATS[n], unpack(s, SW, EX + 3 * n))
+  if exat then
+    redis.call('SET', key, v, 'EXAT', math.max(s[EX], 1))
   else
     redis.call('SET', key, v, 'KEEPTTL')
   end
 end
--- Only a newer window starts from zero: one window behind the stored one (a failover to a
--- lagging clock) the stored window keeps counting (quota::ahead_by_one).
-local function windows(s, now)
-  local mw = math.floor(now / 60)
-  local dw = math.floor(now / 86400)
-  if s.mw == mw + 1 then mw = mw + 1 end
-  if s.dw == dw + 1 then dw = dw + 1 end
-  if s.mw ~= mw then s.mw = mw; s.mc = 0 end
-  if s.dw ~= dw then s.dw = dw; s.dc = 0; s.expire = true end
+-- A window's instance moved to `w`: the state must live past its end.
+local function outlive(s, e, w)
+  if not s[EXPIRE] and end_of(e, w) > s[EX] then s[EXPIRE] = true end
+end
+-- The slot of length `e`, or nil.
+local function slot_of(s, e)
+  for j = 1, s[N] do
+    if s[11 + 3 * j] == e then return j end
+  end
+  return nil
+end
+-- Whether length `e` is one of flat set `set`'s (see ACQUIRE).
+local function in_set(set, e)
+  for k = 1, set[1] do
+    if set[3 * k - 1] == e then return true end
+  end
+  return false
+end
+-- quota::rules::KeyState::put: slot `j` when it still holds length `e`, else its own, else a
+-- new one, else the slot of a length the set lacks, one whose window has ended first (there is
+-- always one: the set has at most six lengths and `e` has no slot). The expiry is worked out
+-- again when a window starts.
+local function put(s, j, e, w, c, now, set)
+  if j == nil or s[11 + 3 * j] ~= e then j = slot_of(s, e) end
+  if j == nil then
+    if s[N] < 6 then
+      s[N] = s[N] + 1
+      j = s[N]
+    else
+      j = 6
+      local foreign = nil
+      for k = 1, 6 do
+        local ek = s[11 + 3 * k]
+        if not in_set(set, ek) then
+          if s[12 + 3 * k] < index_of(ek, now) then foreign = k; break end
+          foreign = foreign or k
+        end
+      end
+      j = foreign or j
+    end
+    s[11 + 3 * j] = e
+    s[12 + 3 * j] = -1
+  end
+  if s[12 + 3 * j] ~= w then outlive(s, e, w) end
+  s[12 + 3 * j] = w
+  if c > MAX then c = MAX end
+  s[13 + 3 * j] = c
+end
+-- quota::rules::KeyState::current: the instance of length `e` to count in (the stored one when
+-- it is exactly one ahead of `cur`: a clock that stepped back), its count and its slot.
+local function current(s, e, cur)
+  local j = slot_of(s, e)
+  if j == nil then return cur, 0, nil end
+  local w = s[12 + 3 * j]
+  if w == cur + 1 then return w, s[13 + 3 * j], j end
+  if w == cur then return cur, s[13 + 3 * j], j end
+  return cur, 0, j
 end
 "#
     };
@@ -108,19 +210,23 @@ end
 
 /// Decides a batch of requests (group commit: one script run for every decision queued while
 /// the previous run was in flight; a batch of one at low load). Requests are decided in the
-/// order given, so several of one key in a batch are counted exactly as if sent one by one.
-/// Each key's state is read once and written once per batch, with one `GET` and one `SET`.
+/// order given, so several of one quota in a batch are counted exactly as if sent one by one.
+/// Each quota's state is read once and written once per batch, with one `GET` and one `SET`.
 ///
-/// - `KEYS[i]`: decision *i*'s state, `<prefix>:state:{<key id>}` (a key may repeat). On a
+/// - `KEYS[i]`: decision *i*'s state, `<prefix>:windows:{<quota id>}` (a key may repeat). On a
 ///   Redis Cluster every key of one batch is in one slot.
 /// - `ARGV[1]`: refused requests allowed in one minute before a ban.
 /// - `ARGV[2]`: seconds after a ban's end before the ban level decays to 0.
 /// - `ARGV[3]`: *n*, how many ban lengths follow; `ARGV[4..3+n]`: ban lengths in seconds by
 ///   level, the last one repeating.
-/// - `ARGV[3+n+2i-1]`, `ARGV[3+n+2i]`: decision *i*'s requests allowed per minute and per day.
+/// - then *L*, how many sets of limits follow, and each set: *m*, its number of windows, then
+///   per window its length code (`Every::code`) and its limit, negative for a shadow window
+///   (counted, never refusing);
+/// - then per decision *i*: the number of its set of limits (from 1) and its cost.
 ///
-/// Returns five integers per decision, `{outcome, now, minute_count, day_count, ban_until}`,
-/// with outcome 0 admitted, 1 limited, 2 banned, 3 banned by this very request.
+/// Returns per decision `3 + m` integers, `{outcome, now, ban_until, count_1..count_m}` (the
+/// counts in its set's window order, its cost included when admitted), outcome 0 admitted,
+/// 1 limited, 2 banned, 3 banned by this very request.
 pub const ACQUIRE: &str = concat!(
     state_lua!(),
     r#"
@@ -128,50 +234,126 @@ local now = tonumber(redis.call('TIME')[1])
 local strikes = tonumber(ARGV[1])
 local decay = tonumber(ARGV[2])
 local lengths = tonumber(ARGV[3])
+local p = 4 + lengths
+-- Each set of limits, flat: its number of windows m, then per window k at 3k - 1, 3k and 3k + 1
+-- its length, its instance now and the most it may hold before a request (a shadow window's
+-- is unbounded: it never refuses).
+local sets = {}
+local nsets = tonumber(ARGV[p])
+p = p + 1
+for i = 1, nsets do
+  local m = tonumber(ARGV[p])
+  local set = {m}
+  for k = 1, m do
+    local e = tonumber(ARGV[p + 2 * k - 1])
+    local limit = tonumber(ARGV[p + 2 * k])
+    set[3 * k - 1], set[3 * k] = e, index_of(e, now)
+    if limit < 0 then set[3 * k + 1] = math.huge else set[3 * k + 1] = limit end
+  end
+  sets[i] = set
+  p = p + 1 + 2 * m
+end
 local states, order, out = {}, {}, {}
+-- One decision's instances, counts and slots, reused from decision to decision.
+local WS, CS, JS = {}, {}, {}
+local minute, day = math.floor(now / 60), math.floor(now / 86400)
 for i = 1, #KEYS do
   local key = KEYS[i]
   local s = states[key]
   if s == nil then
     s = load(key)
-    windows(s, now)
     states[key] = s
     order[#order + 1] = key
   end
+  local set = sets[tonumber(ARGV[p])]
+  local cost = tonumber(ARGV[p + 1])
+  p = p + 2
+  local m = set[1]
+  local fits = true
+  local n = s[N]
+  local matched = 0
+  -- current(), inline: this loop is most of a decision.
+  for k = 1, m do
+    local e, cur = set[3 * k - 1], set[3 * k]
+    local w, c, j = cur, 0, nil
+    -- A state written under these limits keeps their order: window k is usually slot k.
+    if k <= n and s[11 + 3 * k] == e then
+      j = k
+    else
+      for q = 1, n do
+        if s[11 + 3 * q] == e then j = q; break end
+      end
+    end
+    if j ~= nil then
+      matched = matched + 1
+      local stored = s[12 + 3 * j]
+      if stored == cur + 1 then w = stored end
+      if stored == w then c = s[13 + 3 * j] end
+    end
+    WS[k], CS[k], JS[k] = w, c, j
+    if c + cost > set[3 * k + 1] then fits = false end
+  end
   local at = #out
-  local limit = 3 + lengths + 2 * i
-  if s.bu > now then
+  if s[BU] > now then
     out[at + 1] = 2
-  elseif s.mc < tonumber(ARGV[limit - 1]) and s.dc < tonumber(ARGV[limit]) then
-    s.mc = s.mc + 1
-    s.dc = s.dc + 1
-    s.la = now
-    s.write = true
+  elseif fits then
+    if matched < n then
+      -- quota::rules::KeyState::count_elsewhere: running windows of this state the set lacks
+      -- (a customer's keys on plans of other windows) spend the cost too.
+      for q = 1, n do
+        local e = s[11 + 3 * q]
+        if not in_set(set, e) then
+          local cur, stored = index_of(e, now), s[12 + 3 * q]
+          if stored == cur or stored == cur + 1 then
+            s[13 + 3 * q] = math.min(s[13 + 3 * q] + cost, MAX)
+          end
+        end
+      end
+    end
+    for k = 1, m do
+      local c = CS[k] + cost
+      CS[k] = c
+      local j, w, e = JS[k], WS[k], set[3 * k - 1]
+      if j ~= nil and s[11 + 3 * j] == e and c <= MAX then
+        if s[12 + 3 * j] ~= w then
+          outlive(s, e, w)
+          s[12 + 3 * j] = w
+        end
+        s[13 + 3 * j] = c
+      else
+        put(s, j, e, w, c, now, set)
+      end
+    end
+    s[LA] = now
+    s[WRITE] = true
     out[at + 1] = 0
   else
-    if s.rd == s.dw then s.rc = s.rc + 1 else s.rd = s.dw; s.rc = 1 end
-    if s.sw == s.mw then s.sc = s.sc + 1 else s.sw = s.mw; s.sc = 1 end
+    if s[RD] == day then
+      s[RC] = math.min(s[RC] + 1, MAX)
+    else
+      s[RD], s[RC] = day, 1
+      if (day + 1) * 86400 > s[EX] then s[EXPIRE] = true end
+    end
+    if s[SW] == minute then s[SC] = math.min(s[SC] + 1, MAX) else s[SW] = minute; s[SC] = 1 end
     out[at + 1] = 1
-    s.bu = 0
-    if s.sc > strikes then
-      if s.lu <= now then s.lv = 0 end
-      s.bu = u32(now + tonumber(ARGV[3 + math.min(s.lv + 1, lengths)]))
-      s.lv = s.lv + 1
-      s.lu = u32(s.bu + decay)
-      s.sc = 0
-      s.expire = true
+    if s[SC] > strikes then
+      if s[LU] <= now then s[LV] = 0 end
+      s[BU] = u32(now + tonumber(ARGV[3 + math.min(s[LV] + 1, lengths)]))
+      s[LV] = u32(s[LV] + 1)
+      s[LU] = u32(s[BU] + decay)
+      s[SC] = 0
+      s[EXPIRE] = true
       out[at + 1] = 3
     end
-    s.write = true
+    s[WRITE] = true
   end
   out[at + 2] = now
-  out[at + 3] = s.mc
-  out[at + 4] = s.dc
-  if s.bu > now then out[at + 5] = s.bu else out[at + 5] = 0 end
+  if s[BU] > now then out[at + 3] = s[BU] else out[at + 3] = 0 end
+  for k = 1, m do out[at + 3 + k] = CS[k] end
 end
 for _, key in ipairs(order) do
   local s = states[key]
-  if s.write then save(key, s, s.from) end
+  if s[WRITE] then save(key, s) end
 end
 return out
 "#
@@ -179,25 +361,25 @@ return out
 
 /// Ends a ban now and forgets the strikes; the ban level stays, so the next ban still escalates.
 ///
-/// - `KEYS[1]`: the key's state.
+/// - `KEYS[1]`: the quota's state.
 ///
 /// Returns 1 when a ban was active, 0 otherwise.
 pub const LIFT_BAN: &str = concat!(
     state_lua!(),
     r#"
 local now = tonumber(redis.call('TIME')[1])
-local s, from = load(KEYS[1])
-if s.bu <= now then return 0 end
-s.bu = 0
-s.sc = 0
-save(KEYS[1], s, from)
+local s = load(KEYS[1])
+if s[BU] <= now then return 0 end
+s[BU] = 0
+s[SC] = 0
+save(KEYS[1], s)
 return 1
 "#
 );
 
-/// Reads a key's ban.
+/// Reads a quota's ban.
 ///
-/// - `KEYS[1]`: the key's state.
+/// - `KEYS[1]`: the quota's state.
 ///
 /// Returns the ban's end (Unix seconds) when one is active, 0 otherwise.
 pub const BAN_OF: &str = concat!(
@@ -205,8 +387,8 @@ pub const BAN_OF: &str = concat!(
     r#"
 local now = tonumber(redis.call('TIME')[1])
 local s = load(KEYS[1])
-if s.bu <= now then return 0 end
-return s.bu
+if s[BU] <= now then return 0 end
+return s[BU]
 "#
 );
 
@@ -229,54 +411,59 @@ return 1
 "#;
 
 /// The store probe: the same kind of work as [`ACQUIRE`] (`TIME`, a `GET` and a `SET ... EXAT`
-/// of packed state), on a key no request uses, so it fails wherever requests would, a Redis
-/// too old for the scripts (before 6.2) included.
+/// of packed state, the month arithmetic), on a key no request uses, so it fails wherever
+/// requests would, a Redis too old for the scripts (before 6.2) included.
 ///
 /// - `KEYS[1]`: `<prefix>:probe-state`.
 pub const PROBE: &str = concat!(
     state_lua!(),
     r#"
 local now = tonumber(redis.call('TIME')[1])
-local s, from = load(KEYS[1])
-s.la = now
-s.dw = math.floor(now / 86400)
-s.expire = true
-save(KEYS[1], s, from)
+local s = load(KEYS[1])
+s[LA] = now
+put(s, nil, 0, index_of(0, now), 0, now, {1, 0, 0, 0})
+s[EXPIRE] = true
+save(KEYS[1], s)
 return 1
 "#
 );
 
-/// Reads a key's counts in the current windows (the window rule of [`ACQUIRE`]).
+/// Reads a quota's counts in its current windows (the window rule of [`ACQUIRE`]).
 ///
-/// - `KEYS[1]`: the key's state.
+/// - `KEYS[1]`: the quota's state.
 ///
-/// Returns `{now, minute_count, day_count, refused_today, last_admitted, ban_until}` (ban_until
-/// 0 when not banned).
+/// Returns `{now, refused_today, last_admitted, ban_until, e_1, count_1, …}` (ban_until 0 when
+/// not banned; a pair per window length the state counts in, its current instance's count).
 pub const USAGE: &str = concat!(
     state_lua!(),
     r#"
 local now = tonumber(redis.call('TIME')[1])
 local s = load(KEYS[1])
-windows(s, now)
 local rc = 0
-if s.rd == s.dw then rc = s.rc end
+if s[RD] == math.floor(now / 86400) then rc = s[RC] end
 local bu = 0
-if s.bu > now then bu = s.bu end
-return {now, s.mc, s.dc, rc, s.la, bu}
+if s[BU] > now then bu = s[BU] end
+local out = {now, rc, s[LA], bu}
+for j = 1, s[N] do
+  local e = s[11 + 3 * j]
+  local _, c = current(s, e, index_of(e, now))
+  out[#out + 1] = e
+  out[#out + 1] = c
+end
+return out
 "#
 );
 
-/// Zeroes a key's minute and day counts; windows, strikes and bans stay.
+/// Zeroes a quota's counts in every window; windows, strikes and bans stay.
 ///
-/// - `KEYS[1]`: the key's state.
+/// - `KEYS[1]`: the quota's state.
 pub const RESET_USAGE: &str = concat!(
     state_lua!(),
     r#"
-local s, from = load(KEYS[1])
-if from ~= 0 then
-  s.mc = 0
-  s.dc = 0
-  save(KEYS[1], s, from)
+local s = load(KEYS[1])
+if s[FROM] ~= 0 then
+  for j = 1, s[N] do s[13 + 3 * j] = 0 end
+  save(KEYS[1], s)
 end
 return 1
 "#

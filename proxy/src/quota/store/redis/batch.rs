@@ -23,7 +23,7 @@ use tokio::sync::oneshot;
 use super::acquire::{acquire_invocation, index_ban, policy_args, policy_matches, RawVerdict};
 use super::link::Link;
 use crate::base::metrics::METRICS;
-use crate::keys::plans::Limits;
+use crate::keys::limits::Limits;
 use crate::quota::rules::BanPolicy;
 use crate::quota::store::StoreError;
 
@@ -74,6 +74,7 @@ const MAX_IN_FLIGHT: usize = 8;
 struct Pending {
     key_id: Arc<str>,
     limits: Limits,
+    cost: u64,
     policy: Arc<[u64]>,
     reply: oneshot::Sender<Result<RawVerdict, StoreError>>,
 }
@@ -114,6 +115,7 @@ impl Batches {
         self: &Arc<Self>,
         key_id: &Arc<str>,
         limits: Limits,
+        cost: u64,
         ban: &BanPolicy,
     ) -> Result<RawVerdict, StoreError> {
         let policy = self.policy_of(ban);
@@ -125,6 +127,7 @@ impl Batches {
             state.queue.push_back(Pending {
                 key_id: Arc::clone(key_id),
                 limits,
+                cost,
                 policy,
                 reply,
             });
@@ -197,28 +200,36 @@ impl Batches {
                 &self.script,
                 &self.prefix,
                 &batch[0].policy,
-                batch.iter().map(|p| (&*p.key_id, p.limits)),
+                batch.iter().map(|p| (&*p.key_id, &p.limits, p.cost)),
             );
             let result = self.link.run::<Vec<i64>>(&invocation).await;
+            let width: usize = batch.iter().map(|p| RawVerdict::width(&p.limits)).sum();
             match result {
-                Ok(values) if values.len() == batch.len() * 5 => {
+                Ok(values) if values.len() == width => {
+                    let mut rest = values.as_slice();
+                    let mut answers = Vec::with_capacity(batch.len());
+                    for p in &batch {
+                        let (one, after) = rest.split_at(RawVerdict::width(&p.limits));
+                        rest = after;
+                        answers.push(RawVerdict::parse(one));
+                    }
                     // Bans this batch started are indexed here, before anyone is answered, and
                     // not by the callers, who may have stopped waiting: `bans list` must show
                     // every ban in force, and a caller that has its answer finds it listed.
-                    for (p, v) in batch.iter().zip(values.chunks_exact(5)) {
-                        if v[0] == 3 {
+                    for (p, v) in batch.iter().zip(&answers) {
+                        if let Some(v) = v.as_ref().ok().filter(|v| v.outcome == 3) {
                             index_ban(
                                 Arc::clone(&self.link),
                                 self.index_script.clone(),
                                 self.ban_index.clone(),
                                 Arc::clone(&p.key_id),
-                                u64::try_from(v[4]).unwrap_or(0),
+                                u64::try_from(v.ban_until).unwrap_or(0),
                             )
                             .await;
                         }
                     }
-                    for (p, v) in batch.into_iter().zip(values.chunks_exact(5)) {
-                        let _ = p.reply.send(Ok([v[0], v[1], v[2], v[3], v[4]]));
+                    for (p, v) in batch.into_iter().zip(answers) {
+                        let _ = p.reply.send(v);
                     }
                 }
                 Ok(values) => {
@@ -315,10 +326,8 @@ mod tests {
         (
             Pending {
                 key_id: Arc::from("k"),
-                limits: Limits {
-                    per_minute: 1,
-                    per_day: 1,
-                },
+                limits: Limits::minute_day(1, 1).unwrap(),
+                cost: 1,
                 policy: Arc::clone(policy),
                 reply,
             },

@@ -15,7 +15,7 @@ use self::acquire::{acquire_invocation, ban_index, index_ban, policy_args, quota
 use self::batch::Batches;
 use self::link::Link;
 use crate::base::redis::RedisAccess;
-use crate::keys::plans::Limits;
+use crate::keys::limits::{Every, Limits, MAX_WINDOWS};
 use crate::quota::rules::{BanPolicy, Outcome, Verdict};
 use crate::quota::store::{scripts, Ban, QuotaStore, StoreConfigError, StoreError, Usage};
 
@@ -119,7 +119,8 @@ impl RedisStore {
     async fn acquire_alone(
         &self,
         key_id: &str,
-        limits: Limits,
+        limits: &Limits,
+        cost: u64,
         ban: &BanPolicy,
     ) -> Result<RawVerdict, StoreError> {
         let policy = policy_args(ban);
@@ -127,11 +128,13 @@ impl RedisStore {
             &self.acquire,
             &self.prefix,
             &policy,
-            std::iter::once((key_id, limits)),
+            std::iter::once((key_id, limits, cost)),
         );
         let r: Vec<i64> = self.link.run(&invocation).await?;
-        <RawVerdict>::try_from(r.as_slice())
-            .map_err(|_| StoreError::Protocol(format!("acquire returned {r:?}")))
+        if r.len() != RawVerdict::width(limits) {
+            return Err(StoreError::Protocol(format!("acquire returned {r:?}")));
+        }
+        RawVerdict::parse(&r)
     }
 }
 
@@ -141,13 +144,19 @@ impl QuotaStore for RedisStore {
         &self,
         key_id: &Arc<str>,
         limits: Limits,
+        cost: u64,
         ban: &BanPolicy,
     ) -> Result<Verdict, StoreError> {
         let raw = match &self.batches {
-            Some(batches) => batches.acquire(key_id, limits, ban).await?,
-            None => self.acquire_alone(key_id, limits, ban).await?,
+            Some(batches) => batches.acquire(key_id, limits, cost, ban).await?,
+            None => self.acquire_alone(key_id, &limits, cost, ban).await?,
         };
-        let [outcome, now, minute_count, day_count, ban_until] = raw;
+        let RawVerdict {
+            outcome,
+            now,
+            ban_until,
+            counts,
+        } = raw;
         let outcome_of = match outcome {
             0 => Outcome::Admitted,
             1 => Outcome::Limited,
@@ -159,12 +168,15 @@ impl QuotaStore for RedisStore {
         if outcome == 3 && self.batches.is_none() {
             self.index_ban_now(key_id, n(ban_until)).await;
         }
+        let mut wide = [0u64; MAX_WINDOWS];
+        for (w, c) in wide.iter_mut().zip(counts) {
+            *w = n(c);
+        }
         Ok(Verdict {
             outcome: outcome_of,
             ban_started: outcome == 3,
             now: n(now),
-            minute_count: n(minute_count),
-            day_count: n(day_count),
+            counts: wide,
             ban_until: n(ban_until),
         })
     }
@@ -200,14 +212,18 @@ impl QuotaStore for RedisStore {
 
     async fn usage(&self, quota_id: &str) -> Result<Usage, StoreError> {
         let r: Vec<i64> = self.invoke(&self.usage, quota_id, &[]).await?;
-        let [now, minute, day, refused, last, ban_until] = r[..] else {
+        let Some((&[now, refused, last, ban_until], pairs)) = r.split_first_chunk::<4>() else {
             return Err(StoreError::Protocol(format!("usage returned {r:?}")));
         };
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        let windows = pairs
+            .chunks_exact(2)
+            .filter(|p| p[1] > 0)
+            .filter_map(|p| Some((Every::from_code(u32::try_from(p[0]).ok()?), n(p[1]))))
+            .collect();
         Ok(Usage {
             now: n(now),
-            minute: n(minute),
-            day: n(day),
+            windows,
             refused_today: n(refused),
             last_admitted: n(last),
             ban_until: n(ban_until),
