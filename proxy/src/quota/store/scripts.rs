@@ -254,9 +254,12 @@ for i = 1, nsets do
   p = p + 1 + 2 * m
 end
 local states, order, out = {}, {}, {}
--- One decision's instances, counts and slots, reused from decision to decision.
-local WS, CS, JS = {}, {}, {}
+-- One decision's instances and slots, reused from decision to decision; its counts go straight
+-- into the answer.
+local WS, JS = {}, {}
 local minute, day = math.floor(now / 60), math.floor(now / 86400)
+-- The answer's length so far (`#out` is a search on every call).
+local at = 0
 for i = 1, #KEYS do
   local key = KEYS[i]
   local s = states[key]
@@ -290,10 +293,10 @@ for i = 1, #KEYS do
       if stored == cur + 1 then w = stored end
       if stored == w then c = s[13 + 3 * j] end
     end
-    WS[k], CS[k], JS[k] = w, c, j
+    WS[k], JS[k] = w, j
+    out[at + 3 + k] = c
     if c + cost > set[3 * k + 1] then fits = false end
   end
-  local at = #out
   if s[BU] > now then
     out[at + 1] = 2
   elseif fits then
@@ -311,8 +314,8 @@ for i = 1, #KEYS do
       end
     end
     for k = 1, m do
-      local c = CS[k] + cost
-      CS[k] = c
+      local c = out[at + 3 + k] + cost
+      out[at + 3 + k] = c
       local j, w, e = JS[k], WS[k], set[3 * k - 1]
       if j ~= nil and s[11 + 3 * j] == e and c <= MAX then
         if s[12 + 3 * j] ~= w then
@@ -349,7 +352,7 @@ for i = 1, #KEYS do
   end
   out[at + 2] = now
   if s[BU] > now then out[at + 3] = s[BU] else out[at + 3] = 0 end
-  for k = 1, m do out[at + 3 + k] = CS[k] end
+  at = at + 3 + m
 end
 for _, key in ipairs(order) do
   local s = states[key]
