@@ -275,8 +275,25 @@ for i = 1, #KEYS do
   local fits = true
   local n = s[N]
   local matched = 0
-  -- current(), inline: this loop is most of a decision.
-  for k = 1, m do
+  -- The usual case, and the fast path: the state holds exactly these lengths, in this order
+  -- (it was written under these limits), so window k is slot k.
+  local exact = n == m
+  if exact then
+    for k = 1, m do
+      if s[11 + 3 * k] ~= set[3 * k - 1] then exact = false; break end
+    end
+  end
+  if exact then
+    for k = 1, m do
+      local cur, stored = set[3 * k], s[12 + 3 * k]
+      local c = 0
+      if stored == cur or stored == cur + 1 then c = s[13 + 3 * k] end
+      out[at + 3 + k] = c
+      if c + cost > set[3 * k + 1] then fits = false end
+    end
+  end
+  -- current(), inline, for any other state.
+  for k = 1, exact and 0 or m do
     local e, cur = set[3 * k - 1], set[3 * k]
     local w, c, j = cur, 0, nil
     -- A state written under these limits keeps their order: window k is usually slot k.
@@ -299,6 +316,21 @@ for i = 1, #KEYS do
   end
   if s[BU] > now then
     out[at + 1] = 2
+  elseif fits and exact then
+    for k = 1, m do
+      local cur, stored = set[3 * k], s[12 + 3 * k]
+      local c = out[at + 3 + k] + cost
+      out[at + 3 + k] = c
+      if stored ~= cur and stored ~= cur + 1 then
+        outlive(s, set[3 * k - 1], cur)
+        s[12 + 3 * k] = cur
+      end
+      if c > MAX then c = MAX end
+      s[13 + 3 * k] = c
+    end
+    s[LA] = now
+    s[WRITE] = true
+    out[at + 1] = 0
   elseif fits then
     if matched < n then
       -- quota::rules::KeyState::count_elsewhere: running windows of this state the set lacks
