@@ -54,7 +54,7 @@ def dump(pid, out):
     raise SystemExit("callgrind wrote no dump within 30 s")
 
 
-def measure(bin_dir, work, static, plans, keys_file, redis_url, key, warmup, requests):
+def measure(bin_dir, work, static, plans, keys_file, redis_url, key, warmup, requests, log="warn"):
     procs = bench.Procs()
     try:
         port, admin = bench.free_port(), bench.free_port()
@@ -70,7 +70,7 @@ def measure(bin_dir, work, static, plans, keys_file, redis_url, key, warmup, req
         p = procs.start(["valgrind", "--tool=callgrind", "--compress-strings=no",
                          f"--callgrind-out-file={out}",
                          str(Path(bin_dir) / "pet-gateway"), "serve", "--config", str(cfg)],
-                        env={"RUST_LOG": "warn", "PATH": "/usr/bin:/bin"},
+                        env={"RUST_LOG": log, "PATH": "/usr/bin:/bin"},
                         stderr=open(work / f"{name}.log", "w"))
         bench.wait_port(port, timeout=120)
         send(port, key, warmup)
@@ -88,6 +88,8 @@ def main():
     ap.add_argument("--requests", type=int, default=2000, help="requests in the measured phase")
     ap.add_argument("--warmup", type=int, default=300, help="requests before it")
     ap.add_argument("--redis", action="store_true", help="add the Redis store's admitted row")
+    ap.add_argument("--log", default="warn",
+                    help="RUST_LOG of the gateways: warn (no access log, the default) or info")
     args = ap.parse_args()
 
     procs = bench.Procs()
@@ -116,7 +118,8 @@ def main():
         print("| instructions per request | " + " | ".join(dirs) + " |")
         print("|---|" + "---:|" * len(dirs))
         for label, url, key in rows:
-            figures = [measure(d, work, static, plans, keys_file, url, key, args.warmup, args.requests)
+            figures = [measure(d, work, static, plans, keys_file, url, key, args.warmup, args.requests,
+                               args.log)
                        for d in dirs]
             print(f"| {label} | " + " | ".join(f"{f:,.0f}" for f in figures) + " |", flush=True)
     finally:

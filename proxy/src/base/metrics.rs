@@ -17,6 +17,7 @@ pub struct Metrics {
     pub upstream_duration: HistogramVec,
     pub rate_limited: IntCounterVec,
     pub shadow_refusals: IntCounterVec,
+    pub log_lines_dropped: IntCounter,
     pub bans: IntCounterVec,
     pub auth_failures: IntCounterVec,
     pub store_duration: Histogram,
@@ -241,6 +242,13 @@ const SHADOW_REFUSALS: Def = Def {
     labels: &["plan", "window"],
 };
 
+const LOG_LINES_DROPPED: Def = Def {
+    name: "pet_gateway_log_lines_dropped_total",
+    help: "Log lines (access log and others) dropped because standard error did not take them \
+           fast enough and the buffer in front of it was full; a request never waits for the log.",
+    labels: &[],
+};
+
 impl Metrics {
     /// Creates the zero-valued series of every plan, so dashboards and alerts see 0 rather
     /// than nothing before the first event (a missing series makes `rate()` and `increase()`
@@ -286,6 +294,7 @@ impl Metrics {
             upstream_duration: histogram(r, &UPSTREAM_DURATION),
             rate_limited: counter(r, &RATE_LIMITED),
             shadow_refusals: counter(r, &SHADOW_REFUSALS),
+            log_lines_dropped: plain_counter(r, &LOG_LINES_DROPPED),
             bans: counter(r, &BANS),
             auth_failures: counter(r, &AUTH_FAILURES),
             store_duration: plain_histogram(r, &STORE_DURATION, LATENCY),

@@ -3,9 +3,11 @@
 //! | module | owns |
 //! |---|---|
 //! | [`clock`] | the wall clock, a hand-moved clock for tests, RFC 3339 dates, durations |
+//! | [`log_sink`] | where every log line goes: a bounded buffer, written to stderr by its own thread |
 //! | [`metrics`] | every Prometheus metric, registered once in the registry pingora serves |
 //! | [`redis`] | where the fleet's Redis is (one server or a cluster): the store and the registry use it |
 
 pub mod clock;
+pub mod log_sink;
 pub mod metrics;
 pub mod redis;

@@ -15,6 +15,7 @@ use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, Result};
 
 use crate::base::metrics::METRICS;
+use crate::http::access_log;
 use crate::http::auth::AuthFailure;
 use crate::http::context::Ctx;
 use crate::http::metric_handles;
@@ -214,6 +215,30 @@ impl ProxyHttp for Gateway {
         if let Some(t) = ctx.upstream_time {
             metric_handles::observe_upstream(ctx.route, t.as_secs_f64());
         }
+        if !tracing::enabled!(target: "access", tracing::Level::INFO) {
+            return;
+        }
+        let shadow_refused = ctx.rate.as_ref().and_then(RateView::shadow_refused);
+        let line = access_log::Line {
+            request_id: &ctx.request_id,
+            trace: ctx.trace,
+            route: ctx.route.as_str(),
+            key_id: ctx.key.as_ref().map(|k| &*k.id),
+            plan: ctx.key.as_ref().map(|k| &*k.plan),
+            auth_failure: ctx.auth_failure.map(AuthFailure::as_str),
+            status,
+            upstream: ctx.upstream,
+            upstream_us: ctx.upstream_time.map(|d| d.as_micros() as u64),
+            store_us: ctx.store_time.map(|d| d.as_micros() as u64),
+            duration_us: ctx.started.elapsed().as_micros() as u64,
+            store_degraded: ctx.store_degraded,
+            shadow_refused: shadow_refused.as_deref(),
+            error: e.map(|e| e.etype().as_str()),
+        };
+        if access_log::write(&line) {
+            return;
+        }
+        // No sink (the gateway run in a test without `serve`): the same line through tracing.
         tracing::info!(
             target: "access",
             request_id = %ctx.request_id,
@@ -230,7 +255,7 @@ impl ProxyHttp for Gateway {
             store_us = ctx.store_time.map(|d| d.as_micros() as u64),
             duration_us = ctx.started.elapsed().as_micros() as u64,
             store_degraded = ctx.store_degraded,
-            shadow_refused = ctx.rate.as_ref().and_then(RateView::shadow_refused),
+            shadow_refused = line.shadow_refused,
             error = e.map(|e| e.etype().as_str()),
         );
     }

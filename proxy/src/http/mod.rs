@@ -17,6 +17,7 @@
 //! | [`tls`] | the certificate resolver and its reload |
 //! | [`trace`] | W3C trace context: join or start a trace, the gateway's span |
 
+pub mod access_log;
 pub mod auth;
 pub mod context;
 pub mod gateway;

@@ -1,19 +1,30 @@
 //! `pet-gateway serve`: logging set up, the config's warnings logged, then the gateway runs.
 
+use crate::base::log_sink::{LogSink, SinkGuard};
 use crate::config::LogFormat;
+use crate::http::access_log;
 use crate::ops::cli::ServeArgs;
 
-/// Logs go to standard error through a background writer: a slow or blocked stderr (a full
-/// pipe, a stalled journald) must never stall a proxy thread inside a request. When the buffer
-/// is full, lines are dropped rather than waited for. Keep the guard alive until exit: dropping
-/// it flushes what is buffered.
-fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+/// The most log bytes held for a slow stderr before lines are dropped (and counted).
+const LOG_BUFFER: usize = 16 * 1024 * 1024;
+
+/// Logs go to standard error through a background writer (`base::log_sink`): a slow or blocked
+/// stderr (a full pipe, a stalled journald) must never stall a proxy thread inside a request.
+/// When the buffer is full, lines are dropped rather than waited for. The access log writes its
+/// lines into the same sink itself (`http::access_log`). Keep the guard alive until exit:
+/// dropping it writes what is buffered.
+fn init_logging(format: LogFormat) -> SinkGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
+    let (sink, guard) = LogSink::start(std::io::stderr(), LOG_BUFFER);
+    sink.install();
+    access_log::set_format(match format {
+        LogFormat::Json => access_log::Format::Json,
+        LogFormat::Text => access_log::Format::Text,
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(writer);
+        .with_writer(sink);
     let _ = match format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Text => builder
