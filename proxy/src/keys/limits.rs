@@ -7,6 +7,8 @@ use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::fmt;
 
+use crate::base::clock::{civil_from_days, days_from_civil};
+
 /// At most this many windows per plan (and per key, with its own limits): each one is a count
 /// the store reads and writes on every decision.
 pub const MAX_WINDOWS: usize = 6;
@@ -183,31 +185,6 @@ impl fmt::Display for Every {
 /// Months since January 1970 of month `m` (1-12) of year `y`.
 fn month_index(y: i64, m: u32) -> u64 {
     ((y - 1970) * 12 + i64::from(m) - 1).max(0) as u64
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's `days_from_civil`).
-fn days_from_civil(y: i64, m: u32, d: u32) -> u64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (i64::from(m) + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    (era * 146_097 + doe - 719_468).max(0) as u64
-}
-
-/// The date (year, month 1-12, day 1-31) of a day number since 1970-01-01.
-fn civil_from_days(days: u64) -> (i64, u32, u32) {
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
 }
 
 /// One window of a quota.

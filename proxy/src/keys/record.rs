@@ -143,15 +143,8 @@ impl KeyRecord {
             n.and_then(|n| u32::try_from(n).ok())
                 .and_then(NonZeroU32::new)
         };
-        let shorthands = [(Every::MINUTE, self.per_minute), (Every::DAY, self.per_day)];
-        let windows = self
-            .limits
-            .iter()
-            .filter_map(|(every, &n)| Some((Every::parse(every).ok()?, Some(n))));
-        let own: Vec<(Every, u32)> = shorthands
-            .into_iter()
-            .chain(windows)
-            .filter_map(|(every, n)| Some((every, small(n)?.get())))
+        let own: Vec<(Every, u32)> = own_windows(self.per_minute, self.per_day, &self.limits)
+            .filter_map(|(every, n)| Some((every, small(Some(n))?.get())))
             .collect();
         Overrides {
             own: (!own.is_empty()).then(|| Arc::new(own)),
@@ -169,6 +162,23 @@ impl KeyRecord {
             (None, quota_of) => quota_of.clone(),
         }
     }
+}
+
+/// A key's own limits by window length: the `--per-minute`/`--per-day` shorthands, then its
+/// `limits` (lengths that do not parse are left out: records are checked on load).
+pub fn own_windows<'a>(
+    per_minute: Option<u64>,
+    per_day: Option<u64>,
+    limits: &'a BTreeMap<String, u64>,
+) -> impl Iterator<Item = (Every, u64)> + 'a {
+    let shorthands = [(Every::MINUTE, per_minute), (Every::DAY, per_day)];
+    let windows = limits
+        .iter()
+        .filter_map(|(every, &n)| Some((Every::parse(every).ok()?, n)));
+    shorthands
+        .into_iter()
+        .filter_map(|(every, n)| Some((every, n?)))
+        .chain(windows)
 }
 
 /// Whether `name` may name a customer: 1 to 64 letters, digits, `-`, `_` or `.` (it becomes part

@@ -12,7 +12,7 @@ use crate::keys::file::modify;
 use crate::keys::index::sha256;
 use crate::keys::limits::Every;
 use crate::keys::plans::{Plan, Plans};
-use crate::keys::record::{KeyRecord, KeyRecordOptions, KeysError, KeysFile};
+use crate::keys::record::{own_windows, KeyRecord, KeyRecordOptions, KeysError, KeysFile};
 
 /// Where the keys live: the keys file, or the fleet-wide registry in Redis
 /// (`keys_source = "store"`). Every change goes through [`KeyStore::modify`].
@@ -108,14 +108,8 @@ pub fn issue(
 /// operation costing more than the smallest enforced limit (it could never pass).
 fn check_fits(plan: &Plan, own: &KeyRecordOptions) -> Result<(), String> {
     let mut lengths: Vec<Every> = plan.limits.windows().iter().map(|w| w.every).collect();
-    let shorthands = [(Every::MINUTE, own.per_minute), (Every::DAY, own.per_day)];
-    let given = own
-        .limits
-        .iter()
-        .filter_map(|(every, &n)| Some((Every::parse(every).ok()?, Some(n))));
     let mut overrides = Vec::new();
-    for (every, n) in shorthands.into_iter().chain(given) {
-        let Some(n) = n else { continue };
+    for (every, n) in own_windows(own.per_minute, own.per_day, &own.limits) {
         if !lengths.contains(&every) {
             lengths.push(every);
         }
