@@ -66,19 +66,36 @@ def measure(bin_dir, work, static, plans, keys_file, redis_url, key, warmup, req
             f'key_prefix = "bench:{name}"\nthreads = 1\nupgrade_sock = "{work}/{name}.sock"\n'
             + (f'redis_url = "{redis_url}"\nstore_timeout_ms = 5000\n' if redis_url else "")
             + "[ban]\nstrikes = 1000000000\n")
-        out = work / f"{name}.callgrind"
-        p = procs.start(["valgrind", "--tool=callgrind", "--compress-strings=no",
-                         f"--callgrind-out-file={out}",
-                         str(Path(bin_dir) / "pet-gateway"), "serve", "--config", str(cfg)],
-                        env={"RUST_LOG": log, "PATH": "/usr/bin:/bin"},
-                        stderr=open(work / f"{name}.log", "w"))
-        bench.wait_port(port, timeout=120)
-        send(port, key, warmup)
-        dump(p.pid, out)
-        send(port, key, requests)
-        return total_instructions(dump(p.pid, out)) / requests
+        command = [str(Path(bin_dir) / "pet-gateway"), "serve", "--config", str(cfg)]
+        return counted(procs, work, name, command, port, key, warmup, requests, log)
     finally:
         procs.stop_all()
+
+
+def measure_passthrough(bin_dir, work, static, key, warmup, requests):
+    """The same count for plain pingora passing requests through (bench's `passthrough`): the
+    framework's own cost, which pingora patches are measured against."""
+    procs = bench.Procs()
+    try:
+        port = bench.free_port()
+        command = [str(Path(bin_dir) / "passthrough"), f"127.0.0.1:{port}", f"127.0.0.1:{static}", "1"]
+        return counted(procs, work, f"pt-{port}", command, port, key, warmup, requests, "warn")
+    finally:
+        procs.stop_all()
+
+
+def counted(procs, work, name, command, port, key, warmup, requests, log):
+    """Instructions per request of `command` (listening on `port`) under callgrind."""
+    out = work / f"{name}.callgrind"
+    p = procs.start(["valgrind", "--tool=callgrind", "--compress-strings=no",
+                     f"--callgrind-out-file={out}"] + command,
+                    env={"RUST_LOG": log, "PATH": "/usr/bin:/bin"},
+                    stderr=open(work / f"{name}.log", "w"))
+    bench.wait_port(port, timeout=120)
+    send(port, key, warmup)
+    dump(p.pid, out)
+    send(port, key, requests)
+    return total_instructions(dump(p.pid, out)) / requests
 
 
 def main():
@@ -88,6 +105,12 @@ def main():
     ap.add_argument("--requests", type=int, default=2000, help="requests in the measured phase")
     ap.add_argument("--warmup", type=int, default=300, help="requests before it")
     ap.add_argument("--redis", action="store_true", help="add the Redis store's admitted row")
+    ap.add_argument("--passthrough", action="store_true",
+                    help="add plain pingora's pass-through row (bench's passthrough, from each --bin-dir)")
+    ap.add_argument("--only-passthrough", action="store_true",
+                    help="only the pass-through row (pingora patches)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the callgrind dumps (their folder is printed) for callgrind_annotate")
     ap.add_argument("--log", default="warn",
                     help="RUST_LOG of the gateways: warn (no access log, the default) or info")
     args = ap.parse_args()
@@ -114,9 +137,15 @@ def main():
         rows = [("embedded, admitted", None, admitted), ("embedded, refused (429)", None, refused)]
         if redis_url:
             rows.append(("Redis, admitted", redis_url, admitted))
+        if args.only_passthrough:
+            rows = []
         dirs = args.bin_dir
         print("| instructions per request | " + " | ".join(dirs) + " |")
         print("|---|" + "---:|" * len(dirs))
+        if args.passthrough or args.only_passthrough:
+            figures = [measure_passthrough(d, work, static, admitted, args.warmup, args.requests)
+                       for d in dirs]
+            print("| pingora pass-through | " + " | ".join(f"{f:,.0f}" for f in figures) + " |", flush=True)
         for label, url, key in rows:
             figures = [measure(d, work, static, plans, keys_file, url, key, args.warmup, args.requests,
                                args.log)
@@ -124,6 +153,10 @@ def main():
             print(f"| {label} | " + " | ".join(f"{f:,.0f}" for f in figures) + " |", flush=True)
     finally:
         procs.stop_all()
+        if args.keep:
+            print(f"callgrind dumps kept in {work}", file=sys.stderr)
+        else:
+            bench.shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
