@@ -360,7 +360,11 @@ impl TransportConnector {
         if let Some(s) = reused_stream {
             Ok((s, true))
         } else {
-            let s = self.new_stream(peer).await?;
+            // Boxed: a new connection (TCP, then TLS) is the cold path next to a pooled one, and
+            // its future is most of this one's size (about 8 KiB). Held inline, every caller's
+            // future carries those bytes, and the per-request future that is boxed afresh for
+            // every request on a kept-alive downstream connection copies them each time.
+            let s = Box::pin(self.new_stream(peer)).await?;
             Ok((s, false))
         }
     }

@@ -127,7 +127,9 @@ where
                     return Ok((HttpSession::H1(h1), true));
                 }
             }
-            let session = self.h2.new_http_session(peer).await?;
+            // Boxed for the reason `TransportConnector::get_stream` boxes its new connections:
+            // the cold path's future would otherwise size every caller's.
+            let session = Box::pin(self.h2.new_http_session(peer)).await?;
             Ok((session, false))
         }
     }
