@@ -1550,14 +1550,15 @@ impl SubrequestSpawner {
     }
 }
 
-#[async_trait]
-impl<SV, C> HttpServerApp for HttpProxy<SV, C>
+impl<SV, C> HttpProxy<SV, C>
 where
     SV: ProxyHttp + Send + Sync + 'static,
     <SV as ProxyHttp>::CTX: Send + Sync,
     C: custom::Connector,
 {
-    async fn process_new_http(
+    /// One downstream request, from reading its header to handing back the connection for
+    /// the next ([`HttpServerApp::process_new_http`], without its per-request box).
+    async fn serve_http_request(
         self: &Arc<Self>,
         mut session: HttpSession,
         shutdown: &ShutdownWatch,
@@ -1593,6 +1594,38 @@ where
         }
 
         self.process_request(session, ctx).await
+    }
+}
+
+#[async_trait]
+impl<SV, C> HttpServerApp for HttpProxy<SV, C>
+where
+    SV: ProxyHttp + Send + Sync + 'static,
+    <SV as ProxyHttp>::CTX: Send + Sync,
+    C: custom::Connector,
+{
+    async fn process_new_http(
+        self: &Arc<Self>,
+        session: HttpSession,
+        shutdown: &ShutdownWatch,
+    ) -> Option<ReusedHttpStream> {
+        self.serve_http_request(session, shutdown).await
+    }
+
+    async fn process_http1_connection(
+        self: &Arc<Self>,
+        session: HttpSession,
+        shutdown: &ShutdownWatch,
+    ) {
+        // Each request's future is awaited in place, inside this one boxed per connection,
+        // instead of boxed afresh per request by `process_new_http`: the box would copy the
+        // whole future (about 8 KiB) on every request of a kept-alive connection.
+        let mut result = self.serve_http_request(session, shutdown).await;
+        while let Some(reused) = result {
+            result = self
+                .serve_http_request(reused.into_http1_session(), shutdown)
+                .await;
+        }
     }
 
     async fn http_cleanup(&self) {

@@ -210,6 +210,16 @@ impl ReusedHttpStream {
     pub fn consume(self) -> (Stream, Option<HttpPersistentSettings>) {
         (self.stream, self.persistent_settings)
     }
+
+    /// The HTTP/1.x session for the next request on this stream, with the settings the last
+    /// request left (keep-alive, user context, pipelined bytes) applied.
+    pub fn into_http1_session(self) -> ServerSession {
+        let mut session = ServerSession::new_http1(self.stream);
+        if let Some(persistent_settings) = self.persistent_settings {
+            persistent_settings.apply_to_session(&mut session);
+        }
+        session
+    }
 }
 
 /// This trait defines the interface of an HTTP application.
@@ -243,6 +253,27 @@ pub trait HttpServerApp {
     /// A `None` means no server options will be applied.
     fn server_options(&self) -> Option<&HttpServerOptions> {
         None
+    }
+
+    /// Serves every request of one HTTP/1.x downstream connection, the first in `session`.
+    ///
+    /// The default calls [`Self::process_new_http`] once a request. An app may override it to
+    /// await its per-request future inline, inside this per-connection one: the future that
+    /// `process_new_http` returns is boxed afresh for every request, and a proxy's is several
+    /// KiB, all of it copied into each new box.
+    async fn process_http1_connection(
+        self: &Arc<Self>,
+        session: ServerSession,
+        shutdown: &ShutdownWatch,
+    ) where
+        Self: Send + Sync + 'static,
+    {
+        let mut result = self.process_new_http(session, shutdown).await;
+        while let Some(reused) = result {
+            result = self
+                .process_new_http(reused.into_http1_session(), shutdown)
+                .await;
+        }
     }
 
     async fn http_cleanup(&self) {}
@@ -357,15 +388,7 @@ where
                     .and_then(|opts| opts.keepalive_request_limit),
             );
 
-            let mut result = self.process_new_http(session, shutdown).await;
-            while let Some((stream, persistent_settings)) = result.map(|r| r.consume()) {
-                let mut session = ServerSession::new_http1(stream);
-                if let Some(persistent_settings) = persistent_settings {
-                    persistent_settings.apply_to_session(&mut session);
-                }
-
-                result = self.process_new_http(session, shutdown).await;
-            }
+            self.process_http1_connection(session, shutdown).await;
         }
         None
     }
