@@ -181,9 +181,13 @@ class Bench:
         return Row(name, port, lambda: [p.pid], redis=redis, job=True, log=log and logfile)
 
     def passthrough(self, name):
-        """bench's plain pingora proxy (no auth, no quota): the framework's floor."""
+        """bench's plain pingora proxy (no auth, no quota): the framework's floor. Taken from
+        `--bin-dir` when it is there, so that it runs the same (patched) pingora as the gateway."""
         port = bench.free_port()
-        p = self.procs.start([str(bench.BIN / "passthrough"), f"127.0.0.1:{port}",
+        binary = bench.GATEWAY_BIN / "passthrough"
+        if not binary.exists():
+            binary = bench.BIN / "passthrough"
+        p = self.procs.start([str(binary), f"127.0.0.1:{port}",
                               f"127.0.0.1:{self.static}", "1"],
                              env={**os.environ, "RUST_LOG": "warn"},
                              stderr=open(self.work / "passthrough.log", "w"))
@@ -411,7 +415,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=int, default=5, help="length of each wrk run")
     ap.add_argument("--rounds", type=int, default=5, help="rounds (each runs every row once)")
-    ap.add_argument("--bin-dir", help="where pet-gateway is (default target/release)")
+    ap.add_argument("--bin-dir", help="where pet-gateway (and passthrough, when there) are (default target/release)")
     ap.add_argument("--only", help="only the rows whose name matches this regex")
     ap.add_argument("--charts", default=str(bench.ROOT / "bench" / "charts"),
                     help="where the PNG chart goes ('' skips it)")
