@@ -13,10 +13,11 @@ const LOG_BUFFER: usize = 16 * 1024 * 1024;
 /// When the buffer is full, lines are dropped rather than waited for. The access log writes its
 /// lines into the same sink itself (`http::access_log`). Keep the guard alive until exit:
 /// dropping it writes what is buffered.
-fn init_logging(format: LogFormat) -> SinkGuard {
+fn init_logging(format: LogFormat) -> Result<SinkGuard, String> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let (sink, guard) = LogSink::start(std::io::stderr(), LOG_BUFFER);
+    let (sink, guard) = LogSink::start(std::io::stderr(), LOG_BUFFER)
+        .map_err(|e| format!("cannot start the log writer thread: {e}"))?;
     sink.install();
     access_log::set_format(match format {
         LogFormat::Json => access_log::Format::Json,
@@ -31,13 +32,13 @@ fn init_logging(format: LogFormat) -> SinkGuard {
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .try_init(),
     };
-    guard
+    Ok(guard)
 }
 
 pub fn serve(args: ServeArgs) -> Result<(), String> {
     let c = &args.config;
     let config = super::load(c.config.as_deref(), &c.overrides)?;
-    let _flush_on_exit = init_logging(config.log_format);
+    let _flush_on_exit = init_logging(config.log_format)?;
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
