@@ -13,7 +13,7 @@ use pingora::prelude::*;
 use pingora::server::configuration::{Opt, ServerConf};
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: proxy::base::alloc::MiMalloc = proxy::base::alloc::MiMalloc;
 
 struct PassThrough {
     upstream: SocketAddr,

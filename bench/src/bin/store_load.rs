@@ -20,7 +20,7 @@ use proxy::quota::store::redis::RedisStore;
 use proxy::quota::store::QuotaStore;
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: proxy::base::alloc::MiMalloc = proxy::base::alloc::MiMalloc;
 
 struct Args {
     redis: String,

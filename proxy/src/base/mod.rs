@@ -7,6 +7,7 @@
 //! | [`metrics`] | every Prometheus metric, registered once in the registry pingora serves |
 //! | [`redis`] | where the fleet's Redis is (one server or a cluster): the store and the registry use it |
 
+pub mod alloc;
 pub mod clock;
 pub mod log_sink;
 pub mod metrics;
