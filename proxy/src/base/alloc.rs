@@ -77,7 +77,11 @@ mod tests {
                 assert!(!p.is_null());
                 assert_eq!(p as usize % align, 0, "size {size} align {align}");
                 let q = unsafe { a.realloc(p, layout, size * 2) };
-                assert_eq!(q as usize % align, 0, "realloc of size {size} align {align}");
+                assert_eq!(
+                    q as usize % align,
+                    0,
+                    "realloc of size {size} align {align}"
+                );
                 held.push(q);
             }
         }
@@ -96,7 +100,9 @@ mod tests {
             // SAFETY: as above.
             let p = unsafe { a.alloc_zeroed(layout) };
             assert_eq!(p as usize % align, 0);
-            assert!(unsafe { std::slice::from_raw_parts(p, size) }.iter().all(|b| *b == 0));
+            assert!(unsafe { std::slice::from_raw_parts(p, size) }
+                .iter()
+                .all(|b| *b == 0));
             unsafe { a.dealloc(p, layout) };
         }
     }
