@@ -14,7 +14,7 @@ use libmimalloc_sys as mi;
 /// size is a multiple of 16 (every size class past 64 bytes is); the test below holds this
 /// version to it.
 fn plain_is_aligned(layout: Layout) -> bool {
-    layout.align() <= 8 || (layout.align() == 16 && layout.size() % 16 == 0)
+    layout.align() <= 8 || (layout.align() == 16 && layout.size().is_multiple_of(16))
 }
 
 pub struct MiMalloc;
