@@ -13,7 +13,6 @@ admitting. Needs valgrind, nginx, curl and (for `--redis`) redis-server.
 """
 
 import argparse
-import re
 import subprocess
 import sys
 import tempfile
@@ -109,6 +108,9 @@ def main():
                     help="add plain pingora's pass-through row (bench's passthrough, from each --bin-dir)")
     ap.add_argument("--only-passthrough", action="store_true",
                     help="only the pass-through row (pingora patches)")
+    ap.add_argument("--name", action="append",
+                    help="a label for each --bin-dir, in order (default: the folders)")
+    ap.add_argument("--chart", help="also draw the table as a PNG bar chart at this path")
     ap.add_argument("--keep", action="store_true",
                     help="keep the callgrind dumps (their folder is printed) for callgrind_annotate")
     ap.add_argument("--log", default="warn",
@@ -140,23 +142,57 @@ def main():
         if args.only_passthrough:
             rows = []
         dirs = args.bin_dir
-        print("| instructions per request | " + " | ".join(dirs) + " |")
+        names = args.name or dirs
+        if len(names) != len(dirs):
+            raise SystemExit("give one --name per --bin-dir")
+        print("| instructions per request | " + " | ".join(names) + " |")
         print("|---|" + "---:|" * len(dirs))
+        table = []
         if args.passthrough or args.only_passthrough:
             figures = [measure_passthrough(d, work, static, admitted, args.warmup, args.requests)
                        for d in dirs]
+            table.append(("pingora pass-through", figures))
             print("| pingora pass-through | " + " | ".join(f"{f:,.0f}" for f in figures) + " |", flush=True)
         for label, url, key in rows:
             figures = [measure(d, work, static, plans, keys_file, url, key, args.warmup, args.requests,
                                args.log)
                        for d in dirs]
+            table.append((label, figures))
             print(f"| {label} | " + " | ".join(f"{f:,.0f}" for f in figures) + " |", flush=True)
+        if args.chart:
+            chart(Path(args.chart), names, table, args.log)
     finally:
         procs.stop_all()
         if args.keep:
             print(f"callgrind dumps kept in {work}", file=sys.stderr)
         else:
             bench.shutil.rmtree(work, ignore_errors=True)
+
+
+def chart(path, names, table, log):
+    """The table as grouped bars: one group a row, one bar a build."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no matplotlib: no chart (bench/run installs it)", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        xs = [j + i * width for j in range(len(table))]
+        bars = ax.bar(xs, [figures[i] for _, figures in table], width, label=name)
+        ax.bar_label(bars, fmt="{:,.0f}", fontsize=7)
+    ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(table))])
+    ax.set_xticklabels([label for label, _ in table], fontsize=8)
+    ax.set_ylabel("instructions per request (callgrind)")
+    ax.set_title(f"Instructions per request, RUST_LOG={log}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"chart: {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":
