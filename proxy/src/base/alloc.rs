@@ -10,6 +10,12 @@ use std::ffi::c_void;
 
 use libmimalloc_sys as mi;
 
+// On 32-bit targets mimalloc's plain blocks of 4 bytes are only 4-aligned.
+const _: () = assert!(
+    usize::BITS == 64,
+    "plain_is_aligned assumes a 64-bit target"
+);
+
 /// mimalloc's plain blocks are aligned to 8 bytes, and to 16 (`MI_MAX_ALIGN_SIZE`) when their
 /// size is a multiple of 16 (every size class past 64 bytes is); the test below holds this
 /// version to it.
@@ -59,6 +65,29 @@ unsafe impl GlobalAlloc for MiMalloc {
 mod tests {
     use super::*;
 
+    /// Allocates `layout`, checks its alignment, resizes it to `new_size`, checks the
+    /// alignment and the kept bytes again; the block is returned with its final layout.
+    fn checked(a: &MiMalloc, layout: Layout, new_size: usize) -> (*mut u8, Layout) {
+        // SAFETY: a non-zero size; the block is written within its size only.
+        unsafe {
+            let p = a.alloc(layout);
+            assert!(!p.is_null());
+            assert_eq!(p as usize % layout.align(), 0, "{layout:?}");
+            p.write_bytes(0xa5, layout.size());
+            let q = a.realloc(p, layout, new_size);
+            assert!(!q.is_null());
+            assert_eq!(q as usize % layout.align(), 0, "{layout:?} to {new_size}");
+            let kept = layout.size().min(new_size);
+            assert!(std::slice::from_raw_parts(q, kept)
+                .iter()
+                .all(|b| *b == 0xa5));
+            (
+                q,
+                Layout::from_size_align(new_size, layout.align()).unwrap(),
+            )
+        }
+    }
+
     #[test]
     fn plain_blocks_are_aligned_as_claimed_at_every_size() {
         let a = MiMalloc;
@@ -72,38 +101,44 @@ mod tests {
                 if !plain_is_aligned(layout) {
                     continue;
                 }
-                // SAFETY: a non-zero size; freed below with the same allocator.
-                let p = unsafe { a.alloc(layout) };
-                assert!(!p.is_null());
-                assert_eq!(p as usize % align, 0, "size {size} align {align}");
-                let q = unsafe { a.realloc(p, layout, size * 2) };
-                assert_eq!(
-                    q as usize % align,
-                    0,
-                    "realloc of size {size} align {align}"
-                );
-                held.push(q);
+                let (q, last) = checked(&a, layout, size * 2);
+                if size <= 64 * 1024 {
+                    // Kept, so that later blocks land at other places of their pages.
+                    held.push((q, last));
+                } else {
+                    // SAFETY: from `a`, with its layout.
+                    unsafe { a.dealloc(q, last) };
+                }
             }
         }
-        for p in held {
-            // SAFETY: each came from `a`; mi_free does not need the layout.
-            unsafe { a.dealloc(p, Layout::new::<u8>()) };
+        for (p, layout) in held {
+            // SAFETY: each came from `a`, with its layout.
+            unsafe { a.dealloc(p, layout) };
         }
     }
 
     #[test]
-    fn wider_alignments_take_the_aligned_path() {
+    fn wider_alignments_take_the_aligned_path_and_resize_across_paths() {
         let a = MiMalloc;
-        for (size, align) in [(24, 16), (64, 32), (4096, 4096), (100, 64)] {
+        for (size, align, new_size) in [
+            (24, 16, 48),
+            (24, 16, 4096),
+            (64, 32, 16),
+            (4096, 4096, 100),
+            (100, 64, 1 << 20),
+        ] {
             let layout = Layout::from_size_align(size, align).unwrap();
-            assert!(!plain_is_aligned(layout) || align <= 16);
-            // SAFETY: as above.
-            let p = unsafe { a.alloc_zeroed(layout) };
-            assert_eq!(p as usize % align, 0);
-            assert!(unsafe { std::slice::from_raw_parts(p, size) }
+            assert!(!plain_is_aligned(layout), "{layout:?}");
+            // SAFETY: a non-zero size; read within it.
+            let zeroed = unsafe { a.alloc_zeroed(layout) };
+            assert!(!zeroed.is_null());
+            assert_eq!(zeroed as usize % align, 0);
+            assert!(unsafe { std::slice::from_raw_parts(zeroed, size) }
                 .iter()
                 .all(|b| *b == 0));
-            unsafe { a.dealloc(p, layout) };
+            unsafe { a.dealloc(zeroed, layout) };
+            let (q, last) = checked(&a, layout, new_size);
+            unsafe { a.dealloc(q, last) };
         }
     }
 }

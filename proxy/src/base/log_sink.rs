@@ -152,7 +152,8 @@ fn write_batch(out: &mut impl Write, batch: &[u8], torn: &mut bool) -> u64 {
         let piece = &rest[..piece_len(rest)];
         let written = write_fully(out, piece);
         if written < piece.len() {
-            *torn = written > 0;
+            // Torn only when the write stopped inside a line.
+            *torn = written > 0 && piece[written - 1] != b'\n';
             return lines(&rest[written..]);
         }
         rest = &rest[piece.len()..];
@@ -252,10 +253,13 @@ mod tests {
     struct Stalled {
         go: Arc<(Mutex<bool>, Condvar)>,
         got: Arc<Mutex<Vec<u8>>>,
+        /// Set once a write is waiting.
+        blocked: Arc<AtomicBool>,
     }
 
     impl Write for Stalled {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.blocked.store(true, Ordering::SeqCst);
             let (go, cv) = &*self.go;
             let mut ok = go.lock().unwrap();
             while !*ok {
@@ -310,6 +314,17 @@ mod tests {
         assert_eq!(write_batch(&mut out, b"fourth\n", &mut torn), 0);
         assert!(!torn);
         assert_eq!(out.got, b"first line\nseco\nfourth\n");
+
+        // A write that stops right after a newline leaves nothing torn: no blank line after.
+        let mut out = Flaky {
+            budget: 11,
+            ..Flaky::default()
+        };
+        let lost = write_batch(&mut out, b"first line\nsecond line\n", &mut torn);
+        assert_eq!((lost, torn), (1, false));
+        out.budget = 1000;
+        assert_eq!(write_batch(&mut out, b"third\n", &mut torn), 0);
+        assert_eq!(out.got, b"first line\nthird\n");
     }
 
     #[test]
@@ -341,7 +356,16 @@ mod tests {
         let out = Stalled::default();
         let (sink, guard) = LogSink::start(out.clone(), 1000).unwrap();
         assert!(sink.push(b"taken by the stuck writer\n"));
-        std::thread::sleep(LINGER * 3);
+        for _ in 0..500 {
+            if out.blocked.load(Ordering::SeqCst) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            out.blocked.load(Ordering::SeqCst),
+            "the writer took the first line"
+        );
         assert!(sink.push(b"still buffered\n"));
         let dropped = METRICS.log_lines_dropped.get();
         let started = std::time::Instant::now();
