@@ -6,15 +6,17 @@
 //!
 //! | layer | wing | owns |
 //! |---|---|---|
-//! | 6 | [`ops`] | the assembly (`serve`), the admin listener, the command line and its commands |
-//! | 5 | [`config`] | file, environment and flags into one [`config::Config`] |
-//! | 4 | [`http`] | the request path through pingora: phases, request shape, responses, TLS, upstreams |
+//! | 7 | [`ops`] | the assembly (`serve`), the admin listener, the command line and its commands |
+//! | 6 | [`config`] | file, environment and flags into one [`config::Config`] |
+//! | 5 | [`http`] | the request path through pingora: phases, request shape, responses, TLS, upstreams |
+//! | 4 | [`events`] | CloudEvents for the business: usage counted per key and minute, the metering file |
 //! | 3 | [`quota`] | admission, resilience, the unauthenticated limit, the quota stores |
 //! | 2 | [`keys`] | keys and plans: records, the keys file, the registry, the catalog, the key service |
 //! | 1 | [`base`] | what every wing shares: the clock, the metrics, where Redis is |
 
 pub mod base;
 pub mod config;
+pub mod events;
 pub mod http;
 pub mod keys;
 pub mod ops;

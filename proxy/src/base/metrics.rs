@@ -35,6 +35,10 @@ pub struct Metrics {
     pub registry_rejected_records: IntCounterVec,
     pub registry_in_step: IntGauge,
     pub registry_snapshot_unsaved: IntGauge,
+    pub events_pending: IntGauge,
+    pub events_delivered: IntCounterVec,
+    pub events_delivery_failures: IntCounter,
+    pub events_dropped: IntCounter,
 }
 
 /// Latency buckets from 100 µs (a local decision) to 10 s (the upstream read timeout).
@@ -242,6 +246,33 @@ const SHADOW_REFUSALS: Def = Def {
     labels: &["plan", "window"],
 };
 
+const EVENTS_PENDING: Def = Def {
+    name: "pet_gateway_events_pending",
+    help: "Events made and not yet written to their sink (the metering file): growing while the \
+           sink fails (a full disk).",
+    labels: &[],
+};
+
+const EVENTS_DELIVERED: Def = Def {
+    name: "pet_gateway_events_delivered_total",
+    help: "Events written to their sink (the metering file), by type.",
+    labels: &["type"],
+};
+
+const EVENTS_DELIVERY_FAILURES: Def = Def {
+    name: "pet_gateway_events_delivery_failures_total",
+    help: "Failed writes of events to their sink (the metering file: a full disk, no \
+           permission); the events are kept and written again.",
+    labels: &[],
+};
+
+const EVENTS_DROPPED: Def = Def {
+    name: "pet_gateway_events_dropped_total",
+    help: "Events lost: made while the events waiting for a failing sink already filled their \
+           bound in memory. Billing data is missing; page.",
+    labels: &[],
+};
+
 const LOG_LINES_DROPPED: Def = Def {
     name: "pet_gateway_log_lines_dropped_total",
     help: "Log lines (access log and others) dropped because standard error did not take them \
@@ -284,6 +315,7 @@ impl Metrics {
             m.registry_rejected_records.with_label_values(&[reason]);
         }
         m.registry_in_step.set(1);
+        m.events_delivered.with_label_values(&["pet.usage.v1"]);
         m
     }
 
@@ -295,6 +327,10 @@ impl Metrics {
             rate_limited: counter(r, &RATE_LIMITED),
             shadow_refusals: counter(r, &SHADOW_REFUSALS),
             log_lines_dropped: plain_counter(r, &LOG_LINES_DROPPED),
+            events_pending: plain_gauge(r, &EVENTS_PENDING),
+            events_delivered: counter(r, &EVENTS_DELIVERED),
+            events_delivery_failures: plain_counter(r, &EVENTS_DELIVERY_FAILURES),
+            events_dropped: plain_counter(r, &EVENTS_DROPPED),
             bans: counter(r, &BANS),
             auth_failures: counter(r, &AUTH_FAILURES),
             store_duration: plain_histogram(r, &STORE_DURATION, LATENCY),

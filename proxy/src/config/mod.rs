@@ -91,6 +91,7 @@ fn validate_parts(l: &Layers) -> Result<Config, ConfigError> {
     let registry_admin = parts::redis_access::registry_admin(l)?;
     let keys = parts::keys::validate(l, environment, store.redis_url.is_some())?;
     let limits = parts::limits::validate(l)?;
+    let events = parts::events::validate(l)?;
     Ok(Config {
         listen: listen.listen,
         admin_listen: admin.admin_listen,
@@ -125,6 +126,8 @@ fn validate_parts(l: &Layers) -> Result<Config, ConfigError> {
         grace_period_secs: runtime.grace_period_secs,
         shutdown_timeout_secs: runtime.shutdown_timeout_secs,
         upgrade_sock: listen.upgrade_sock,
+        node_id: events.node_id,
+        metering_file: events.metering_file,
         environment: runtime.environment,
     })
 }
@@ -610,6 +613,8 @@ upstream_keepalive_pool_size = 16
         ("tls_cert", "--tls-cert", "PET_GATEWAY_TLS_CERT"),
         ("tls_key", "--tls-key", "PET_GATEWAY_TLS_KEY"),
         ("log_format", "--log-format", "PET_GATEWAY_LOG_FORMAT"),
+        ("node_id", "--node-id", "PET_GATEWAY_NODE_ID"),
+        ("metering_file", "--metering-file", "PET_GATEWAY_METERING_FILE"),
     ];
 
     #[test]

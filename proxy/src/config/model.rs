@@ -104,6 +104,10 @@ pub struct Config {
     pub shutdown_timeout_secs: u64,
     /// Where a running gateway hands its sockets to its successor (`serve --upgrade`).
     pub upgrade_sock: PathBuf,
+    /// This node's name in its events.
+    pub node_id: String,
+    /// Where usage events go (`<metering_file>.YYYY-MM-DD`); none without it.
+    pub metering_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]

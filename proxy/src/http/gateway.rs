@@ -40,6 +40,8 @@ pub struct Settings {
     pub api_key_prefix: String,
     pub on_store_error: OnStoreError,
     pub ban: BanPolicy,
+    /// Usage for the metering file, when there is one.
+    pub meter: Option<Arc<crate::events::usage::Meter>>,
 }
 
 pub struct Gateway {
@@ -69,6 +71,7 @@ impl Gateway {
                 quota_status,
                 api_key_prefix: settings.api_key_prefix,
                 client_read_timeout: settings.client_read_timeout,
+                meter: settings.meter,
             },
             upstreams: Upstreams::new(settings.upstreams),
             connect_timeout: settings.upstream_connect_timeout,

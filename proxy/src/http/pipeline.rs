@@ -19,6 +19,7 @@ use pingora::Error;
 
 use crate::base::clock::unix_now;
 use crate::base::metrics::METRICS;
+use crate::events::usage::Meter;
 use crate::http::auth::{bearer_token, AuthFailure};
 use crate::http::context::Ctx;
 use crate::http::quota_status::QuotaStatus;
@@ -61,6 +62,8 @@ pub struct Pipeline {
     pub quota_status: Arc<QuotaStatus>,
     pub api_key_prefix: String,
     pub client_read_timeout: Duration,
+    /// Usage for the metering file, when there is one.
+    pub meter: Option<Arc<Meter>>,
 }
 
 impl Pipeline {
@@ -190,6 +193,17 @@ impl Pipeline {
         ctx.store_time = decision.store_time;
         ctx.store_degraded = decision.degraded;
         ctx.rate = decision.view;
+        if let (Some(meter), Some(view), false) = (&self.meter, &ctx.rate, decision.degraded) {
+            // What the store decided, at its clock: a node's guess while it is away is not.
+            let admitted = match decision.outcome {
+                Outcome::Admitted => Some(true),
+                Outcome::Limited | Outcome::Banned => Some(false),
+                Outcome::StoreUnavailable => None,
+            };
+            if let Some(admitted) = admitted {
+                meter.record(key, ctx.route.as_str(), view.now, admitted, ctx.cost);
+            }
+        }
         let plan = &*key.plan;
         if decision.ban_started {
             METRICS.bans.with_label_values(&[plan]).inc();

@@ -16,6 +16,9 @@ use pingora::services::listening::Service;
 use crate::base::metrics::METRICS;
 use crate::base::redis::{RedisAccess, RedisAccessError};
 use crate::config::Config;
+use crate::events::cloud::Origin;
+use crate::events::pump::{self, PumpHandle};
+use crate::events::usage::Meter;
 use crate::http::gateway::{self, Gateway};
 use crate::http::head_deadline::HeadDeadline;
 use crate::http::tls::{CertResolver, TlsError};
@@ -42,6 +45,8 @@ pub enum ServeError {
     Registry(String),
     #[error(transparent)]
     Redis(#[from] RedisAccessError),
+    #[error("cannot start the events thread (metering_file): {0}")]
+    Events(std::io::Error),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         addr: SocketAddr,
@@ -89,8 +94,9 @@ pub fn run(
     let (key_store, registry_state) = key_source(&config, &mut server, &catalog)?;
 
     let resilience = Resilience::default();
+    let (meter, metering) = metering(&config)?;
     let gateway = Gateway::new(
-        gateway_settings(&config),
+        gateway_settings(&config, meter),
         Arc::clone(&catalog),
         store,
         Arc::clone(&unauth),
@@ -137,6 +143,8 @@ pub fn run(
     server.run(RunArgs {
         shutdown_signal: shutdown,
     });
+    // Every request has finished: the pump writes the minutes still open, then stops.
+    drop(metering);
     Ok(())
 }
 
@@ -484,8 +492,20 @@ impl BackgroundService for RegistrySync {
     }
 }
 
+/// The usage meter the request path counts into, and the pump that writes it to the metering
+/// file; neither without `metering_file`.
+fn metering(config: &Config) -> Result<(Option<Arc<Meter>>, Option<PumpHandle>), ServeError> {
+    let Some(base) = &config.metering_file else {
+        return Ok((None, None));
+    };
+    let meter = Arc::new(Meter::default());
+    let origin = Arc::new(Origin::new(&config.environment, &config.node_id));
+    let handle = pump::start(Arc::clone(&meter), origin, base).map_err(ServeError::Events)?;
+    Ok((Some(meter), Some(handle)))
+}
+
 /// What the request path takes from the config.
-fn gateway_settings(config: &Config) -> gateway::Settings {
+fn gateway_settings(config: &Config, meter: Option<Arc<Meter>>) -> gateway::Settings {
     gateway::Settings {
         environment: config.environment.clone(),
         upstreams: config.upstreams.clone(),
@@ -495,5 +515,6 @@ fn gateway_settings(config: &Config) -> gateway::Settings {
         api_key_prefix: config.api_key_prefix.clone(),
         on_store_error: config.on_store_error,
         ban: config.ban.clone(),
+        meter,
     }
 }

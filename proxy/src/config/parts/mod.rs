@@ -2,6 +2,7 @@
 //! its own section into its piece of [`super::Config`].
 
 pub mod admin;
+pub mod events;
 pub mod keys;
 pub mod limits;
 pub mod listen;
@@ -28,6 +29,7 @@ pub const ALL: &[&[Row]] = &[
     limits::SETTINGS,
     tls::SETTINGS,
     logging::SETTINGS,
+    events::SETTINGS,
 ];
 
 /// Every setting's row, part by part.

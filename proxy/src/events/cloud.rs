@@ -1,0 +1,108 @@
+//! The CloudEvents 1.0 envelope (JSON format) and the ids of this process's events.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+use crate::base::clock::rfc3339;
+
+/// Where this process's events come from, and their ids.
+pub struct Origin {
+    /// `pet-gateway/<environment>/<node>`.
+    source: String,
+    /// A part of every id that no other process has: the node, the process id and when the
+    /// process started, so that an old and a new process of one node (`serve --upgrade`) never
+    /// share an id.
+    process: String,
+    next: AtomicU64,
+}
+
+impl Origin {
+    pub fn new(environment: &str, node: &str) -> Origin {
+        let started = crate::base::clock::unix_now_ms();
+        Origin {
+            source: format!("pet-gateway/{environment}/{node}"),
+            process: format!("{node}.{}.{started:x}", std::process::id()),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// A new id, unique to this event: a receiver drops a second delivery of one id.
+    pub fn next_id(&self) -> String {
+        format!(
+            "{}.{}",
+            self.process,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+#[derive(Serialize)]
+struct Envelope<'a, D: Serialize> {
+    specversion: &'static str,
+    id: String,
+    source: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    time: String,
+    datacontenttype: &'static str,
+    data: &'a D,
+}
+
+/// One event as one line of JSON (ending in `\n`), its id made now: written and retried as
+/// it is, so the id stays the same across deliveries.
+pub fn line<D: Serialize>(origin: &Origin, kind: &'static str, time: u64, data: &D) -> String {
+    let envelope = Envelope {
+        specversion: "1.0",
+        id: origin.next_id(),
+        source: origin.source(),
+        kind,
+        time: rfc3339(time),
+        datacontenttype: "application/json",
+        data,
+    };
+    // A struct of strings and integers always serializes.
+    let mut s = serde_json::to_string(&envelope).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_is_a_cloudevent_with_a_fresh_id() {
+        let origin = Origin::new("production", "node-a");
+        let a = line(
+            &origin,
+            "pet.test.v1",
+            1_795_000_000,
+            &serde_json::json!({"n": 1}),
+        );
+        let b = line(
+            &origin,
+            "pet.test.v1",
+            1_795_000_000,
+            &serde_json::json!({"n": 1}),
+        );
+        assert!(a.ends_with('\n') && !a[..a.len() - 1].contains('\n'));
+        let v: serde_json::Value = serde_json::from_str(&a).unwrap();
+        assert_eq!(v["specversion"], "1.0");
+        assert_eq!(v["source"], "pet-gateway/production/node-a");
+        assert_eq!(v["type"], "pet.test.v1");
+        assert_eq!(v["time"], "2026-11-18T11:06:40Z");
+        assert_eq!(v["data"]["n"], 1);
+        let w: serde_json::Value = serde_json::from_str(&b).unwrap();
+        assert_ne!(v["id"], w["id"]);
+        let id = v["id"].as_str().unwrap();
+        assert!(
+            id.starts_with(&format!("node-a.{}.", std::process::id())),
+            "{id}"
+        );
+    }
+}

@@ -1,0 +1,157 @@
+//! Usage events end to end (issue 24): real `pet-gateway`, `pet-backend` and `redis-server`
+//! processes on loopback; the metering file read back as the billing job would.
+
+use std::path::Path;
+use std::time::Duration;
+
+use e2e::{burst, first_key_id, fresh_minute, Fixture, GatewayProcess, Process, RedisServer};
+use serde_json::Value;
+
+/// Every event in the metering files of `dir` (`<base>.YYYY-MM-DD`).
+fn events(dir: &Path) -> Vec<Value> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("metering folder") {
+        let path = entry.expect("entry").path();
+        if !path.to_string_lossy().contains("metering.ndjson.") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("metering file");
+        for line in text.lines() {
+            out.push(serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")));
+        }
+    }
+    out
+}
+
+/// Stops a gateway by SIGTERM and waits for it to exit 0.
+fn stop(gateway: GatewayProcess) {
+    gateway.process.signal(15); // SIGTERM
+    let code = Process::wait_exit(gateway.process, Duration::from_secs(30));
+    assert_eq!(code, Some(0), "the gateway stops cleanly");
+}
+
+fn sum(events: &[Value], key_id: &str, field: &str) -> u64 {
+    events
+        .iter()
+        .filter(|e| e["type"] == "pet.usage.v1" && e["data"]["key_id"] == key_id)
+        .map(|e| e["data"][field].as_u64().expect("a count"))
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_events_carry_what_was_admitted_and_refused_and_a_stop_writes_them() {
+    let f = Fixture::new(5, 1_000);
+    let key = f.issue("free");
+    let key_id = first_key_id(&f.keys);
+    let backend = f.backend();
+    let metering = f.dir.path().join("metering");
+    std::fs::create_dir(&metering).unwrap();
+    let mut spec = f.spec(backend.addr);
+    spec.extra = format!(
+        "node_id = \"node-a\"\nmetering_file = \"{}\"\ngrace_period_secs = 0\n",
+        metering.join("metering.ndjson").display()
+    );
+    let gateway = f.gateway(&spec);
+    fresh_minute(Duration::from_secs(10));
+    let client = reqwest::Client::new();
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        let resp = client
+            .get(gateway.url("/v1/pets"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        statuses.push(resp.status().as_u16());
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        5,
+        "{statuses:?}"
+    );
+    assert!(events(&metering).is_empty(), "the minute is still open");
+    stop(gateway);
+
+    let got = events(&metering);
+    assert!(!got.is_empty(), "a stop writes the open minute");
+    assert_eq!(sum(&got, &key_id, "admitted"), 5);
+    assert_eq!(sum(&got, &key_id, "cost"), 5);
+    assert_eq!(sum(&got, &key_id, "refused"), 3);
+    let e = &got[0];
+    assert_eq!(e["specversion"], "1.0");
+    assert_eq!(e["source"], "pet-gateway/test/node-a");
+    assert_eq!(e["datacontenttype"], "application/json");
+    assert_eq!(e["data"]["plan"], "free");
+    assert_eq!(e["data"]["operation"], "listPets");
+    assert!(e["data"]["minute"].as_str().unwrap().ends_with(":00Z"));
+    let mut ids: Vec<&str> = got.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), got.len(), "every event has its own id");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_nodes_usage_adds_up_to_the_stores_count() {
+    let f = Fixture::new(40, 1_000);
+    let key = f.issue("free");
+    let key_id = first_key_id(&f.keys);
+    let backend = f.backend();
+    let redis = RedisServer::start();
+    let metering = f.dir.path().join("metering");
+    std::fs::create_dir(&metering).unwrap();
+    let gateways: Vec<GatewayProcess> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|node| {
+            let mut spec = f.spec(backend.addr);
+            spec.redis_url = Some(redis.url());
+            spec.extra = format!(
+                "node_id = \"{node}\"\nmetering_file = \"{}\"\ngrace_period_secs = 0\n\
+                 [ban]\nstrikes = 1000000\n",
+                metering.join("metering.ndjson").display()
+            );
+            f.gateway(&spec)
+        })
+        .collect();
+    fresh_minute(Duration::from_secs(15));
+    let counts = burst(&gateways, &key, 120).await;
+    assert_eq!(counts.get(&200).copied(), Some(40), "{counts:?}");
+    // The store's own count of the minute, as GET /v1/rate_limit reads it.
+    let status: Value = reqwest::Client::new()
+        .get(gateways[0].url("/v1/rate_limit"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let minute = &status["minute"];
+    let counted = minute["limit"].as_u64().unwrap() - minute["remaining"].as_u64().unwrap();
+    for g in gateways {
+        stop(g);
+    }
+    let got = events(&metering);
+    let sources: std::collections::HashSet<&str> =
+        got.iter().map(|e| e["source"].as_str().unwrap()).collect();
+    assert!(
+        sources.len() >= 2,
+        "events from the nodes that served: {sources:?}"
+    );
+    assert_eq!(sum(&got, &key_id, "cost"), counted);
+    assert_eq!(sum(&got, &key_id, "admitted"), 40);
+    assert_eq!(sum(&got, &key_id, "refused"), 80);
+}
+
+#[test]
+fn a_metering_file_in_a_missing_folder_is_refused_at_start_naming_the_setting() {
+    let f = Fixture::new(5, 1_000);
+    let mut spec = f.spec("127.0.0.1:9".parse().unwrap());
+    spec.extra = format!(
+        "metering_file = \"{}\"\n",
+        f.dir.path().join("nowhere/metering.ndjson").display()
+    );
+    let (code, log) = GatewayProcess::start_refused(f.dir.path(), &spec);
+    assert_ne!(code, Some(0));
+    assert!(log.contains("metering_file"), "{log}");
+    assert!(log.contains("no such folder"), "{log}");
+}
