@@ -614,7 +614,11 @@ upstream_keepalive_pool_size = 16
         ("tls_key", "--tls-key", "PET_GATEWAY_TLS_KEY"),
         ("log_format", "--log-format", "PET_GATEWAY_LOG_FORMAT"),
         ("node_id", "--node-id", "PET_GATEWAY_NODE_ID"),
-        ("metering_file", "--metering-file", "PET_GATEWAY_METERING_FILE"),
+        (
+            "metering_file",
+            "--metering-file",
+            "PET_GATEWAY_METERING_FILE",
+        ),
     ];
 
     #[test]

@@ -1,11 +1,16 @@
 //! The metering file: events appended one a line, a file a day. The setting names the base,
-//! `metering_file = "/var/lib/pet-gateway/metering.ndjson"`; a day's events go to
-//! `metering.ndjson.YYYY-MM-DD` (the UTC day they are written), so a billing job reads whole
-//! days that nothing writes any more. Appends are synced; a write that fails (a full disk) is
-//! cut back off the file, so no line is ever left half-written.
+//! `metering_file = "/var/lib/pet-gateway/metering.ndjson"`; the events of a UTC day go to
+//! `metering.ndjson.YYYY-MM-DD` (the day of the minute a usage event is of). Appends are synced,
+//! under an exclusive `flock` so that the processes sharing a file (nodes on one folder, an old
+//! and a new process during `serve --upgrade`) never interleave; a write that fails (a full
+//! disk) is cut back off the file under the same lock, so no line is ever half-written and no
+//! other process's lines are touched. A file deleted or moved away while open (a billing job
+//! taking it) is noticed at the next append and made anew.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::base::clock::civil_from_days;
@@ -24,36 +29,68 @@ impl DailyFile {
         }
     }
 
-    /// The file of the UTC day that Unix second `now` falls in.
-    pub fn path_for(base: &Path, now: u64) -> PathBuf {
-        let (y, m, d) = civil_from_days(now / 86_400);
+    /// The file of UTC day `day` (days since 1970-01-01).
+    pub fn path_for(base: &Path, day: u64) -> PathBuf {
+        let (y, m, d) = civil_from_days(day);
         let mut name = base.as_os_str().to_owned();
         name.push(format!(".{y:04}-{m:02}-{d:02}"));
         PathBuf::from(name)
     }
 
-    /// Appends `lines` (whole lines) to the day's file and syncs it; on an error the file is
-    /// as it was.
-    pub fn append(&mut self, now: u64, lines: &[u8]) -> std::io::Result<()> {
-        let day = now / 86_400;
-        if self.open.as_ref().is_none_or(|(d, _)| *d != day) {
-            let file = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(Self::path_for(&self.base, now))?;
+    /// Appends `lines` (whole lines) to day `day`'s file and syncs it; on an error the file
+    /// is as it was.
+    pub fn append(&mut self, day: u64, lines: &[u8]) -> std::io::Result<()> {
+        let path = Self::path_for(&self.base, day);
+        let stale = match &self.open {
+            Some((d, file)) => *d != day || !same_file(&path, file),
+            None => true,
+        };
+        if stale {
+            self.open = None;
+            let file = OpenOptions::new().create(true).append(true).open(&path)?;
             self.open = Some((day, file));
         }
-        let Some((_, file)) = self.open.as_mut() else {
+        let Some((_, file)) = self.open.as_ref() else {
             return Ok(());
         };
+        let _lock = Flock::exclusive(file)?;
         let before = file.metadata()?.len();
-        let written = file.write_all(lines).and_then(|()| file.sync_data());
+        let mut out: &File = file;
+        let written = out.write_all(lines).and_then(|()| file.sync_data());
         if written.is_err() {
             // Whatever part of it went in comes out again; the caller keeps the lines.
             let _ = file.set_len(before);
-            self.open = None;
+            let _ = file.sync_data();
         }
         written
+    }
+}
+
+/// Whether `path` still names the open `file` (not deleted, moved away or replaced).
+fn same_file(path: &Path, file: &File) -> bool {
+    match (std::fs::metadata(path), file.metadata()) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// An exclusive `flock` on a file, released when dropped.
+struct Flock<'a>(&'a File);
+
+impl<'a> Flock<'a> {
+    fn exclusive(file: &'a File) -> std::io::Result<Flock<'a>> {
+        // SAFETY: a valid open descriptor; flock takes no pointers.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Flock(file))
+    }
+}
+
+impl Drop for Flock<'_> {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
     }
 }
 
@@ -61,17 +98,59 @@ impl DailyFile {
 mod tests {
     use super::*;
 
+    const DAY: u64 = 20_775; // 2026-11-18
+
     #[test]
     fn each_utc_day_has_its_own_file() {
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().join("metering.ndjson");
         let mut f = DailyFile::new(&base);
-        f.append(1_795_046_399, b"{\"a\":1}\n").unwrap();
-        f.append(1_795_046_400, b"{\"b\":2}\n").unwrap();
-        f.append(1_795_046_401, b"{\"c\":3}\n").unwrap();
+        f.append(DAY, b"{\"a\":1}\n").unwrap();
+        f.append(DAY + 1, b"{\"b\":2}\n").unwrap();
+        f.append(DAY, b"{\"c\":3}\n").unwrap();
         let day1 = std::fs::read_to_string(dir.path().join("metering.ndjson.2026-11-18")).unwrap();
         let day2 = std::fs::read_to_string(dir.path().join("metering.ndjson.2026-11-19")).unwrap();
-        assert_eq!(day1, "{\"a\":1}\n");
-        assert_eq!(day2, "{\"b\":2}\n{\"c\":3}\n");
+        assert_eq!(day1, "{\"a\":1}\n{\"c\":3}\n");
+        assert_eq!(day2, "{\"b\":2}\n");
+    }
+
+    #[test]
+    fn a_file_taken_away_while_open_is_made_anew() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("m.ndjson");
+        let mut f = DailyFile::new(&base);
+        f.append(DAY, b"one\n").unwrap();
+        let path = DailyFile::path_for(&base, DAY);
+        std::fs::rename(&path, dir.path().join("taken")).unwrap();
+        f.append(DAY, b"two\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "two\n");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("taken")).unwrap(),
+            "one\n"
+        );
+    }
+
+    #[test]
+    fn two_writers_of_one_file_keep_every_line_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("m.ndjson");
+        let writers: Vec<_> = (0..2)
+            .map(|w| {
+                let base = base.clone();
+                std::thread::spawn(move || {
+                    let mut f = DailyFile::new(&base);
+                    for i in 0..200 {
+                        let line = format!("{}{w}{i:04}\n", "x".repeat(5000));
+                        f.append(DAY, line.as_bytes()).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        let text = std::fs::read_to_string(DailyFile::path_for(&base, DAY)).unwrap();
+        assert_eq!(text.lines().count(), 400);
+        assert!(text.lines().all(|l| l.len() == 5005));
     }
 }

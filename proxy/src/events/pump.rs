@@ -1,14 +1,17 @@
-//! The thread that turns usage into events and writes them: once a second it takes the minutes
-//! that ended at least `GRACE` ago (the store's clock may run a little ahead of this node's, and
-//! a decision is counted just after it is made), makes one `pet.usage.v1` a slot, and appends
-//! what is waiting to the metering file. A failed write keeps the events, in order, for the next
-//! round, up to `MAX_PENDING` bytes; past that new events are dropped and counted. Stopping it
-//! (dropping the handle after the server has stopped) writes every minute, the open one too.
+//! The thread that turns usage into events and writes them. Once a second it takes the minutes
+//! that ended at least `GRACE` ago by the store's clock (the latest a decision came with, or
+//! this node's less `LOCAL_LAG` when that is later: no decisions come, or the store's clock is
+//! behind; a minute is written at most GRACE + LOCAL_LAG + a round after it ends), makes one `pet.usage.v1` a slot, and appends
+//! what is waiting to the metering file in pieces of whole lines, each dropped from the queue
+//! once synced. A failed write keeps the rest, in order, for the next round, up to
+//! `MAX_PENDING` bytes; past that new events are dropped and counted. Stopping it (dropping the
+//! handle after the server has stopped) writes every minute, the open one too, retrying a failing
+//! file for `STOP_RETRY` before counting what is left as dropped.
 
 use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::cloud::{line, Origin};
 use super::file_sink::DailyFile;
@@ -19,20 +22,31 @@ use crate::base::metrics::METRICS;
 const USAGE: &str = "pet.usage.v1";
 /// How long after its end a minute is taken: decisions of it may still be arriving.
 const GRACE: u64 = 10;
+/// How far this node's clock may run ahead of the store's before it releases minutes itself.
+const LOCAL_LAG: u64 = 30;
 const TICK: Duration = Duration::from_secs(1);
 /// The most bytes of events kept for a sink that fails.
 const MAX_PENDING: usize = 64 * 1024 * 1024;
+/// The most bytes one append hands the file.
+const PIECE: usize = 1024 * 1024;
+/// How long the last round keeps trying a failing file.
+const STOP_RETRY: Duration = Duration::from_secs(5);
+/// How long a stop waits for the thread (a disk that hangs for good must not hold it).
+const STOP_WAIT: Duration = Duration::from_secs(10);
 
-struct Pending {
-    lines: VecDeque<(&'static str, String)>,
-    bytes: usize,
+/// An event made and not yet written: its type, the UTC day whose file takes it, the line.
+struct Waiting {
+    kind: &'static str,
+    day: u64,
+    line: String,
 }
 
 struct Pump {
     meter: Arc<Meter>,
     origin: Arc<Origin>,
     file: DailyFile,
-    pending: Pending,
+    pending: VecDeque<Waiting>,
+    pending_bytes: usize,
 }
 
 /// Stops the pump when dropped, after it has written everything it can.
@@ -48,32 +62,13 @@ pub fn start(meter: Arc<Meter>, origin: Arc<Origin>, base: &Path) -> std::io::Re
         meter,
         origin,
         file: DailyFile::new(base),
-        pending: Pending {
-            lines: VecDeque::new(),
-            bytes: 0,
-        },
+        pending: VecDeque::new(),
+        pending_bytes: 0,
     };
     let signal = Arc::clone(&stop);
     let thread = std::thread::Builder::new()
         .name("events".into())
-        .spawn(move || {
-            let (lock, cv) = &*signal;
-            loop {
-                let mut stopped = lock.lock().unwrap_or_else(PoisonError::into_inner);
-                if !*stopped {
-                    stopped = cv
-                        .wait_timeout(stopped, TICK)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0;
-                }
-                let last = *stopped;
-                drop(stopped);
-                pump.round(unix_now(), last);
-                if last {
-                    return;
-                }
-            }
-        })?;
+        .spawn(move || pump.run(&signal))?;
     Ok(PumpHandle {
         stop,
         thread: Some(thread),
@@ -81,57 +76,112 @@ pub fn start(meter: Arc<Meter>, origin: Arc<Origin>, base: &Path) -> std::io::Re
 }
 
 impl Pump {
-    /// Makes the events of the minutes ended by `now` (all of them when `last`) and writes
-    /// what is waiting.
-    fn round(&mut self, now: u64, last: bool) {
+    fn run(&mut self, signal: &(Mutex<bool>, Condvar)) {
+        let (lock, cv) = signal;
+        loop {
+            let mut stopped = lock.lock().unwrap_or_else(PoisonError::into_inner);
+            if !*stopped {
+                stopped = cv
+                    .wait_timeout(stopped, TICK)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
+            let last = *stopped;
+            drop(stopped);
+            // A round that panics loses its events, not the thread: the next round goes on.
+            let round = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.round(unix_now(), last);
+            }));
+            if round.is_err() {
+                tracing::error!("a round of the events thread panicked; its events are lost");
+            }
+            if last {
+                self.finish();
+                return;
+            }
+        }
+    }
+
+    /// Makes the events of the minutes ended by the store's clock (all of them when `last`)
+    /// and writes what is waiting.
+    fn round(&mut self, local_now: u64, last: bool) {
+        let clock = self
+            .meter
+            .store_now()
+            .max(local_now.saturating_sub(LOCAL_LAG));
         let before = if last {
             u64::MAX
         } else {
-            now.saturating_sub(60 + GRACE) / 60 * 60 + 60
+            clock.saturating_sub(60 + GRACE) / 60 * 60 + 60
         };
         for (slot, counts) in self.meter.take_before(before) {
-            let event = line(&self.origin, USAGE, now, &slot.data(counts));
-            self.queue(USAGE, event);
+            let event = line(&self.origin, USAGE, local_now, &slot.data(counts));
+            self.queue(USAGE, slot.minute / 86_400, event);
         }
-        self.write(now);
+        self.write();
     }
 
-    fn queue(&mut self, kind: &'static str, event: String) {
-        if self.pending.bytes + event.len() > MAX_PENDING {
+    fn queue(&mut self, kind: &'static str, day: u64, line: String) {
+        if self.pending_bytes + line.len() > MAX_PENDING {
             METRICS.events_dropped.inc();
             return;
         }
-        self.pending.bytes += event.len();
-        self.pending.lines.push_back((kind, event));
-        METRICS.events_pending.set(self.pending.lines.len() as i64);
+        self.pending_bytes += line.len();
+        self.pending.push_back(Waiting { kind, day, line });
+        METRICS.events_pending.set(self.pending.len() as i64);
     }
 
-    /// Appends every waiting event in one write; on failure they stay, in order.
-    fn write(&mut self, now: u64) {
-        if self.pending.lines.is_empty() {
-            return;
-        }
-        let mut batch = Vec::with_capacity(self.pending.bytes);
-        for (_, l) in &self.pending.lines {
-            batch.extend_from_slice(l.as_bytes());
-        }
-        match self.file.append(now, &batch) {
-            Ok(()) => {
-                for (kind, _) in self.pending.lines.drain(..) {
-                    METRICS.events_delivered.with_label_values(&[kind]).inc();
+    /// Appends the waiting events in pieces (whole lines of one day, at most `PIECE` bytes);
+    /// each piece leaves the queue once synced. False when an append failed.
+    fn write(&mut self) -> bool {
+        let mut ok = true;
+        while let Some(first) = self.pending.front() {
+            let day = first.day;
+            let (mut n, mut bytes) = (0, 0);
+            for w in self.pending.iter() {
+                if w.day != day || (n > 0 && bytes + w.line.len() > PIECE) {
+                    break;
                 }
-                self.pending.bytes = 0;
+                n += 1;
+                bytes += w.line.len();
             }
-            Err(e) => {
+            let mut piece = Vec::with_capacity(bytes);
+            for w in self.pending.iter().take(n) {
+                piece.extend_from_slice(w.line.as_bytes());
+            }
+            if let Err(e) = self.file.append(day, &piece) {
                 METRICS.events_delivery_failures.inc();
                 tracing::warn!(
                     error = %e,
-                    pending = self.pending.lines.len(),
+                    pending = self.pending.len(),
                     "cannot write the metering file; its events are kept and written again"
                 );
+                ok = false;
+                break;
             }
+            for w in self.pending.drain(..n) {
+                METRICS.events_delivered.with_label_values(&[w.kind]).inc();
+            }
+            self.pending_bytes -= bytes;
         }
-        METRICS.events_pending.set(self.pending.lines.len() as i64);
+        METRICS.events_pending.set(self.pending.len() as i64);
+        ok
+    }
+
+    /// The last round's retries; what still cannot be written is dropped and counted.
+    fn finish(&mut self) {
+        let until = Instant::now() + STOP_RETRY;
+        while !self.pending.is_empty() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(250));
+            self.write();
+        }
+        if !self.pending.is_empty() {
+            METRICS.events_dropped.inc_by(self.pending.len() as u64);
+            tracing::error!(
+                lost = self.pending.len(),
+                "usage events lost at stop: the metering file could not be written"
+            );
+        }
     }
 }
 
@@ -140,10 +190,17 @@ impl Drop for PumpHandle {
         let (lock, cv) = &*self.stop;
         *lock.lock().unwrap_or_else(PoisonError::into_inner) = true;
         cv.notify_all();
-        if let Some(thread) = self.thread.take() {
-            // Its last round is one append and sync: a disk that hangs for good would hold the
-            // stop here, as it would hold any write of the process.
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        let deadline = Instant::now() + STOP_WAIT;
+        while !thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if thread.is_finished() {
             let _ = thread.join();
+        } else {
+            tracing::error!("the events thread did not finish writing within {STOP_WAIT:?}");
         }
     }
 }
@@ -162,33 +219,41 @@ mod tests {
         meter.record(&key, "listPets", now, true, 1);
     }
 
+    fn pump(dir: &Path, meter: &Arc<Meter>) -> Pump {
+        Pump {
+            meter: Arc::clone(meter),
+            origin: Arc::new(Origin::new("test", "n1")),
+            file: DailyFile::new(&dir.join("m.ndjson")),
+            pending: VecDeque::new(),
+            pending_bytes: 0,
+        }
+    }
+
     fn lines(dir: &Path) -> Vec<serde_json::Value> {
         let mut out = Vec::new();
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        let mut paths: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        paths.sort();
+        for path in paths {
+            let text = std::fs::read_to_string(path).unwrap();
             out.extend(text.lines().map(|l| serde_json::from_str(l).unwrap()));
         }
         out
     }
 
     #[test]
-    fn a_minute_is_written_once_it_has_ended_and_the_open_one_at_the_last_round() {
+    fn a_minute_is_written_once_the_stores_clock_passed_its_end_and_the_open_one_at_stop() {
         let dir = tempfile::tempdir().unwrap();
         let meter = Arc::new(Meter::default());
-        let mut pump = Pump {
-            meter: Arc::clone(&meter),
-            origin: Arc::new(Origin::new("test", "n1")),
-            file: DailyFile::new(&dir.path().join("m.ndjson")),
-            pending: Pending {
-                lines: VecDeque::new(),
-                bytes: 0,
-            },
-        };
+        let mut pump = pump(dir.path(), &meter);
         let t = 1_795_000_020; // 11:07:00 UTC
         usage(&meter, t - 60);
-        usage(&meter, t);
+        usage(&meter, t + GRACE - 1);
         pump.round(t + GRACE - 1, false);
         assert!(lines(dir.path()).is_empty(), "11:06 ended under GRACE ago");
+        usage(&meter, t + GRACE);
         pump.round(t + GRACE, false);
         let got = lines(dir.path());
         assert_eq!(got.len(), 1);
@@ -199,7 +264,69 @@ mod tests {
         let got = lines(dir.path());
         assert_eq!(got.len(), 2);
         assert_eq!(got[1]["data"]["minute"], "2026-11-18T11:07:00Z");
+        assert_eq!(got[1]["data"]["admitted"], 2);
         assert_eq!(got[1]["type"], "pet.usage.v1");
+    }
+
+    #[test]
+    fn a_store_clock_ahead_releases_minutes_by_its_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let meter = Arc::new(Meter::default());
+        let mut pump = pump(dir.path(), &meter);
+        let t = 1_795_000_020;
+        // The store runs 40 s ahead: for it, 11:06 ended GRACE ago; for this node, not yet.
+        usage(&meter, t - 60);
+        usage(&meter, t + GRACE);
+        pump.round(t + GRACE - 40, false);
+        assert_eq!(lines(dir.path()).len(), 1);
+    }
+
+    #[test]
+    fn without_decisions_this_nodes_clock_less_the_lag_releases_minutes() {
+        let dir = tempfile::tempdir().unwrap();
+        let meter = Arc::new(Meter::default());
+        let mut pump = pump(dir.path(), &meter);
+        let t = 1_795_000_020;
+        usage(&meter, t - 60);
+        pump.round(t + GRACE + LOCAL_LAG - 1, false);
+        assert!(lines(dir.path()).is_empty());
+        pump.round(t + GRACE + LOCAL_LAG, false);
+        assert_eq!(lines(dir.path()).len(), 1);
+    }
+
+    #[test]
+    fn a_minute_before_midnight_goes_to_its_own_days_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let meter = Arc::new(Meter::default());
+        let mut pump = pump(dir.path(), &meter);
+        let midnight = 20_776 * 86_400; // 2026-11-19T00:00:00Z
+        usage(&meter, midnight - 30);
+        pump.round(midnight + GRACE + LOCAL_LAG, false);
+        assert!(dir.path().join("m.ndjson.2026-11-18").exists());
+        assert!(!dir.path().join("m.ndjson.2026-11-19").exists());
+    }
+
+    #[test]
+    fn events_a_failing_file_did_not_take_are_kept_in_order_and_written_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let meter = Arc::new(Meter::default());
+        let mut pump = pump(dir.path(), &meter);
+        let t = 1_795_000_020;
+        // The day's file cannot be opened: a folder stands in its place.
+        let blocker = DailyFile::path_for(&dir.path().join("m.ndjson"), t / 86_400);
+        std::fs::create_dir(&blocker).unwrap();
+        let failures = METRICS.events_delivery_failures.get();
+        usage(&meter, t - 120);
+        usage(&meter, t - 60);
+        pump.round(t + GRACE + LOCAL_LAG, false);
+        assert_eq!(pump.pending.len(), 2);
+        assert!(METRICS.events_delivery_failures.get() > failures);
+        std::fs::remove_dir(&blocker).unwrap();
+        pump.round(t + GRACE + LOCAL_LAG + 1, false);
+        assert!(pump.pending.is_empty());
+        let got = lines(dir.path());
+        let minutes: Vec<_> = got.iter().map(|e| e["data"]["minute"].clone()).collect();
+        assert_eq!(minutes, ["2026-11-18T11:05:00Z", "2026-11-18T11:06:00Z"]);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::Serialize;
@@ -16,8 +17,9 @@ const SHARDS: usize = 16;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Slot {
     pub key_id: Arc<str>,
-    /// The customer whose quota the key spends, when it has one.
-    pub customer: Option<Arc<str>>,
+    /// The quota the key spends when not its own: `customer:<name>`, or a rotation's
+    /// predecessor (shared, so the request path allocates nothing for it).
+    pub quota: Option<Arc<str>>,
     pub plan: Arc<str>,
     pub operation: &'static str,
     /// Unix seconds at the minute's start, by the store's clock of the decision.
@@ -53,7 +55,10 @@ impl Slot {
     pub fn data(&self, c: Counts) -> UsageData<'_> {
         UsageData {
             key_id: &self.key_id,
-            customer: self.customer.as_deref(),
+            customer: self
+                .quota
+                .as_deref()
+                .and_then(|q| q.strip_prefix("customer:")),
             plan: &self.plan,
             operation: self.operation,
             minute: crate::base::clock::rfc3339(self.minute),
@@ -68,6 +73,9 @@ impl Slot {
 pub struct Meter {
     hasher: std::hash::RandomState,
     shards: Vec<Mutex<HashMap<Slot, Counts>>>,
+    /// The latest store clock a decision came with: minutes are released by it, not by this
+    /// node's clock, which may differ from the store's.
+    store_now: AtomicU64,
 }
 
 impl Default for Meter {
@@ -75,6 +83,7 @@ impl Default for Meter {
         Meter {
             hasher: std::hash::RandomState::new(),
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            store_now: AtomicU64::new(0),
         }
     }
 }
@@ -92,15 +101,12 @@ impl Meter {
     ) {
         let slot = Slot {
             key_id: Arc::clone(&key.id),
-            customer: key
-                .quota
-                .as_deref()
-                .and_then(|q| q.strip_prefix("customer:"))
-                .map(Arc::from),
+            quota: key.quota.clone(),
             plan: Arc::clone(&key.plan),
             operation,
             minute: now - now % 60,
         };
+        self.store_now.fetch_max(now, Ordering::Relaxed);
         // By key id: one key's slots stay on one shard.
         let shard = self.hasher.hash_one(&slot.key_id) as usize % SHARDS;
         let mut map = self.shards[shard]
@@ -113,6 +119,11 @@ impl Meter {
         } else {
             c.refused += 1;
         }
+    }
+
+    /// The latest store clock seen (0 before the first decision).
+    pub fn store_now(&self) -> u64 {
+        self.store_now.load(Ordering::Relaxed)
     }
 
     /// Takes the slots of minutes that started before `before` (all of them with `u64::MAX`).
@@ -128,6 +139,8 @@ impl Meter {
             *map = open;
             out.extend(ended);
         }
+        // The file reads in the order of the minutes.
+        out.sort_by_key(|(slot, _)| slot.minute);
         out
     }
 }
@@ -166,7 +179,8 @@ mod tests {
                 refused: 1
             }
         );
-        assert_eq!(ended[1].0.customer.as_deref(), Some("acme"));
+        assert_eq!(ended[1].0.data(ended[1].1).customer, Some("acme"));
+        assert_eq!(m.store_now(), 180);
         assert_eq!(ended[1].1.cost, 2);
         assert!(m.take_before(180).is_empty(), "taken once");
         let rest = m.take_before(u64::MAX);
