@@ -53,7 +53,8 @@ def dump(pid, out):
     raise SystemExit("callgrind wrote no dump within 30 s")
 
 
-def measure(bin_dir, work, static, plans, keys_file, redis_url, key, warmup, requests, log="warn"):
+def measure(bin_dir, work, static, plans, keys_file, redis_url, key, warmup, requests, log="warn",
+            metering=False):
     procs = bench.Procs()
     try:
         port, admin = bench.free_port(), bench.free_port()
@@ -64,6 +65,7 @@ def measure(bin_dir, work, static, plans, keys_file, redis_url, key, warmup, req
             f'upstreams = ["127.0.0.1:{static}"]\nkeys_file = "{keys_file}"\nplans_dir = "{plans}"\n'
             f'key_prefix = "bench:{name}"\nthreads = 1\nupgrade_sock = "{work}/{name}.sock"\n'
             + (f'redis_url = "{redis_url}"\nstore_timeout_ms = 5000\n' if redis_url else "")
+            + (f'metering_file = "{work}/metering.ndjson"\n' if metering else "")
             + "[ban]\nstrikes = 1000000000\n")
         command = [str(Path(bin_dir) / "pet-gateway"), "serve", "--config", str(cfg)]
         return counted(procs, work, name, command, port, key, warmup, requests, log)
@@ -108,6 +110,8 @@ def main():
                     help="add plain pingora's pass-through row (bench's passthrough, from each --bin-dir)")
     ap.add_argument("--only-passthrough", action="store_true",
                     help="only the pass-through row (pingora patches)")
+    ap.add_argument("--metering", action="store_true",
+                    help="the gateways write usage events (metering_file): their cost per request")
     ap.add_argument("--name", action="append",
                     help="a label for each --bin-dir, in order (default: the folders)")
     ap.add_argument("--chart", help="also draw the table as a PNG bar chart at this path")
@@ -155,7 +159,7 @@ def main():
             print("| pingora pass-through | " + " | ".join(f"{f:,.0f}" for f in figures) + " |", flush=True)
         for label, url, key in rows:
             figures = [measure(d, work, static, plans, keys_file, url, key, args.warmup, args.requests,
-                               args.log)
+                               args.log, args.metering)
                        for d in dirs]
             table.append((label, figures))
             print(f"| {label} | " + " | ".join(f"{f:,.0f}" for f in figures) + " |", flush=True)

@@ -57,6 +57,7 @@ GW_EMB_OFF = "pet-gateway, embedded, 1 thread, log off"
 GW_EMB_ON = "pet-gateway, embedded, 1 thread, log on"
 GW_REDIS_OFF = "pet-gateway, Redis, 1 thread, log off"
 GW_REDIS_ON = "pet-gateway, Redis, 1 thread, log on"
+GW_EMB_METERED = "pet-gateway, embedded, 1 thread, log on, metering on"
 LUA_DICT_CPUS = "nginx+Lua, shared dict, workers = CPUs, log on"
 LUA_REDIS_CPUS = "nginx+Lua, Redis, workers = CPUs, log on"
 GW_EMB_SHIPPED = "pet-gateway, embedded, as shipped (threads = CPUs, log on)"
@@ -156,7 +157,7 @@ class Bench:
         return Row(name, port, nginx_pids(p), redis=store == "redis", job=True,
                    log=log and folder / "access.log")
 
-    def gateway(self, name, redis, log, threads=1):
+    def gateway(self, name, redis, log, threads=1, metering=False):
         """pet-gateway from bench.py's --bin-dir build. threads=None: as shipped (the config's
         defaults, RUST_LOG unset); else configured as bench.py's rows are (bans off, a 1 s
         store deadline), RUST_LOG=info (log on) or warn (log off)."""
@@ -168,6 +169,8 @@ class Bench:
                 f'key_prefix = "peers:{slug(name)}"\nupgrade_sock = "{self.work}/{slug(name)}.sock"\n')
         if redis:
             text += f'redis_url = "redis://127.0.0.1:{self.redis_port}/"\n'
+        if metering:
+            text += f'metering_file = "{self.work}/{slug(name)}.metering.ndjson"\n'
         env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
         if threads is not None:
             text += f"threads = {threads}\n" + ("store_timeout_ms = 1000\n" if redis else "")
@@ -209,6 +212,7 @@ class Bench:
             (GW_EMB_ON, lambda: self.gateway(GW_EMB_ON, redis=False, log=True)),
             (GW_REDIS_OFF, lambda: self.gateway(GW_REDIS_OFF, redis=True, log=False)),
             (GW_REDIS_ON, lambda: self.gateway(GW_REDIS_ON, redis=True, log=True)),
+            (GW_EMB_METERED, lambda: self.gateway(GW_EMB_METERED, redis=False, log=True, metering=True)),
             (LUA_DICT_CPUS, lambda: self.lua_peer(LUA_DICT_CPUS, "shared", CPUS, log=True)),
             (LUA_REDIS_CPUS, lambda: self.lua_peer(LUA_REDIS_CPUS, "redis", CPUS, log=True)),
             (GW_EMB_SHIPPED, lambda: self.gateway(GW_EMB_SHIPPED, redis=False, log=True, threads=None)),
@@ -356,6 +360,11 @@ def print_derived(rows):
         if target:
             line += f": ≤ 1.5 µs {verdict(mu <= 1.5)}, ≤ 5 % {verdict(mp <= 5)}"
         print(line)
+    us = paired(rows, GW_EMB_METERED, GW_EMB_ON, lambda x, y: x - y)
+    if us is not None:
+        mu = statistics.median(us)
+        print(f"\n(f) Usage metering's cost (issue 24), metering on − off, embedded, 1 thread, log on: "
+              f"{mu:+.2f} µs [{', '.join(f'{x:+.1f}' for x in us)} µs]: ≤ 1 µs {verdict(mu <= 1.0)}")
     print()
     for label, a, b, limit in (
             ("(b) gateway as shipped, embedded ÷ nginx+Lua shared dict, workers = CPUs, log on",
