@@ -214,3 +214,48 @@ async fn a_full_disk_under_the_metering_file_holds_the_events_until_there_is_roo
     assert_eq!(sum(&got, &key_id, "admitted"), 5);
     assert_eq!(sum(&got, &key_id, "refused"), 2);
 }
+
+/// A ban is started by the store's decision, once, whichever node made it: three nodes on one
+/// Redis under a burst report exactly one `pet.key.banned.v1` for it, with a derived id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_nodes_report_one_ban_once() {
+    let f = Fixture::new(2, 1_000);
+    let key = f.issue("free");
+    let key_id = first_key_id(&f.keys);
+    let backend = f.backend();
+    let redis = RedisServer::start();
+    let metering = f.dir.path().join("metering");
+    std::fs::create_dir(&metering).unwrap();
+    let gateways: Vec<GatewayProcess> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|node| {
+            let mut spec = f.spec(backend.addr);
+            spec.redis_url = Some(redis.url());
+            spec.extra = format!(
+                "node_id = \"{node}\"\nmetering_file = \"{}\"\ngrace_period_secs = 0\n\
+                 store_timeout_ms = 2000\n[ban]\nstrikes = 1\n",
+                metering.join("metering.ndjson").display()
+            );
+            f.gateway(&spec)
+        })
+        .collect();
+    fresh_minute(Duration::from_secs(15));
+    let counts = burst(&gateways, &key, 60).await;
+    assert_eq!(counts.get(&200).copied(), Some(2), "{counts:?}");
+    for g in gateways {
+        stop(g);
+    }
+    let bans: Vec<Value> = events(&metering)
+        .into_iter()
+        .filter(|e| e["type"] == "pet.key.banned.v1")
+        .collect();
+    assert_eq!(bans.len(), 1, "{bans:?}");
+    let ban = &bans[0];
+    assert_eq!(ban["data"]["key_id"], key_id.as_str());
+    assert_eq!(ban["data"]["plan"], "free");
+    assert!(ban["id"]
+        .as_str()
+        .unwrap()
+        .starts_with("pet.key.banned.v1:"));
+    assert!(ban["data"]["banned_until"].as_str().unwrap().ends_with('Z'));
+}

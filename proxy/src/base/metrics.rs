@@ -315,7 +315,9 @@ impl Metrics {
             m.registry_rejected_records.with_label_values(&[reason]);
         }
         m.registry_in_step.set(1);
-        m.events_delivered.with_label_values(&["pet.usage.v1"]);
+        for kind in ["pet.usage.v1", "pet.key.banned.v1"] {
+            m.events_delivered.with_label_values(&[kind]);
+        }
         m
     }
 

@@ -56,9 +56,21 @@ struct Envelope<'a, D: Serialize> {
 /// One event as one line of JSON (ending in `\n`), its id made now: written and retried as
 /// it is, so the id stays the same across deliveries.
 pub fn line<D: Serialize>(origin: &Origin, kind: &'static str, time: u64, data: &D) -> String {
+    line_with_id(origin, origin.next_id(), kind, time, data)
+}
+
+/// One event whose id is given: derived from what it is about, so that whoever reports the
+/// same happening gives it the same id and a receiver keeps one.
+pub fn line_with_id<D: Serialize>(
+    origin: &Origin,
+    id: String,
+    kind: &'static str,
+    time: u64,
+    data: &D,
+) -> String {
     let envelope = Envelope {
         specversion: "1.0",
-        id: origin.next_id(),
+        id,
         source: origin.source(),
         kind,
         time: rfc3339(time),

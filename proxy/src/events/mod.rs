@@ -1,6 +1,7 @@
 //! Events for the business: what the gateway tells a billing job about usage, as CloudEvents
 //! 1.0 in JSON (issue 24). So far: `pet.usage.v1`, per key, operation and minute, from each
-//! node, to the metering file (`metering_file`, NDJSON, a file a day).
+//! node, and `pet.key.banned.v1`, once a ban across the fleet, to the metering file
+//! (`metering_file`, NDJSON, a file a day).
 //!
 //! The request path only adds to a counter in memory ([`usage::Meter::record`]); a thread of
 //! its own ([`pump`]) turns minutes that have ended into events and appends them to the file,
@@ -10,5 +11,6 @@
 
 pub mod cloud;
 pub mod file_sink;
+pub mod lifecycle;
 pub mod pump;
 pub mod usage;

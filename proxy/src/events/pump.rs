@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::cloud::{line, Origin};
+use super::cloud::{line, line_with_id, Origin};
 use super::file_sink::DailyFile;
 use super::usage::Meter;
 use crate::base::clock::unix_now;
@@ -114,6 +114,16 @@ impl Pump {
         } else {
             clock.saturating_sub(60 + GRACE) / 60 * 60 + 60
         };
+        for notice in self.meter.take_notices() {
+            let event = line_with_id(
+                &self.origin,
+                notice.id,
+                notice.kind,
+                notice.time,
+                &notice.data,
+            );
+            self.queue(notice.kind, notice.time / 86_400, event);
+        }
         for (slot, counts) in self.meter.take_before(before) {
             let event = line(&self.origin, USAGE, local_now, &slot.data(counts));
             self.queue(USAGE, slot.minute / 86_400, event);

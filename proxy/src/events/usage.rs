@@ -69,8 +69,19 @@ impl Slot {
     }
 }
 
-/// The counts of every slot not yet taken.
+/// An event the request path reports whole (a ban the store started), for the pump to write.
+pub struct Notice {
+    pub kind: &'static str,
+    /// Derived from what it is about (see [`super::cloud::line_with_id`]).
+    pub id: String,
+    /// Unix seconds, by the store's clock.
+    pub time: u64,
+    pub data: serde_json::Value,
+}
+
+/// The counts of every slot not yet taken, and the notices not yet written.
 pub struct Meter {
+    notices: Mutex<Vec<Notice>>,
     hasher: std::hash::RandomState,
     shards: Vec<Mutex<HashMap<Slot, Counts>>>,
     /// The latest store clock a decision came with: minutes are released by it, not by this
@@ -81,6 +92,7 @@ pub struct Meter {
 impl Default for Meter {
     fn default() -> Meter {
         Meter {
+            notices: Mutex::new(Vec::new()),
             hasher: std::hash::RandomState::new(),
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             store_now: AtomicU64::new(0),
@@ -119,6 +131,19 @@ impl Meter {
         } else {
             c.refused += 1;
         }
+    }
+
+    /// Reports `notice` (rare: not on every request).
+    pub fn notify(&self, notice: Notice) {
+        self.notices
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(notice);
+    }
+
+    /// The notices reported since the last call.
+    pub fn take_notices(&self) -> Vec<Notice> {
+        std::mem::take(&mut *self.notices.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// The latest store clock seen (0 before the first decision).

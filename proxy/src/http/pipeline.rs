@@ -19,6 +19,7 @@ use pingora::Error;
 
 use crate::base::clock::unix_now;
 use crate::base::metrics::METRICS;
+use crate::events::lifecycle;
 use crate::events::usage::Meter;
 use crate::http::auth::{bearer_token, AuthFailure};
 use crate::http::context::Ctx;
@@ -30,7 +31,7 @@ use crate::http::trace::TraceContext;
 use crate::keys::catalog::Catalog;
 use crate::keys::format;
 use crate::quota::admission::{Admission, Outcome};
-use crate::quota::rules::RateView;
+use crate::quota::rules::{Binding, RateView};
 use crate::quota::unauth::{UnauthDecision, UnauthLimiter};
 
 /// Why the request path stopped before forwarding.
@@ -202,6 +203,9 @@ impl Pipeline {
             };
             if let Some(admitted) = admitted {
                 meter.record(key, ctx.route.as_str(), view.now, admitted, ctx.cost);
+            }
+            if decision.ban_started && view.binding == Binding::Ban {
+                meter.notify(lifecycle::banned(key, view.now, view.reset));
             }
         }
         let plan = &*key.plan;
