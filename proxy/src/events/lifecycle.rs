@@ -1,11 +1,20 @@
-//! Events about a key rather than its traffic. So far `pet.key.banned.v1`: reported by the node
-//! whose decision started the ban, which the store decides once (its script, or the embedded
-//! store's lock), so one event a ban across the fleet; its id is derived from the key and the
-//! ban's end, so a receiver keeps one whatever reports it twice.
+//! Events about a key rather than its traffic. `pet.key.banned.v1`: reported by the node whose
+//! decision started the ban, which the store decides once (its script, or the embedded store's
+//! lock), so one event a ban across the fleet. `pet.key.issued.v1`, `pet.key.revoked.v1` and
+//! `pet.key.rotated.v1`: reported by whoever made the change (a `keys` command or the admin
+//! API), through the key service, written at once. Their ids are derived from the key and what
+//! happened to it, so a receiver keeps one whatever reports it twice.
 
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use super::cloud::{line_with_id, Origin};
+use super::file_sink::DailyFile;
 use super::usage::Notice;
-use crate::base::clock::rfc3339;
+use crate::base::clock::{rfc3339, unix_now};
 use crate::keys::index::KeyInfo;
+use crate::keys::record::KeyRecord;
+use crate::keys::service::ChangeSink;
 
 pub const BANNED: &str = "pet.key.banned.v1";
 
@@ -29,6 +38,60 @@ pub fn banned(key: &KeyInfo, now: u64, until: u64) -> Notice {
         id: format!("{BANNED}:{}:{until}", key.id),
         time: now,
         data,
+    }
+}
+
+/// The key service's changes, written to the metering file as they are made.
+pub struct KeyChangesFile {
+    origin: Origin,
+    file: Mutex<DailyFile>,
+}
+
+impl KeyChangesFile {
+    pub fn new(environment: &str, node_id: &str, base: PathBuf) -> KeyChangesFile {
+        KeyChangesFile {
+            origin: Origin::new(environment, node_id),
+            file: Mutex::new(DailyFile::new(&base)),
+        }
+    }
+}
+
+impl ChangeSink for KeyChangesFile {
+    fn changed(
+        &self,
+        change: &'static str,
+        record: &KeyRecord,
+        successor: Option<&KeyRecord>,
+    ) -> Result<(), String> {
+        let kind = match change {
+            "issued" => "pet.key.issued.v1",
+            "revoked" => "pet.key.revoked.v1",
+            _ => "pet.key.rotated.v1",
+        };
+        let mut data = serde_json::json!({
+            "key_id": record.id,
+            "plan": record.plan,
+        });
+        if let Some(c) = &record.customer {
+            data["customer"] = c.as_str().into();
+        }
+        if let Some(s) = successor {
+            data["successor_key_id"] = s.id.as_str().into();
+        }
+        let now = unix_now();
+        let line = line_with_id(
+            &self.origin,
+            format!("{kind}:{}", record.id),
+            kind,
+            now,
+            &data,
+        );
+        let mut file = self
+            .file
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        file.append(now / 86_400, line.as_bytes())
+            .map_err(|e| e.to_string())
     }
 }
 

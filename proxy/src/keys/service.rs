@@ -209,8 +209,21 @@ pub fn revoke(store: impl Into<KeyStore>, id: &str) -> Result<KeyRecord, KeysErr
     })
 }
 
+/// Where a key change is reported besides the audit log (the events' metering file, issue 24):
+/// a trait here, so that `keys` need not know the `events` wing above it. `change` is `issued`,
+/// `revoked` or `rotated` (then `successor` is the new key).
+pub trait ChangeSink: Send + Sync {
+    fn changed(
+        &self,
+        change: &'static str,
+        record: &KeyRecord,
+        successor: Option<&KeyRecord>,
+    ) -> Result<(), String>;
+}
+
 /// The key service: both doors to a key change (the `keys` commands and the admin API) go
-/// through it, so a change and its audit line are the same whichever door it came through.
+/// through it, so a change, its audit line and its event are the same whichever door it came
+/// through.
 #[derive(Clone)]
 pub struct KeyService {
     pub store: KeyStore,
@@ -221,6 +234,8 @@ pub struct KeyService {
     /// Who changes keys, for the audit log: the OS user at the command line, `admin` through
     /// the admin API.
     pub who: String,
+    /// Where changes are reported as events; none without `metering_file`.
+    pub changes: Option<std::sync::Arc<dyn ChangeSink>>,
 }
 
 /// A change made, and whether its audit line was written. The change stands either way: the
@@ -230,9 +245,9 @@ pub struct Changed<T> {
     pub audit: Result<(), AuditFailed>,
 }
 
-/// A change that is done but could not be written to the audit log.
+/// A change that is done but could not be written to the audit log, or reported as an event.
 #[derive(Debug, thiserror::Error)]
-#[error("{action} of {key_id} is done, but it could not be written to the audit log: {reason}")]
+#[error("{action} of {key_id} is done, but {reason}")]
 pub struct AuditFailed {
     pub action: String,
     pub key_id: String,
@@ -254,7 +269,9 @@ impl KeyService {
         own: &KeyRecordOptions,
     ) -> Result<Changed<(KeyRecord, String)>, KeysError> {
         let (record, key) = issue(&self.store, plans, plan, name, &self.api_key_prefix, own)?;
-        let audit = self.audit("issue", &record);
+        let audit = self
+            .audit("issue", &record)
+            .and_then(|()| self.report("issue", "issued", &record, None));
         Ok(Changed {
             value: (record, key),
             audit,
@@ -268,7 +285,9 @@ impl KeyService {
         overlap_secs: u64,
     ) -> Result<Changed<(KeyRecord, KeyRecord, String)>, KeysError> {
         let (old, new, key) = rotate(&self.store, id, overlap_secs, &self.api_key_prefix)?;
-        let audit = self.audit("rotate", &old);
+        let audit = self
+            .audit("rotate", &old)
+            .and_then(|()| self.report("rotate", "rotated", &old, Some(&new)));
         Ok(Changed {
             value: (old, new, key),
             audit,
@@ -277,7 +296,9 @@ impl KeyService {
 
     pub fn revoke(&self, id: &str) -> Result<Changed<KeyRecord>, KeysError> {
         let record = revoke(&self.store, id)?;
-        let audit = self.audit("revoke", &record);
+        let audit = self
+            .audit("revoke", &record)
+            .and_then(|()| self.report("revoke", "revoked", &record, None));
         Ok(Changed {
             value: record,
             audit,
@@ -289,6 +310,25 @@ impl KeyService {
         self.store.load()
     }
 
+    /// Reports a change made to the change sink, when there is one.
+    fn report(
+        &self,
+        action: &str,
+        change: &'static str,
+        record: &KeyRecord,
+        successor: Option<&KeyRecord>,
+    ) -> Result<(), AuditFailed> {
+        let Some(sink) = &self.changes else {
+            return Ok(());
+        };
+        sink.changed(change, record, successor)
+            .map_err(|e| AuditFailed {
+                action: action.to_owned(),
+                key_id: record.id.clone(),
+                reason: format!("its event could not be written to the metering file: {e}"),
+            })
+    }
+
     /// Logs a change of `record` already made (also one made elsewhere, such as a usage reset
     /// in the quota store); a failure says that the change is done.
     pub fn audit(&self, action: &str, record: &KeyRecord) -> Result<(), AuditFailed> {
@@ -296,7 +336,7 @@ impl KeyService {
         crate::keys::audit::write(self.audit_log.as_deref(), &line).map_err(|e| AuditFailed {
             action: action.to_owned(),
             key_id: record.id.clone(),
-            reason: e.to_string(),
+            reason: format!("it could not be written to the audit log: {e}"),
         })
     }
 }

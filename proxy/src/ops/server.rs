@@ -169,6 +169,7 @@ fn admin_service(
             api_key_prefix: config.api_key_prefix.clone(),
             audit_log: config.audit_log.clone(),
             who: "admin".to_owned(),
+            changes: crate::ops::commands::key_changes(config),
         },
         registry,
     };

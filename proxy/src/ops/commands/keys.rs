@@ -356,6 +356,7 @@ fn key_service(config: &Config) -> Result<KeyService, String> {
         api_key_prefix: config.api_key_prefix.clone(),
         audit_log: config.audit_log.clone(),
         who: crate::keys::audit::os_user(),
+        changes: super::key_changes(config),
     })
 }
 

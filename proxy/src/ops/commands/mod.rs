@@ -70,6 +70,17 @@ fn load_for_admin(file: Option<&std::path::Path>, flags: &Overrides) -> Result<C
     Config::load(file, &env, flags).map_err(|e| e.to_string())
 }
 
+/// Where the key service reports its changes: the metering file, when there is one (the
+/// `keys` commands and the admin API alike).
+pub fn key_changes(
+    config: &Config,
+) -> Option<std::sync::Arc<dyn crate::keys::service::ChangeSink>> {
+    let base = config.metering_file.clone()?;
+    Some(std::sync::Arc::new(
+        crate::events::lifecycle::KeyChangesFile::new(&config.environment, &config.node_id, base),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
