@@ -20,17 +20,13 @@ pub const BANNED: &str = "pet.key.banned.v1";
 
 /// The notice of `key`'s ban, started at `now` and lasting until `until` (store clock).
 pub fn banned(key: &KeyInfo, now: u64, until: u64) -> Notice {
-    let customer = key
-        .quota
-        .as_deref()
-        .and_then(|q| q.strip_prefix("customer:"));
     let mut data = serde_json::json!({
         "key_id": &*key.id,
         "plan": &*key.plan,
         "banned_until": rfc3339(until),
         "reason": "kept sending after 429",
     });
-    if let Some(c) = customer {
+    if let Some(c) = key.customer() {
         data["customer"] = c.into();
     }
     Notice {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::Serialize;
 
-use crate::keys::index::KeyInfo;
+use crate::keys::index::{customer_of, KeyInfo};
 
 const SHARDS: usize = 16;
 
@@ -55,10 +55,7 @@ impl Slot {
     pub fn data(&self, c: Counts) -> UsageData<'_> {
         UsageData {
             key_id: &self.key_id,
-            customer: self
-                .quota
-                .as_deref()
-                .and_then(|q| q.strip_prefix("customer:")),
+            customer: self.quota.as_deref().and_then(customer_of),
             plan: &self.plan,
             operation: self.operation,
             minute: crate::base::clock::rfc3339(self.minute),
@@ -118,7 +115,11 @@ impl Meter {
             operation,
             minute: now - now % 60,
         };
-        self.store_now.fetch_max(now, Ordering::Relaxed);
+        // Read first: the clock moves once a second, and a write on every request would pull
+        // this cache line from thread to thread.
+        if now > self.store_now.load(Ordering::Relaxed) {
+            self.store_now.fetch_max(now, Ordering::Relaxed);
+        }
         // By key id: one key's slots stay on one shard.
         let shard = self.hasher.hash_one(&slot.key_id) as usize % SHARDS;
         let mut map = self.shards[shard]

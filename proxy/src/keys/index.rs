@@ -31,10 +31,23 @@ pub struct Overrides {
     pub expires_at: Option<NonZeroU32>,
 }
 
+/// What a customer's shared quota id starts with; no key id can.
+pub const CUSTOMER_QUOTA: &str = "customer:";
+
+/// The customer of a shared quota id (`customer:<name>`); none for a rotation's predecessor.
+pub fn customer_of(quota: &str) -> Option<&str> {
+    quota.strip_prefix(CUSTOMER_QUOTA)
+}
+
 impl KeyInfo {
     /// The id of the quota this key counts against.
     pub fn quota_id(&self) -> &Arc<str> {
         self.quota.as_ref().unwrap_or(&self.id)
+    }
+
+    /// The customer whose quota the key spends, when it has one.
+    pub fn customer(&self) -> Option<&str> {
+        self.quota.as_deref().and_then(customer_of)
     }
 
     /// Whether the key has expired at `now` (Unix seconds).

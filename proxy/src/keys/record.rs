@@ -158,7 +158,9 @@ impl KeyRecord {
     /// customer's (`customer:<name>`, which no key id can be), else the key it was rotated from.
     pub fn shared_quota(&self) -> Option<String> {
         match (&self.customer, &self.quota_of) {
-            (Some(customer), _) => Some(format!("customer:{customer}")),
+            (Some(customer), _) => {
+                Some(format!("{}{customer}", crate::keys::index::CUSTOMER_QUOTA))
+            }
             (None, quota_of) => quota_of.clone(),
         }
     }
