@@ -1,11 +1,56 @@
 //! Usage events end to end (issue 24): real `pet-gateway`, `pet-backend` and `redis-server`
 //! processes on loopback; the metering file read back as the billing job would.
 
-use std::path::Path;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use e2e::{burst, first_key_id, fresh_minute, Fixture, GatewayProcess, Process, RedisServer};
+use e2e::{
+    burst, first_key_id, fresh_minute, Fixture, GatewayProcess, GatewaySpec, Process, RedisServer,
+};
 use serde_json::Value;
+
+/// A folder of the fixture's for metering files, made.
+fn metering_folder(f: &Fixture) -> PathBuf {
+    let folder = f.dir.path().join("metering");
+    std::fs::create_dir(&folder).unwrap();
+    folder
+}
+
+/// A gateway in front of `upstream` writing its events to `folder/metering.ndjson`; `more` is
+/// further TOML (top-level keys first, then tables).
+fn metered(f: &Fixture, upstream: SocketAddr, folder: &Path, more: &str) -> GatewaySpec {
+    let mut spec = f.spec(upstream);
+    spec.extra = format!(
+        "metering_file = \"{}\"\n{more}",
+        folder.join("metering.ndjson").display()
+    );
+    spec
+}
+
+/// Three nodes n1, n2, n3 on `redis`, metering into `folder`, stopping at once, with a store
+/// deadline a burst cannot miss (a node deciding without its store admits past the limit,
+/// unmetered), and a ban after `strikes` refusals.
+fn three_nodes(
+    f: &Fixture,
+    upstream: SocketAddr,
+    redis: &RedisServer,
+    folder: &Path,
+    strikes: u64,
+) -> Vec<GatewayProcess> {
+    ["n1", "n2", "n3"]
+        .iter()
+        .map(|node| {
+            let more = format!(
+                "node_id = \"{node}\"\ngrace_period_secs = 0\nstore_timeout_ms = 2000\n\
+                 [ban]\nstrikes = {strikes}\n"
+            );
+            let mut spec = metered(f, upstream, folder, &more);
+            spec.redis_url = Some(redis.url());
+            f.gateway(&spec)
+        })
+        .collect()
+}
 
 /// Every event in the metering files of `dir` (`<base>.YYYY-MM-DD`).
 fn events(dir: &Path) -> Vec<Value> {
@@ -44,12 +89,12 @@ async fn usage_events_carry_what_was_admitted_and_refused_and_a_stop_writes_them
     let key = f.issue("free");
     let key_id = first_key_id(&f.keys);
     let backend = f.backend();
-    let metering = f.dir.path().join("metering");
-    std::fs::create_dir(&metering).unwrap();
-    let mut spec = f.spec(backend.addr);
-    spec.extra = format!(
-        "node_id = \"node-a\"\nmetering_file = \"{}\"\ngrace_period_secs = 0\n",
-        metering.join("metering.ndjson").display()
+    let metering = metering_folder(&f);
+    let spec = metered(
+        &f,
+        backend.addr,
+        &metering,
+        "node_id = \"node-a\"\ngrace_period_secs = 0\n",
     );
     let gateway = f.gateway(&spec);
     fresh_minute(Duration::from_secs(10));
@@ -97,24 +142,9 @@ async fn three_nodes_usage_adds_up_to_the_stores_count() {
     let key_id = first_key_id(&f.keys);
     let backend = f.backend();
     let redis = RedisServer::start();
-    let metering = f.dir.path().join("metering");
-    std::fs::create_dir(&metering).unwrap();
-    let gateways: Vec<GatewayProcess> = ["n1", "n2", "n3"]
-        .iter()
-        .map(|node| {
-            let mut spec = f.spec(backend.addr);
-            spec.redis_url = Some(redis.url());
-            spec.extra = format!(
-                "node_id = \"{node}\"\nmetering_file = \"{}\"\ngrace_period_secs = 0\n\
-                 store_timeout_ms = 2000\n[ban]\nstrikes = 1000000\n",
-                metering.join("metering.ndjson").display()
-            );
-            f.gateway(&spec)
-        })
-        .collect();
+    let metering = metering_folder(&f);
+    let gateways = three_nodes(&f, backend.addr, &redis, &metering, 1_000_000);
     fresh_minute(Duration::from_secs(15));
-    // A store deadline this load cannot miss: a node deciding without its store (the local
-    // fallback) admits beyond the limit, and what it admits that way is not metered.
     let counts = burst(&gateways, &key, 120).await;
     if counts.get(&200).copied() != Some(40) {
         let logs: Vec<String> = gateways.iter().map(|g| g.log_text()).collect();
@@ -153,11 +183,8 @@ async fn three_nodes_usage_adds_up_to_the_stores_count() {
 #[test]
 fn a_metering_file_in_a_missing_folder_is_refused_at_start_naming_the_setting() {
     let f = Fixture::new(5, 1_000);
-    let mut spec = f.spec("127.0.0.1:9".parse().unwrap());
-    spec.extra = format!(
-        "metering_file = \"{}\"\n",
-        f.dir.path().join("nowhere/metering.ndjson").display()
-    );
+    let nowhere = f.dir.path().join("nowhere");
+    let spec = metered(&f, "127.0.0.1:9".parse().unwrap(), &nowhere, "");
     let (code, log) = GatewayProcess::start_refused(f.dir.path(), &spec);
     assert_ne!(code, Some(0));
     assert!(log.contains("metering_file"), "{log}");
@@ -174,11 +201,7 @@ async fn a_full_disk_under_the_metering_file_holds_the_events_until_there_is_roo
     let key_id = first_key_id(&f.keys);
     let backend = f.backend();
     let disk = e2e::SmallDisk::mount(&f.dir.path().join("disk"), 1 << 20);
-    let mut spec = f.spec(backend.addr);
-    spec.extra = format!(
-        "metering_file = \"{}\"\ngrace_period_secs = 0\n",
-        disk.path.join("metering.ndjson").display()
-    );
+    let spec = metered(&f, backend.addr, &disk.path, "grace_period_secs = 0\n");
     let gateway = f.gateway(&spec);
     fresh_minute(Duration::from_secs(10));
     let client = reqwest::Client::new();
@@ -224,21 +247,8 @@ async fn three_nodes_report_one_ban_once() {
     let key_id = first_key_id(&f.keys);
     let backend = f.backend();
     let redis = RedisServer::start();
-    let metering = f.dir.path().join("metering");
-    std::fs::create_dir(&metering).unwrap();
-    let gateways: Vec<GatewayProcess> = ["n1", "n2", "n3"]
-        .iter()
-        .map(|node| {
-            let mut spec = f.spec(backend.addr);
-            spec.redis_url = Some(redis.url());
-            spec.extra = format!(
-                "node_id = \"{node}\"\nmetering_file = \"{}\"\ngrace_period_secs = 0\n\
-                 store_timeout_ms = 2000\n[ban]\nstrikes = 1\n",
-                metering.join("metering.ndjson").display()
-            );
-            f.gateway(&spec)
-        })
-        .collect();
+    let metering = metering_folder(&f);
+    let gateways = three_nodes(&f, backend.addr, &redis, &metering, 1);
     fresh_minute(Duration::from_secs(15));
     let counts = burst(&gateways, &key, 60).await;
     assert_eq!(counts.get(&200).copied(), Some(2), "{counts:?}");
@@ -265,12 +275,12 @@ async fn three_nodes_report_one_ban_once() {
 #[test]
 fn key_changes_from_the_command_line_are_events() {
     let f = Fixture::new(5, 1_000);
-    let metering = f.dir.path().join("metering");
-    std::fs::create_dir(&metering).unwrap();
-    let mut spec = f.spec("127.0.0.1:9".parse().unwrap());
-    spec.extra = format!(
-        "node_id = \"ops\"\nmetering_file = \"{}\"\n",
-        metering.join("metering.ndjson").display()
+    let metering = metering_folder(&f);
+    let spec = metered(
+        &f,
+        "127.0.0.1:9".parse().unwrap(),
+        &metering,
+        "node_id = \"ops\"\n",
     );
     let config = e2e::write_gateway_config(f.dir.path(), &spec);
     let out = e2e::keys_cli(&config, &["issue", "--plan", "free"]);
