@@ -597,14 +597,23 @@ def report_scaling(scaling):
               f"{(r['cpu_us'] / base - 1) * 100:+.0f} % |")
 
 
-def charts(folder, rows, decisions, scaling):
-    """PNG charts of this run's figures, next to RESULTS.md (matplotlib, installed by bench/run)."""
+def pyplot():
+    """matplotlib's pyplot drawing to files, or None (said once) where it is missing: the
+    figures are printed either way, and bench/run installs it."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is missing: no charts (bench/run installs it)", file=sys.stderr)
+        return None
+    return plt
+
+
+def charts(folder, rows, decisions, scaling):
+    """PNG charts of this run's figures, next to RESULTS.md (matplotlib, installed by bench/run)."""
+    plt = pyplot()
+    if plt is None:
         return
     folder.mkdir(parents=True, exist_ok=True)
     proxied = [r for r in rows if r["cpu_us"] == r["cpu_us"]]

@@ -175,12 +175,8 @@ def main():
 
 def chart(path, names, table, log):
     """The table as grouped bars: one group a row, one bar a build."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("no matplotlib: no chart (bench/run installs it)", file=sys.stderr)
+    plt = bench.pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / len(names)

@@ -395,12 +395,8 @@ def print_degraded(rows):
 
 def chart(folder, rows):
     """A bar chart of the median CPU per request, each row's min–max as its error bar."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is missing: no chart (bench/run installs it)", file=sys.stderr)
+    plt = bench.pyplot()
+    if plt is None:
         return
     shown = [r for r in rows.values() if r.median("cpu_us") == r.median("cpu_us")]
     names = [r.name for r in shown][::-1]
