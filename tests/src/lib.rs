@@ -19,6 +19,7 @@ pub mod redis;
 pub mod redis_ha;
 pub mod tls;
 pub mod upstreams;
+pub mod webhook;
 
 use std::time::Duration;
 
@@ -29,6 +30,7 @@ pub use crate::redis::*;
 pub use crate::redis_ha::*;
 pub use crate::tls::*;
 pub use crate::upstreams::*;
+pub use crate::webhook::*;
 
 /// Sleeps, if needed, so that at least `margin` seconds remain in the current UTC minute: tests
 /// that count within one minute window must not straddle two.

@@ -35,10 +35,11 @@ pub struct Metrics {
     pub registry_rejected_records: IntCounterVec,
     pub registry_in_step: IntGauge,
     pub registry_snapshot_unsaved: IntGauge,
-    pub events_pending: IntGauge,
+    pub events_pending: IntGaugeVec,
     pub events_delivered: IntCounterVec,
-    pub events_delivery_failures: IntCounter,
-    pub events_dropped: IntCounter,
+    pub events_delivery_failures: IntCounterVec,
+    pub events_dropped: IntCounterVec,
+    pub events_dead_lettered: IntCounterVec,
 }
 
 /// Latency buckets from 100 µs (a local decision) to 10 s (the upstream read timeout).
@@ -248,29 +249,38 @@ const SHADOW_REFUSALS: Def = Def {
 
 const EVENTS_PENDING: Def = Def {
     name: "pet_gateway_events_pending",
-    help: "Events made and not yet written to their sink (the metering file): growing while the \
-           sink fails (a full disk).",
-    labels: &[],
+    help: "Events made and not yet taken by a sink: `file` the metering file and `spool` the \
+           webhook's spool (both growing while their disk fails), `webhook` the batches in the \
+           spool the receiver has not yet taken (growing while it is down).",
+    labels: &["sink"],
 };
 
 const EVENTS_DELIVERED: Def = Def {
     name: "pet_gateway_events_delivered_total",
-    help: "Events written to their sink (the metering file), by type.",
-    labels: &["type"],
+    help: "Events taken by a sink (`file`: written to the metering file; `webhook`: a 2xx from \
+           the receiver), by type.",
+    labels: &["sink", "type"],
 };
 
 const EVENTS_DELIVERY_FAILURES: Def = Def {
     name: "pet_gateway_events_delivery_failures_total",
-    help: "Failed writes of events to their sink (the metering file: a full disk, no \
-           permission); the events are kept and written again.",
-    labels: &[],
+    help: "Failed writes or posts of events (a full disk, no permission, a receiver down or \
+           answering 5xx/408/429); the events are kept and tried again.",
+    labels: &["sink"],
 };
 
 const EVENTS_DROPPED: Def = Def {
     name: "pet_gateway_events_dropped_total",
-    help: "Events lost: made while the events waiting for a failing sink already filled their \
-           bound in memory. Billing data is missing; page.",
-    labels: &[],
+    help: "Events lost: made while the events waiting for a failing sink (a full disk, a full \
+           spool) already filled their bound in memory. Billing data is missing; page.",
+    labels: &["sink"],
+};
+
+const EVENTS_DEAD_LETTERED: Def = Def {
+    name: "pet_gateway_events_dead_lettered_total",
+    help: "Events the webhook gave up on, moved to the spool's dead-letter file: `rejected` (a \
+           4xx other than 408/429) or `expired` (retried for 24 hours).",
+    labels: &["reason"],
 };
 
 const LOG_LINES_DROPPED: Def = Def {
@@ -315,8 +325,17 @@ impl Metrics {
             m.registry_rejected_records.with_label_values(&[reason]);
         }
         m.registry_in_step.set(1);
-        for kind in ["pet.usage.v1", "pet.key.banned.v1"] {
-            m.events_delivered.with_label_values(&[kind]);
+        for sink in ["file", "spool", "webhook"] {
+            m.events_pending.with_label_values(&[sink]);
+            m.events_delivery_failures.with_label_values(&[sink]);
+            m.events_dropped.with_label_values(&[sink]);
+        }
+        for sink in ["file", "webhook"] {
+            m.events_delivered
+                .with_label_values(&[sink, "pet.usage.v1"]);
+        }
+        for reason in ["rejected", "expired"] {
+            m.events_dead_lettered.with_label_values(&[reason]);
         }
         m
     }
@@ -329,10 +348,11 @@ impl Metrics {
             rate_limited: counter(r, &RATE_LIMITED),
             shadow_refusals: counter(r, &SHADOW_REFUSALS),
             log_lines_dropped: plain_counter(r, &LOG_LINES_DROPPED),
-            events_pending: plain_gauge(r, &EVENTS_PENDING),
+            events_pending: gauge(r, &EVENTS_PENDING),
             events_delivered: counter(r, &EVENTS_DELIVERED),
-            events_delivery_failures: plain_counter(r, &EVENTS_DELIVERY_FAILURES),
-            events_dropped: plain_counter(r, &EVENTS_DROPPED),
+            events_delivery_failures: counter(r, &EVENTS_DELIVERY_FAILURES),
+            events_dropped: counter(r, &EVENTS_DROPPED),
+            events_dead_lettered: counter(r, &EVENTS_DEAD_LETTERED),
             bans: counter(r, &BANS),
             auth_failures: counter(r, &AUTH_FAILURES),
             store_duration: plain_histogram(r, &STORE_DURATION, LATENCY),

@@ -128,6 +128,7 @@ fn validate_parts(l: &Layers) -> Result<Config, ConfigError> {
         upgrade_sock: listen.upgrade_sock,
         node_id: events.node_id,
         metering_file: events.metering_file,
+        events_webhook: events.webhook,
         environment: runtime.environment,
     })
 }
@@ -619,6 +620,26 @@ upstream_keepalive_pool_size = 16
             "--metering-file",
             "PET_GATEWAY_METERING_FILE",
         ),
+        (
+            "events_webhook_url",
+            "--events-webhook-url",
+            "PET_GATEWAY_EVENTS_WEBHOOK_URL",
+        ),
+        (
+            "events_webhook_secret_file",
+            "--events-webhook-secret-file",
+            "PET_GATEWAY_EVENTS_WEBHOOK_SECRET_FILE",
+        ),
+        (
+            "events_spool_dir",
+            "--events-spool-dir",
+            "PET_GATEWAY_EVENTS_SPOOL_DIR",
+        ),
+        (
+            "events_spool_max_mb",
+            "--events-spool-max-mb",
+            "PET_GATEWAY_EVENTS_SPOOL_MAX_MB",
+        ),
     ];
 
     #[test]
@@ -648,6 +669,11 @@ upstream_keepalive_pool_size = 16
                 (
                     "registry_admin_password",
                     "PET_GATEWAY_REGISTRY_ADMIN_PASSWORD",
+                    true
+                ),
+                (
+                    "events_webhook_secret",
+                    "PET_GATEWAY_EVENTS_WEBHOOK_SECRET",
                     true
                 ),
             ]

@@ -108,6 +108,8 @@ pub struct Config {
     pub node_id: String,
     /// Where usage events go (`<metering_file>.YYYY-MM-DD`); none without it.
     pub metering_file: Option<PathBuf>,
+    /// Where events are POSTed, signed and spooled; none without `events_webhook_url`.
+    pub events_webhook: Option<crate::events::webhook::Webhook>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -2,8 +2,9 @@
 //! decision started the ban, which the store decides once (its script, or the embedded store's
 //! lock), so one event a ban across the fleet. `pet.key.issued.v1`, `pet.key.revoked.v1` and
 //! `pet.key.rotated.v1`: reported by whoever made the change (a `keys` command or the admin
-//! API), through the key service, written at once. Their ids are derived from the key and what
-//! happened to it, so a receiver keeps one whatever reports it twice.
+//! API), through the key service, written at once to the metering file and the webhook's spool
+//! (the gateway holding the spool's lock posts them). Their ids are derived from the key and
+//! what happened to it, so a receiver keeps one whatever reports it twice.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -11,6 +12,7 @@ use std::sync::Mutex;
 use super::cloud::{line_with_id, Origin};
 use super::file_sink::DailyFile;
 use super::usage::Notice;
+use super::webhook::spool::Spool;
 use crate::base::clock::{rfc3339, unix_now};
 use crate::keys::index::KeyInfo;
 use crate::keys::record::KeyRecord;
@@ -37,22 +39,33 @@ pub fn banned(key: &KeyInfo, now: u64, until: u64) -> Notice {
     }
 }
 
-/// The key service's changes, written to the metering file as they are made.
-pub struct KeyChangesFile {
+/// The key service's changes, written to the metering file and the spool as they are made.
+pub struct KeyChanges {
     origin: Origin,
-    file: Mutex<DailyFile>,
+    file: Option<Mutex<DailyFile>>,
+    spool: Option<Mutex<Spool>>,
 }
 
-impl KeyChangesFile {
-    pub fn new(environment: &str, node_id: &str, base: PathBuf) -> KeyChangesFile {
-        KeyChangesFile {
+impl KeyChanges {
+    pub fn new(
+        environment: &str,
+        node_id: &str,
+        file: Option<PathBuf>,
+        spool: Option<Spool>,
+    ) -> KeyChanges {
+        KeyChanges {
             origin: Origin::new(environment, node_id),
-            file: Mutex::new(DailyFile::new(&base)),
+            file: file.map(|base| Mutex::new(DailyFile::new(&base))),
+            spool: spool.map(Mutex::new),
         }
     }
 }
 
-impl ChangeSink for KeyChangesFile {
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl ChangeSink for KeyChanges {
     fn changed(
         &self,
         change: &'static str,
@@ -82,12 +95,22 @@ impl ChangeSink for KeyChangesFile {
             now,
             &data,
         );
-        let mut file = self
-            .file
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        file.append(now / 86_400, line.as_bytes())
-            .map_err(|e| e.to_string())
+        let mut failed = Vec::new();
+        if let Some(file) = &self.file {
+            if let Err(e) = locked(file).append(now / 86_400, line.as_bytes()) {
+                failed.push(format!("the metering file: {e}"));
+            }
+        }
+        if let Some(spool) = &self.spool {
+            if let Err(e) = locked(spool).write(line.as_bytes(), 1) {
+                failed.push(format!("the events spool: {e}"));
+            }
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(failed.join("; "))
+        }
     }
 }
 

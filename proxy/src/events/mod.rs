@@ -13,4 +13,6 @@ pub mod cloud;
 pub mod file_sink;
 pub mod lifecycle;
 pub mod pump;
+pub mod queue;
 pub mod usage;
+pub mod webhook;

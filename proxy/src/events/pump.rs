@@ -1,23 +1,19 @@
 //! The thread that turns usage into events and writes them. Once a second it takes the minutes
 //! that ended at least `GRACE` ago by the store's clock (the latest a decision came with, or
 //! this node's less `LOCAL_LAG` when that is later: no decisions come, or the store's clock is
-//! behind; a minute is written at most GRACE + LOCAL_LAG + a round after it ends), makes one `pet.usage.v1` a slot, and appends
-//! what is waiting to the metering file in pieces of whole lines, each dropped from the queue
-//! once synced. A failed write keeps the rest, in order, for the next round, up to
-//! `MAX_PENDING` bytes; past that new events are dropped and counted. Stopping it (dropping the
-//! handle after the server has stopped) writes every minute, the open one too, retrying a failing
-//! file for `STOP_RETRY` before counting what is left as dropped.
+//! behind; a minute is written at most GRACE + LOCAL_LAG + a round after it ends), makes one
+//! `pet.usage.v1` a slot, and hands every event to each sink's [`Queue`]: the metering file and
+//! the webhook's spool. Stopping it (dropping the handle after the server has stopped) writes
+//! every minute, the open one too, retrying a failing sink for `STOP_RETRY` before counting
+//! what is left as dropped.
 
-use std::collections::VecDeque;
-use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::cloud::{line, line_with_id, Origin};
-use super::file_sink::DailyFile;
+use super::queue::{Queue, Waiting};
 use super::usage::Meter;
 use crate::base::clock::unix_now;
-use crate::base::metrics::METRICS;
 
 const USAGE: &str = "pet.usage.v1";
 /// How long after its end a minute is taken: decisions of it may still be arriving.
@@ -25,28 +21,15 @@ const GRACE: u64 = 10;
 /// How far this node's clock may run ahead of the store's before it releases minutes itself.
 const LOCAL_LAG: u64 = 30;
 const TICK: Duration = Duration::from_secs(1);
-/// The most bytes of events kept for a sink that fails.
-const MAX_PENDING: usize = 64 * 1024 * 1024;
-/// The most bytes one append hands the file.
-const PIECE: usize = 1024 * 1024;
 /// How long the last round keeps trying a failing file.
 const STOP_RETRY: Duration = Duration::from_secs(5);
 /// How long a stop waits for the thread (a disk that hangs for good must not hold it).
 const STOP_WAIT: Duration = Duration::from_secs(10);
 
-/// An event made and not yet written: its type, the UTC day whose file takes it, the line.
-struct Waiting {
-    kind: &'static str,
-    day: u64,
-    line: String,
-}
-
 struct Pump {
     meter: Arc<Meter>,
     origin: Arc<Origin>,
-    file: DailyFile,
-    pending: VecDeque<Waiting>,
-    pending_bytes: usize,
+    sinks: Vec<Queue>,
 }
 
 /// Stops the pump when dropped, after it has written everything it can.
@@ -55,15 +38,17 @@ pub struct PumpHandle {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Starts the pump writing `meter`'s usage to the metering file at `base`.
-pub fn start(meter: Arc<Meter>, origin: Arc<Origin>, base: &Path) -> std::io::Result<PumpHandle> {
+/// Starts the pump writing `meter`'s usage and notices to `sinks`.
+pub fn start(
+    meter: Arc<Meter>,
+    origin: Arc<Origin>,
+    sinks: Vec<Queue>,
+) -> std::io::Result<PumpHandle> {
     let stop = Arc::new((Mutex::new(false), Condvar::new()));
     let mut pump = Pump {
         meter,
         origin,
-        file: DailyFile::new(base),
-        pending: VecDeque::new(),
-        pending_bytes: 0,
+        sinks,
     };
     let signal = Arc::clone(&stop);
     let thread = std::thread::Builder::new()
@@ -132,65 +117,23 @@ impl Pump {
     }
 
     fn queue(&mut self, kind: &'static str, day: u64, line: String) {
-        if self.pending_bytes + line.len() > MAX_PENDING {
-            METRICS.events_dropped.inc();
-            return;
+        let event = Arc::new(Waiting { kind, day, line });
+        for sink in &mut self.sinks {
+            sink.push(Arc::clone(&event));
         }
-        self.pending_bytes += line.len();
-        self.pending.push_back(Waiting { kind, day, line });
-        METRICS.events_pending.set(self.pending.len() as i64);
     }
 
-    /// Appends the waiting events in pieces (whole lines of one day, at most `PIECE` bytes);
-    /// each piece leaves the queue once synced. False when an append failed.
-    fn write(&mut self) -> bool {
-        let mut ok = true;
-        while let Some(first) = self.pending.front() {
-            let day = first.day;
-            let (mut n, mut bytes) = (0, 0);
-            for w in self.pending.iter() {
-                if w.day != day || (n > 0 && bytes + w.line.len() > PIECE) {
-                    break;
-                }
-                n += 1;
-                bytes += w.line.len();
-            }
-            let mut piece = Vec::with_capacity(bytes);
-            for w in self.pending.iter().take(n) {
-                piece.extend_from_slice(w.line.as_bytes());
-            }
-            if let Err(e) = self.file.append(day, &piece) {
-                METRICS.events_delivery_failures.inc();
-                tracing::warn!(
-                    error = %e,
-                    pending = self.pending.len(),
-                    "cannot write the metering file; its events are kept and written again"
-                );
-                ok = false;
-                break;
-            }
-            for w in self.pending.drain(..n) {
-                METRICS.events_delivered.with_label_values(&[w.kind]).inc();
-            }
-            self.pending_bytes -= bytes;
+    fn write(&mut self) {
+        for sink in &mut self.sinks {
+            sink.write();
         }
-        METRICS.events_pending.set(self.pending.len() as i64);
-        ok
     }
 
     /// The last round's retries; what still cannot be written is dropped and counted.
     fn finish(&mut self) {
         let until = Instant::now() + STOP_RETRY;
-        while !self.pending.is_empty() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(250));
-            self.write();
-        }
-        if !self.pending.is_empty() {
-            METRICS.events_dropped.inc_by(self.pending.len() as u64);
-            tracing::error!(
-                lost = self.pending.len(),
-                "usage events lost at stop: the metering file could not be written"
-            );
+        for sink in &mut self.sinks {
+            sink.finish(until);
         }
     }
 }
@@ -218,6 +161,10 @@ impl Drop for PumpHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::metrics::METRICS;
+    use crate::events::file_sink::DailyFile;
+    use crate::events::queue::FileOutput;
+    use std::path::Path;
 
     fn usage(meter: &Meter, now: u64) {
         let key = crate::keys::index::KeyInfo {
@@ -229,13 +176,15 @@ mod tests {
         meter.record(&key, "listPets", now, true, 1);
     }
 
+    fn file(dir: &Path) -> Vec<Queue> {
+        vec![Queue::new(Box::new(FileOutput::new(&dir.join("m.ndjson"))))]
+    }
+
     fn pump(dir: &Path, meter: &Arc<Meter>) -> Pump {
         Pump {
             meter: Arc::clone(meter),
             origin: Arc::new(Origin::new("test", "n1")),
-            file: DailyFile::new(&dir.join("m.ndjson")),
-            pending: VecDeque::new(),
-            pending_bytes: 0,
+            sinks: file(dir),
         }
     }
 
@@ -325,15 +274,24 @@ mod tests {
         // The day's file cannot be opened: a folder stands in its place.
         let blocker = DailyFile::path_for(&dir.path().join("m.ndjson"), t / 86_400);
         std::fs::create_dir(&blocker).unwrap();
-        let failures = METRICS.events_delivery_failures.get();
+        let failures = METRICS
+            .events_delivery_failures
+            .with_label_values(&["file"])
+            .get();
         usage(&meter, t - 120);
         usage(&meter, t - 60);
         pump.round(t + GRACE + LOCAL_LAG, false);
-        assert_eq!(pump.pending.len(), 2);
-        assert!(METRICS.events_delivery_failures.get() > failures);
+        assert_eq!(pump.sinks[0].len(), 2);
+        assert!(
+            METRICS
+                .events_delivery_failures
+                .with_label_values(&["file"])
+                .get()
+                > failures
+        );
         std::fs::remove_dir(&blocker).unwrap();
         pump.round(t + GRACE + LOCAL_LAG + 1, false);
-        assert!(pump.pending.is_empty());
+        assert!(pump.sinks[0].is_empty());
         let got = lines(dir.path());
         let minutes: Vec<_> = got.iter().map(|e| e["data"]["minute"].clone()).collect();
         assert_eq!(minutes, ["2026-11-18T11:05:00Z", "2026-11-18T11:06:00Z"]);
@@ -346,7 +304,7 @@ mod tests {
         let handle = start(
             Arc::clone(&meter),
             Arc::new(Origin::new("test", "n1")),
-            &dir.path().join("m.ndjson"),
+            file(dir.path()),
         )
         .unwrap();
         usage(&meter, unix_now());

@@ -18,7 +18,10 @@ use crate::base::redis::{RedisAccess, RedisAccessError};
 use crate::config::Config;
 use crate::events::cloud::Origin;
 use crate::events::pump::{self, PumpHandle};
+use crate::events::queue::{FileOutput, Queue, SpoolOutput};
 use crate::events::usage::Meter;
+use crate::events::webhook::deliver::{self, DeliveryHandle};
+use crate::events::webhook::spool::Spool;
 use crate::http::gateway::{self, Gateway};
 use crate::http::head_deadline::HeadDeadline;
 use crate::http::tls::{CertResolver, TlsError};
@@ -47,6 +50,8 @@ pub enum ServeError {
     Redis(#[from] RedisAccessError),
     #[error("cannot start the events thread (metering_file): {0}")]
     Events(std::io::Error),
+    #[error("cannot start the webhook (events_webhook_url): {0}")]
+    Webhook(String),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         addr: SocketAddr,
@@ -493,16 +498,41 @@ impl BackgroundService for RegistrySync {
     }
 }
 
-/// The usage meter the request path counts into, and the pump that writes it to the metering
-/// file; neither without `metering_file`.
-fn metering(config: &Config) -> Result<(Option<Arc<Meter>>, Option<PumpHandle>), ServeError> {
-    let Some(base) = &config.metering_file else {
+/// What makes and delivers events; stopped in field order (the pump's last round spools the
+/// open minute before the webhook's thread stops).
+struct Metering {
+    _pump: PumpHandle,
+    _webhook: Option<DeliveryHandle>,
+}
+
+/// The usage meter the request path counts into, the pump that writes it to the metering file
+/// and the webhook's spool, and the thread that posts the spool; none without a sink.
+fn metering(config: &Config) -> Result<(Option<Arc<Meter>>, Option<Metering>), ServeError> {
+    let mut sinks = Vec::new();
+    if let Some(base) = &config.metering_file {
+        sinks.push(Queue::new(Box::new(FileOutput::new(base))));
+    }
+    if let Some(webhook) = &config.events_webhook {
+        let spool = Spool::new(&webhook.spool_dir, webhook.spool_max_bytes);
+        sinks.push(Queue::new(Box::new(SpoolOutput(spool))));
+    }
+    if sinks.is_empty() {
         return Ok((None, None));
-    };
+    }
     let meter = Arc::new(Meter::default());
     let origin = Arc::new(Origin::new(&config.environment, &config.node_id));
-    let handle = pump::start(Arc::clone(&meter), origin, base).map_err(ServeError::Events)?;
-    Ok((Some(meter), Some(handle)))
+    let webhook = match &config.events_webhook {
+        Some(w) => Some(deliver::start(w).map_err(ServeError::Webhook)?),
+        None => None,
+    };
+    let pump = pump::start(Arc::clone(&meter), origin, sinks).map_err(ServeError::Events)?;
+    Ok((
+        Some(meter),
+        Some(Metering {
+            _pump: pump,
+            _webhook: webhook,
+        }),
+    ))
 }
 
 /// What the request path takes from the config.

@@ -5,7 +5,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::config::model::ConfigError;
-use crate::config::setting::{Kind, Layers, Preset, Row, Setting, Value};
+use crate::config::setting::{Kind, Layers, Origin, Preset, Row, Setting, Sourced, Value};
+use crate::events::webhook::{Webhook, WebhookSecret, WebhookUrl};
 
 const NODE_ID: Setting<String> = Setting::new(
     "node_id",
@@ -29,11 +30,78 @@ const METERING_FILE: Setting<PathBuf> = Setting::new(
 .flag("--metering-file", "PATH")
 .env("PET_GATEWAY_METERING_FILE");
 
-pub const SETTINGS: &[Row] = &[NODE_ID.row, METERING_FILE.row];
+const WEBHOOK_URL: Setting<WebhookUrl> = Setting::new(
+    "events_webhook_url",
+    Kind::Text,
+    Preset::Absent("none: no webhook"),
+    "an `http://` or `https://` URL every event is POSTed to, in signed batches \
+     (`application/cloudevents-batch+json`, `Pet-Signature`), at least once; needs \
+     `events_webhook_secret` (or its file) and `events_spool_dir`",
+    |v| WebhookUrl::parse(&v.text()?),
+)
+.flag("--events-webhook-url", "URL")
+.env("PET_GATEWAY_EVENTS_WEBHOOK_URL");
+const WEBHOOK_SECRET: Setting<String> = Setting::new(
+    "events_webhook_secret",
+    Kind::Text,
+    Preset::Absent("none"),
+    "the key the webhook's batches are signed with (HMAC-SHA256); in the environment or \
+     `events_webhook_secret_file`, never a flag",
+    Value::text,
+)
+.secret("PET_GATEWAY_EVENTS_WEBHOOK_SECRET");
+const WEBHOOK_SECRET_FILE: Setting<PathBuf> = Setting::new(
+    "events_webhook_secret_file",
+    Kind::Path,
+    Preset::Absent("none"),
+    "a file holding the webhook's signing key (one trailing newline is dropped), read at start",
+    Value::path,
+)
+.flag("--events-webhook-secret-file", "PATH")
+.env("PET_GATEWAY_EVENTS_WEBHOOK_SECRET_FILE");
+const SPOOL_DIR: Setting<PathBuf> = Setting::new(
+    "events_spool_dir",
+    Kind::Path,
+    Preset::Absent("none"),
+    "the folder (existing, writable) where events wait for the webhook, on disk so that a \
+     receiver that is down or a restart loses nothing; its `dead-letter.ndjson` keeps what the \
+     receiver refused or what ran out of retries",
+    Value::path,
+)
+.flag("--events-spool-dir", "PATH")
+.env("PET_GATEWAY_EVENTS_SPOOL_DIR");
+const SPOOL_MAX_MB: Setting<u64> = Setting::new(
+    "events_spool_max_mb",
+    Kind::Int,
+    Preset::Value("1024"),
+    "the most the spool may hold, in MiB; past it new events wait in memory (64 MiB), then are \
+     dropped and counted",
+    |v| {
+        let mb: u64 = v.int()?;
+        if (1..=1_048_576).contains(&mb) {
+            Ok(mb)
+        } else {
+            Err(format!("must be from 1 to 1048576 (got {mb})"))
+        }
+    },
+)
+.flag("--events-spool-max-mb", "MIB")
+.env("PET_GATEWAY_EVENTS_SPOOL_MAX_MB");
+
+pub const SETTINGS: &[Row] = &[
+    NODE_ID.row,
+    METERING_FILE.row,
+    WEBHOOK_URL.row,
+    WEBHOOK_SECRET.row,
+    WEBHOOK_SECRET_FILE.row,
+    SPOOL_DIR.row,
+    SPOOL_MAX_MB.row,
+];
 
 pub struct Events {
     pub node_id: String,
     pub metering_file: Option<PathBuf>,
+    pub webhook: Option<Webhook>,
 }
 
 pub fn validate(l: &Layers) -> Result<Events, ConfigError> {
@@ -50,7 +118,72 @@ pub fn validate(l: &Layers) -> Result<Events, ConfigError> {
     Ok(Events {
         node_id,
         metering_file,
+        webhook: webhook(l)?,
     })
+}
+
+/// The webhook, when a URL is given; each of its other settings is refused without one.
+fn webhook(l: &Layers) -> Result<Option<Webhook>, ConfigError> {
+    let url = l.get(&WEBHOOK_URL)?;
+    let secret = l.get(&WEBHOOK_SECRET)?;
+    let secret_file = l.get(&WEBHOOK_SECRET_FILE)?;
+    let spool = l.get(&SPOOL_DIR)?;
+    let max_mb = l.value(&SPOOL_MAX_MB)?;
+    let Some(url) = url else {
+        let given = [
+            secret.as_ref().map(Sourced::blame),
+            secret_file.as_ref().map(Sourced::blame),
+            spool.as_ref().map(Sourced::blame),
+        ];
+        if let Some(g) = given.into_iter().flatten().next() {
+            return Err(g.error("is for the webhook: set events_webhook_url too".to_owned()));
+        }
+        return Ok(None);
+    };
+    let secret = match (secret, secret_file) {
+        (Some(s), Some(f)) => {
+            return Err(f.error(format!(
+                "the secret is given twice, here and by {} ({}): give one",
+                s.name(),
+                s.origin.label()
+            )))
+        }
+        (Some(s), None) => {
+            let named = match s.origin {
+                Origin::Env(var) => var.to_owned(),
+                _ => s.name().to_owned(),
+            };
+            WebhookSecret::new(s.value.clone().into_bytes())
+                .map_err(|why| s.error(format!("{named} {why}")))?
+        }
+        (None, Some(f)) => {
+            let bytes = std::fs::read(&f.value)
+                .map_err(|e| f.error(format!("cannot read {}: {e}", f.value.display())))?;
+            WebhookSecret::new(bytes)
+                .map_err(|why| f.error(format!("{} {why}", f.value.display())))?
+        }
+        (None, None) => {
+            return Err(url.error(
+                "needs a signing secret: PET_GATEWAY_EVENTS_WEBHOOK_SECRET or \
+                 events_webhook_secret_file"
+                    .to_owned(),
+            ))
+        }
+    };
+    let Some(spool) = spool else {
+        return Err(url.error(
+            "needs events_spool_dir, the folder where events wait for the receiver".to_owned(),
+        ));
+    };
+    if let Err(why) = writable_dir(&spool.value) {
+        return Err(spool.error(why));
+    }
+    Ok(Some(Webhook {
+        url: url.value,
+        secret,
+        spool_dir: spool.value,
+        spool_max_bytes: max_mb * 1024 * 1024,
+    }))
 }
 
 fn node_name(v: Value) -> Result<String, String> {
@@ -94,6 +227,11 @@ fn writable_folder(base: &Path) -> Result<(), String> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
+    writable_dir(folder)
+}
+
+/// Whether `folder` exists and this process may make files in it.
+fn writable_dir(folder: &Path) -> Result<(), String> {
     if !folder.is_dir() {
         return Err(format!("{}: no such folder", folder.display()));
     }

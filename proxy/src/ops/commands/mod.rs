@@ -61,6 +61,14 @@ const ADMIN_COMMAND_SETTINGS: &[&str] = &[
     "registry_admin_username",
     "registry_admin_password",
     "registry_admin_password_file",
+    // Key changes are reported as events by whoever makes them.
+    "node_id",
+    "metering_file",
+    "events_webhook_url",
+    "events_webhook_secret",
+    "events_webhook_secret_file",
+    "events_spool_dir",
+    "events_spool_max_mb",
 ];
 
 /// The same, reading only the variables a `keys` or `bans` command uses: a bad unrelated
@@ -70,14 +78,25 @@ fn load_for_admin(file: Option<&std::path::Path>, flags: &Overrides) -> Result<C
     Config::load(file, &env, flags).map_err(|e| e.to_string())
 }
 
-/// Where the key service reports its changes: the metering file, when there is one (the
-/// `keys` commands and the admin API alike).
+/// Where the key service reports its changes: the metering file and the webhook's spool, when
+/// there are any (the `keys` commands and the admin API alike).
 pub fn key_changes(
     config: &Config,
 ) -> Option<std::sync::Arc<dyn crate::keys::service::ChangeSink>> {
-    let base = config.metering_file.clone()?;
+    let spool = config
+        .events_webhook
+        .as_ref()
+        .map(|w| crate::events::webhook::spool::Spool::new(&w.spool_dir, w.spool_max_bytes));
+    if config.metering_file.is_none() && spool.is_none() {
+        return None;
+    }
     Some(std::sync::Arc::new(
-        crate::events::lifecycle::KeyChangesFile::new(&config.environment, &config.node_id, base),
+        crate::events::lifecycle::KeyChanges::new(
+            &config.environment,
+            &config.node_id,
+            config.metering_file.clone(),
+            spool,
+        ),
     ))
 }
 

@@ -1,0 +1,188 @@
+//! The events waiting for one sink (the metering file, or the webhook's spool), in order, and
+//! how they are handed over: in pieces the sink takes whole, each leaving the queue once the
+//! sink has it synced. A failed append keeps the rest for the next round, up to
+//! [`MAX_PENDING`] bytes; past that new events are dropped and counted, so a disk that stays
+//! full costs memory up to a bound and never a request.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::file_sink::DailyFile;
+use super::webhook::spool::Spool;
+use super::webhook::{BATCH_BYTES, BATCH_EVENTS};
+use crate::base::metrics::METRICS;
+
+/// The most bytes of events kept for a sink that fails.
+pub const MAX_PENDING: usize = 64 * 1024 * 1024;
+/// The most bytes one append hands the metering file.
+const PIECE: usize = 1024 * 1024;
+
+/// An event made and not yet taken: its type, the UTC day whose file takes it, the line.
+pub struct Waiting {
+    pub kind: &'static str,
+    pub day: u64,
+    pub line: String,
+}
+
+/// Where a queue's events go.
+pub trait Output: Send {
+    /// The sink's name in metrics and logs.
+    fn name(&self) -> &'static str;
+    /// Whether `next` joins a piece that starts with `first` and holds `events` events of
+    /// `bytes` bytes so far.
+    fn joins(&self, first: &Waiting, next: &Waiting, events: usize, bytes: usize) -> bool;
+    /// Takes one piece (the events, and their lines joined) whole, or nothing of it.
+    fn append(&mut self, events: &[Arc<Waiting>], lines: &[u8]) -> std::io::Result<()>;
+}
+
+pub struct Queue {
+    out: Box<dyn Output>,
+    pending: VecDeque<Arc<Waiting>>,
+    bytes: usize,
+}
+
+impl Queue {
+    pub fn new(out: Box<dyn Output>) -> Queue {
+        Queue {
+            out,
+            pending: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    pub fn push(&mut self, event: Arc<Waiting>) {
+        let name = self.out.name();
+        if self.bytes + event.line.len() > MAX_PENDING {
+            METRICS.events_dropped.with_label_values(&[name]).inc();
+            return;
+        }
+        self.bytes += event.line.len();
+        self.pending.push_back(event);
+        self.gauge();
+    }
+
+    fn gauge(&self) {
+        METRICS
+            .events_pending
+            .with_label_values(&[self.out.name()])
+            .set(self.pending.len() as i64);
+    }
+
+    /// Hands the waiting events over in pieces; false when an append failed.
+    pub fn write(&mut self) -> bool {
+        let mut ok = true;
+        while let Some(first) = self.pending.front() {
+            let (mut n, mut bytes) = (0, 0);
+            for w in self.pending.iter() {
+                if n > 0 && !self.out.joins(first, w, n, bytes) {
+                    break;
+                }
+                n += 1;
+                bytes += w.line.len();
+            }
+            let mut lines = Vec::with_capacity(bytes);
+            for w in self.pending.iter().take(n) {
+                lines.extend_from_slice(w.line.as_bytes());
+            }
+            let piece: Vec<_> = self.pending.iter().take(n).cloned().collect();
+            if let Err(e) = self.out.append(&piece, &lines) {
+                METRICS
+                    .events_delivery_failures
+                    .with_label_values(&[self.out.name()])
+                    .inc();
+                tracing::warn!(
+                    error = %e,
+                    sink = self.out.name(),
+                    pending = self.pending.len(),
+                    "cannot write events; they are kept and written again"
+                );
+                ok = false;
+                break;
+            }
+            self.pending.drain(..n);
+            self.bytes -= bytes;
+        }
+        self.gauge();
+        ok
+    }
+
+    /// Retries until `until`; what still cannot be written is dropped and counted.
+    pub fn finish(&mut self, until: Instant) {
+        while !self.pending.is_empty() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(250));
+            self.write();
+        }
+        if !self.pending.is_empty() {
+            METRICS
+                .events_dropped
+                .with_label_values(&[self.out.name()])
+                .inc_by(self.pending.len() as u64);
+            tracing::error!(
+                lost = self.pending.len(),
+                sink = self.out.name(),
+                "events lost at stop: their sink could not be written"
+            );
+        }
+    }
+}
+
+/// The metering file: pieces of one day, up to [`PIECE`] bytes.
+pub struct FileOutput(pub DailyFile);
+
+impl FileOutput {
+    pub fn new(base: &Path) -> FileOutput {
+        FileOutput(DailyFile::new(base))
+    }
+}
+
+impl Output for FileOutput {
+    fn name(&self) -> &'static str {
+        "file"
+    }
+
+    fn joins(&self, first: &Waiting, next: &Waiting, _: usize, bytes: usize) -> bool {
+        next.day == first.day && bytes + next.line.len() <= PIECE
+    }
+
+    fn append(&mut self, events: &[Arc<Waiting>], lines: &[u8]) -> std::io::Result<()> {
+        let Some(first) = events.first() else {
+            return Ok(());
+        };
+        self.0.append(first.day, lines)?;
+        for w in events {
+            METRICS
+                .events_delivered
+                .with_label_values(&["file", w.kind])
+                .inc();
+        }
+        Ok(())
+    }
+}
+
+/// The webhook's spool: a segment a batch, at most [`BATCH_EVENTS`] events of
+/// [`BATCH_BYTES`].
+pub struct SpoolOutput(pub Spool);
+
+impl Output for SpoolOutput {
+    fn name(&self) -> &'static str {
+        "spool"
+    }
+
+    fn joins(&self, _: &Waiting, next: &Waiting, events: usize, bytes: usize) -> bool {
+        events < BATCH_EVENTS && bytes + next.line.len() <= BATCH_BYTES
+    }
+
+    fn append(&mut self, events: &[Arc<Waiting>], lines: &[u8]) -> std::io::Result<()> {
+        self.0.write(lines, events.len())
+    }
+}

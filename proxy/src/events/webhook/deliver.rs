@@ -1,0 +1,360 @@
+//! The webhook's thread: it takes the spool's lock, then posts its segments oldest first, one
+//! segment a batch. A 2xx deletes the segment. A failure (no connection, a 5xx, 408 or 429, an
+//! answer that is not HTTP, a deadline) keeps it and waits (exponential backoff from 1 s to
+//! 5 min, with jitter so a fleet does not retry in step) before trying it again, for
+//! [`RETRY_FOR`] from the segment's making; then, like a 4xx the receiver means (anything else
+//! from 400 to 499), the segment goes to the dead-letter file, logged and counted. Ids stay the
+//! same across retries, so a receiver drops what it already has.
+
+use std::fs::File;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::post::{post, tls_config, WebhookUrl};
+use super::spool::{Segment, Spool};
+use super::Webhook;
+use crate::base::clock::{unix_now, unix_now_ms};
+use crate::base::metrics::METRICS;
+
+/// How long a batch is retried before it goes to the dead letters.
+pub const RETRY_FOR: Duration = Duration::from_secs(24 * 3600);
+const TICK: Duration = Duration::from_secs(1);
+const FIRST_BACKOFF: f64 = 1.0;
+const MAX_BACKOFF: f64 = 300.0;
+/// How long a stop waits for a POST in flight (the segment is kept and posted again later).
+const STOP_WAIT: Duration = Duration::from_secs(3);
+
+/// What the receiver made of a batch.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Delivered,
+    /// Try again later.
+    Retry(String),
+    /// The receiver refused it for good.
+    Rejected(u16),
+}
+
+struct Delivery {
+    spool: Spool,
+    url: WebhookUrl,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    secret: Vec<u8>,
+    lock: Option<File>,
+    failures: u32,
+    next_try: Instant,
+}
+
+/// Stops the thread when dropped; what it has not delivered stays in the spool.
+pub struct DeliveryHandle {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+pub fn start(webhook: &Webhook) -> Result<DeliveryHandle, String> {
+    let tls = if webhook.url.https {
+        Some(tls_config()?)
+    } else {
+        None
+    };
+    let mut delivery = Delivery {
+        spool: Spool::new(&webhook.spool_dir, webhook.spool_max_bytes),
+        url: webhook.url.clone(),
+        tls,
+        secret: webhook.secret.bytes().to_vec(),
+        lock: None,
+        failures: 0,
+        next_try: Instant::now(),
+    };
+    let stop = Arc::new((Mutex::new(false), Condvar::new()));
+    let signal = Arc::clone(&stop);
+    let thread = std::thread::Builder::new()
+        .name("events-webhook".into())
+        .spawn(move || delivery.run(&signal))
+        .map_err(|e| e.to_string())?;
+    Ok(DeliveryHandle {
+        stop,
+        thread: Some(thread),
+    })
+}
+
+impl Delivery {
+    fn run(&mut self, signal: &(Mutex<bool>, Condvar)) {
+        let stopped = || *signal.0.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            let round = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.round(&stopped);
+            }));
+            if round.is_err() {
+                tracing::error!("a round of the webhook thread panicked; it goes on");
+            }
+            let guard = signal.0.lock().unwrap_or_else(PoisonError::into_inner);
+            if *guard {
+                return;
+            }
+            let guard = signal
+                .1
+                .wait_timeout(guard, TICK)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            if *guard {
+                return;
+            }
+        }
+    }
+
+    /// Delivers what it can now: nothing without the lock, or while backing off.
+    fn round(&mut self, stopped: &dyn Fn() -> bool) {
+        if self.lock.is_none() {
+            match self.spool.try_lock() {
+                Ok(Some(lock)) => {
+                    tracing::info!(spool = %self.spool.dir().display(), "delivering the spool's events");
+                    self.lock = Some(lock);
+                }
+                Ok(None) => return, // another process delivers (an upgrade's predecessor)
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot open the spool's lock");
+                    return;
+                }
+            }
+        }
+        let segments = match self.spool.segments() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list the spool");
+                return;
+            }
+        };
+        let mut pending: usize = segments.iter().map(|s| s.events).sum();
+        METRICS
+            .events_pending
+            .with_label_values(&["webhook"])
+            .set(pending as i64);
+        for seg in segments {
+            if stopped() || Instant::now() < self.next_try {
+                return;
+            }
+            if !self.one(&seg) {
+                return;
+            }
+            pending -= seg.events;
+            METRICS
+                .events_pending
+                .with_label_values(&["webhook"])
+                .set(pending as i64);
+        }
+    }
+
+    /// One segment: false when it stays (the receiver failed; wait before the next try).
+    fn one(&mut self, seg: &Segment) -> bool {
+        if unix_now_ms().saturating_sub(seg.created_ms) > RETRY_FOR.as_millis() as u64 {
+            self.give_up(seg, "expired", "its retries ran out");
+            return true;
+        }
+        let lines = match std::fs::read(&seg.path) {
+            Ok(l) => l,
+            // Gone already (another holder before this one, or an operator): nothing to do.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return true,
+            Err(e) => {
+                tracing::warn!(error = %e, segment = %seg.path.display(), "cannot read a spooled batch");
+                self.failed();
+                return false;
+            }
+        };
+        match self.send(&lines) {
+            Outcome::Delivered => {
+                self.failures = 0;
+                count_delivered(&lines);
+                if let Err(e) = std::fs::remove_file(&seg.path) {
+                    // It will be delivered again: a receiver drops the duplicates by id.
+                    tracing::warn!(error = %e, "cannot remove a delivered batch from the spool");
+                }
+                true
+            }
+            Outcome::Rejected(status) => {
+                self.give_up(seg, "rejected", &format!("the receiver answered {status}"));
+                true
+            }
+            Outcome::Retry(why) => {
+                METRICS
+                    .events_delivery_failures
+                    .with_label_values(&["webhook"])
+                    .inc();
+                tracing::warn!(
+                    receiver = %self.url.text,
+                    failures = self.failures + 1,
+                    "cannot deliver events: {why}; they stay in the spool and are tried again"
+                );
+                self.failed();
+                false
+            }
+        }
+    }
+
+    fn send(&self, lines: &[u8]) -> Outcome {
+        let body = batch_body(lines);
+        match post(
+            &self.url,
+            self.tls.as_ref(),
+            &self.secret,
+            unix_now(),
+            &body,
+        ) {
+            Ok(status) => outcome(status),
+            Err(e) => Outcome::Retry(e.to_string()),
+        }
+    }
+
+    fn failed(&mut self) {
+        self.failures = self.failures.saturating_add(1);
+        self.next_try = Instant::now() + backoff(self.failures, rand::random::<f64>());
+    }
+
+    fn give_up(&mut self, seg: &Segment, reason: &'static str, why: &str) {
+        match self.spool.dead_letter(seg) {
+            Ok(()) => {
+                METRICS
+                    .events_dead_lettered
+                    .with_label_values(&[reason])
+                    .inc_by(seg.events as u64);
+                tracing::error!(
+                    events = seg.events,
+                    receiver = %self.url.text,
+                    "events not delivered ({why}): moved to the spool's dead-letter file"
+                );
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot move undeliverable events to the dead-letter file");
+                self.failed();
+            }
+        }
+    }
+}
+
+fn outcome(status: u16) -> Outcome {
+    match status {
+        200..=299 => Outcome::Delivered,
+        408 | 429 => Outcome::Retry(format!("the receiver answered {status}")),
+        400..=499 => Outcome::Rejected(status),
+        _ => Outcome::Retry(format!("the receiver answered {status}")),
+    }
+}
+
+/// The wait after `failures` failures in a row: 1 s doubling to 5 min, times a jitter of 0.5
+/// to 1 (`unit` in 0..1).
+fn backoff(failures: u32, unit: f64) -> Duration {
+    let exp = FIRST_BACKOFF * 2f64.powi(failures.saturating_sub(1).min(30) as i32);
+    Duration::from_secs_f64(exp.min(MAX_BACKOFF) * (0.5 + unit.clamp(0.0, 1.0) / 2.0))
+}
+
+/// NDJSON lines as the JSON array a `cloudevents-batch+json` body is.
+pub fn batch_body(lines: &[u8]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(lines.len() + 2);
+    body.push(b'[');
+    for (i, line) in lines
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .enumerate()
+    {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(line);
+    }
+    body.push(b']');
+    body
+}
+
+/// Counts a delivered batch's events by type (the envelope's `"type":"…"`).
+fn count_delivered(lines: &[u8]) {
+    for line in lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        let text = String::from_utf8_lossy(line);
+        let kind = text
+            .split_once("\"type\":\"")
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .map_or("unknown", |(k, _)| k);
+        METRICS
+            .events_delivered
+            .with_label_values(&["webhook", kind])
+            .inc();
+    }
+}
+
+impl Drop for DeliveryHandle {
+    fn drop(&mut self) {
+        let (lock, cv) = &*self.stop;
+        *lock.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        cv.notify_all();
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        let deadline = Instant::now() + STOP_WAIT;
+        while !thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if thread.is_finished() {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_are_delivered_retried_or_rejected() {
+        assert_eq!(outcome(200), Outcome::Delivered);
+        assert_eq!(outcome(204), Outcome::Delivered);
+        assert!(matches!(outcome(500), Outcome::Retry(_)));
+        assert!(matches!(outcome(503), Outcome::Retry(_)));
+        assert!(matches!(outcome(408), Outcome::Retry(_)));
+        assert!(matches!(outcome(429), Outcome::Retry(_)));
+        assert!(matches!(outcome(302), Outcome::Retry(_)));
+        assert_eq!(outcome(400), Outcome::Rejected(400));
+        assert_eq!(outcome(401), Outcome::Rejected(401));
+        assert_eq!(outcome(413), Outcome::Rejected(413));
+    }
+
+    #[test]
+    fn backoff_doubles_to_five_minutes_with_jitter() {
+        assert_eq!(backoff(1, 1.0), Duration::from_secs(1));
+        assert_eq!(backoff(1, 0.0), Duration::from_millis(500));
+        assert_eq!(backoff(4, 1.0), Duration::from_secs(8));
+        assert_eq!(backoff(20, 1.0), Duration::from_secs(300));
+        assert_eq!(backoff(u32::MAX, 0.0), Duration::from_secs(150));
+    }
+
+    #[test]
+    fn a_batch_is_a_json_array_of_its_lines() {
+        let body = batch_body(b"{\"a\":1}\n{\"b\":2}\n");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v, serde_json::json!([{"a": 1}, {"b": 2}]));
+        assert_eq!(batch_body(b""), b"[]");
+    }
+
+    #[test]
+    fn a_batch_older_than_the_retries_goes_to_the_dead_letters_untried() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::new(dir.path(), 1 << 20);
+        spool.write(b"{\"type\":\"pet.usage.v1\"}\n", 1).unwrap();
+        let seg = spool.segments().unwrap().remove(0);
+        let old = Segment {
+            created_ms: seg.created_ms - RETRY_FOR.as_millis() as u64 - 1,
+            ..seg
+        };
+        // An address nothing listens on: were it tried, it would fail and stay.
+        let mut d = Delivery {
+            spool,
+            url: WebhookUrl::parse("http://127.0.0.1:9/").unwrap(),
+            tls: None,
+            secret: b"s".to_vec(),
+            lock: None,
+            failures: 0,
+            next_try: Instant::now(),
+        };
+        assert!(d.one(&old));
+        assert!(d.spool.segments().unwrap().is_empty());
+        let dead = std::fs::read_to_string(dir.path().join(super::super::spool::DEAD_LETTER));
+        assert_eq!(dead.unwrap(), "{\"type\":\"pet.usage.v1\"}\n");
+    }
+}

@@ -1,0 +1,57 @@
+//! The webhook sink (`events_webhook_url`): events POSTed in signed batches, at least once.
+//! The events thread writes each batch to the spool ([`spool`]) the moment it is made; a thread
+//! of its own ([`deliver`]) posts the spool's batches ([`post`]) and retries them, so neither a
+//! slow receiver nor one that is down touches a request, and a restart loses nothing queued.
+
+pub mod deliver;
+pub mod post;
+pub mod spool;
+
+use std::path::PathBuf;
+
+pub use post::WebhookUrl;
+
+/// The most events in one batch (one spool segment, one POST).
+pub const BATCH_EVENTS: usize = 500;
+/// The most bytes of events in one batch.
+pub const BATCH_BYTES: usize = 1024 * 1024;
+
+/// The webhook as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Webhook {
+    pub url: WebhookUrl,
+    pub secret: WebhookSecret,
+    pub spool_dir: PathBuf,
+    pub spool_max_bytes: u64,
+}
+
+/// The key batches are signed with; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WebhookSecret(Vec<u8>);
+
+impl WebhookSecret {
+    /// A secret as given (a variable) or read from its file (one trailing newline dropped):
+    /// refused when empty.
+    pub fn new(mut bytes: Vec<u8>) -> Result<WebhookSecret, String> {
+        if bytes.last() == Some(&b'\n') {
+            bytes.pop();
+            if bytes.last() == Some(&b'\r') {
+                bytes.pop();
+            }
+        }
+        if bytes.is_empty() {
+            return Err("is empty".to_owned());
+        }
+        Ok(WebhookSecret(bytes))
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for WebhookSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WebhookSecret(…)")
+    }
+}

@@ -1,0 +1,263 @@
+//! One signed POST of a batch of events to the receiver: a blocking HTTP/1.1 request on the
+//! webhook's own thread (never on the request path), `Connection: close`, with a deadline on
+//! the connect, on every read and write and on the whole exchange, so a receiver that stalls or
+//! trickles costs the thread at most [`DEADLINE`] and never a request.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ring::hmac;
+
+const CONNECT: Duration = Duration::from_secs(5);
+/// The most one POST may take, from the first connect to the status line.
+pub const DEADLINE: Duration = Duration::from_secs(15);
+/// The most of a response read: the status line and headers are all that is used.
+const HEAD_LIMIT: usize = 16 * 1024;
+
+/// The receiver: an `http://` or `https://` URL, checked when the configuration is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookUrl {
+    pub https: bool,
+    pub host: String,
+    pub port: u16,
+    /// `/path?query`, at least `/`.
+    pub target: String,
+    /// As given, for messages (it holds no secret: user info is refused).
+    pub text: String,
+}
+
+impl WebhookUrl {
+    pub fn parse(text: &str) -> Result<WebhookUrl, String> {
+        let uri: http::Uri = text
+            .parse()
+            .map_err(|e| format!("`{text}` is not a URL ({e})"))?;
+        let https = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => return Err(format!("`{text}` must start with http:// or https://")),
+        };
+        let authority = uri
+            .authority()
+            .ok_or_else(|| format!("`{text}` names no host"))?;
+        if authority.as_str().contains('@') {
+            return Err(format!(
+                "`{text}` carries user info; the receiver authenticates events by their \
+                 Pet-Signature"
+            ));
+        }
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        if host.is_empty() {
+            return Err(format!("`{text}` names no host"));
+        }
+        Ok(WebhookUrl {
+            https,
+            host: host.to_owned(),
+            port: authority.port_u16().unwrap_or(if https { 443 } else { 80 }),
+            target: uri
+                .path_and_query()
+                .map_or("/".to_owned(), |p| p.as_str().to_owned()),
+            text: text.to_owned(),
+        })
+    }
+
+    fn host_header(&self) -> String {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        match (self.https, self.port) {
+            (true, 443) | (false, 80) => host,
+            _ => format!("{host}:{}", self.port),
+        }
+    }
+}
+
+/// `t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">`: what a receiver checks before it
+/// trusts a batch (and rejects when `t` is old, against replays).
+pub fn signature(secret: &[u8], t: u64, body: &[u8]) -> String {
+    let key = hmac::Key::new(hmac::HMAC_SHA256, secret);
+    let mut ctx = hmac::Context::with_key(&key);
+    ctx.update(t.to_string().as_bytes());
+    ctx.update(b".");
+    ctx.update(body);
+    format!("t={t},v1={}", hex::encode(ctx.sign().as_ref()))
+}
+
+/// Why a POST got no status.
+#[derive(Debug, thiserror::Error)]
+pub enum PostError {
+    #[error("cannot reach {0}")]
+    Connect(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("the receiver answered something that is not HTTP: {0:?}")]
+    Garbage(String),
+    #[error("the receiver took longer than {DEADLINE:?}")]
+    Deadline,
+}
+
+/// Posts `body` (a JSON array of CloudEvents) signed with `secret`: the receiver's status code.
+pub fn post(
+    url: &WebhookUrl,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    secret: &[u8],
+    now: u64,
+    body: &[u8],
+) -> Result<u16, PostError> {
+    let started = Instant::now();
+    let tcp = connect(url)?;
+    tcp.set_read_timeout(Some(DEADLINE))?;
+    tcp.set_write_timeout(Some(DEADLINE))?;
+    tcp.set_nodelay(true)?;
+    let head = format!(
+        "POST {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: pet-gateway\r\nContent-Type: \
+         application/cloudevents-batch+json\r\nContent-Length: {}\r\nPet-Signature: {}\r\n\
+         Connection: close\r\n\r\n",
+        url.target,
+        url.host_header(),
+        body.len(),
+        signature(secret, now, body)
+    );
+    match (url.https, tls) {
+        (true, Some(config)) => {
+            let name = rustls::pki_types::ServerName::try_from(url.host.clone())
+                .map_err(|e| PostError::Tls(e.to_string()))?;
+            let conn = rustls::ClientConnection::new(Arc::clone(config), name)
+                .map_err(|e| PostError::Tls(e.to_string()))?;
+            exchange(rustls::StreamOwned::new(conn, tcp), &head, body, started)
+        }
+        (true, None) => Err(PostError::Tls("no TLS configuration".to_owned())),
+        (false, _) => exchange(tcp, &head, body, started),
+    }
+}
+
+fn connect(url: &WebhookUrl) -> Result<TcpStream, PostError> {
+    let addrs = (url.host.as_str(), url.port)
+        .to_socket_addrs()
+        .map_err(|e| PostError::Connect(format!("{}:{} ({e})", url.host, url.port)))?;
+    let mut last = None;
+    for addr in addrs {
+        match TcpStream::connect_timeout(&addr, CONNECT) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(format!("{addr} ({e})")),
+        }
+    }
+    Err(PostError::Connect(
+        last.unwrap_or_else(|| format!("{}: no address", url.host)),
+    ))
+}
+
+/// Sends the request and reads the status line, within the deadline however the receiver
+/// trickles its answer.
+fn exchange<S: Read + Write>(
+    mut s: S,
+    head: &str,
+    body: &[u8],
+    started: Instant,
+) -> Result<u16, PostError> {
+    s.write_all(head.as_bytes())?;
+    s.write_all(body)?;
+    s.flush()?;
+    let mut got = Vec::with_capacity(256);
+    let mut buf = [0u8; 1024];
+    loop {
+        if started.elapsed() > DEADLINE {
+            return Err(PostError::Deadline);
+        }
+        if let Some(end) = got.windows(2).position(|w| w == b"\r\n") {
+            return status(&got[..end]);
+        }
+        if got.len() > HEAD_LIMIT {
+            return Err(PostError::Garbage("no status line".to_owned()));
+        }
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            return Err(PostError::Garbage(
+                String::from_utf8_lossy(&got).chars().take(80).collect(),
+            ));
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// `HTTP/1.x NNN reason` → NNN.
+fn status(line: &[u8]) -> Result<u16, PostError> {
+    let text = String::from_utf8_lossy(line);
+    let mut parts = text.split(' ');
+    let version = parts.next().unwrap_or_default();
+    let code = parts.next().and_then(|c| c.parse::<u16>().ok());
+    match code {
+        Some(code) if version.starts_with("HTTP/1.") && (100..600).contains(&code) => Ok(code),
+        _ => Err(PostError::Garbage(text.chars().take(80).collect())),
+    }
+}
+
+/// The client TLS settings for an `https://` receiver: the system's roots.
+pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut roots = rustls::RootCertStore::empty();
+    let found = rustls_native_certs::load_native_certs();
+    for cert in found.certs {
+        let _ = roots.add(cert);
+    }
+    if roots.is_empty() {
+        return Err("no trusted root certificates found on this system".to_owned());
+    }
+    Ok(Arc::new(
+        rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked() {
+        let u = WebhookUrl::parse("https://billing.example.com/hooks/pet?x=1").unwrap();
+        assert!(u.https);
+        assert_eq!((u.host.as_str(), u.port), ("billing.example.com", 443));
+        assert_eq!(u.target, "/hooks/pet?x=1");
+        let u = WebhookUrl::parse("http://127.0.0.1:9000").unwrap();
+        assert_eq!((u.port, u.target.as_str()), (9000, "/"));
+        assert_eq!(u.host_header(), "127.0.0.1:9000");
+        let u = WebhookUrl::parse("http://[::1]:9000/x").unwrap();
+        assert_eq!(u.host_header(), "[::1]:9000");
+        for bad in [
+            "billing.example.com",
+            "ftp://x/",
+            "http://",
+            "http://u:p@x/",
+            "not a url",
+        ] {
+            assert!(WebhookUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_signature_is_the_hmac_of_time_dot_body() {
+        // Computed independently: printf '1795000000.[]' | openssl dgst -sha256 -hmac secret
+        assert_eq!(
+            signature(b"secret", 1_795_000_000, b"[]"),
+            "t=1795000000,v1=e241347105de642f130c7162977237f9bcf28f1f1d72a4686be4c7335bbf7d80"
+        );
+    }
+
+    #[test]
+    fn status_lines_are_read_and_garbage_is_refused() {
+        assert_eq!(status(b"HTTP/1.1 204 No Content").unwrap(), 204);
+        assert_eq!(status(b"HTTP/1.0 500").unwrap(), 500);
+        assert!(status(b"SSH-2.0-OpenSSH").is_err());
+        assert!(status(b"HTTP/1.1 99999 x").is_err());
+    }
+}

@@ -1,0 +1,228 @@
+//! The spool: the folder (`events_spool_dir`) that holds every event the webhook has not yet
+//! delivered, so a receiver that is down for hours, or a gateway that restarts, loses nothing.
+//!
+//! Each batch is one file, a *segment*, `<created ms>-<pid>-<seq>-<events>.events`, NDJSON, one
+//! event a line: written whole as `tmp-…`, synced, then renamed, so a segment is either all
+//! there or not there, whoever wrote it (the gateway's events thread, or a `keys` command
+//! reporting a key change). Names sort by age. Only the process holding the folder's `lock`
+//! (an exclusive `flock`) delivers; a segment leaves the folder once the receiver took it (or
+//! went to `dead-letter.ndjson`), so a restart delivers what is left, and a successor during
+//! `serve --upgrade` takes the lock, and the segments, once its predecessor has exited.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::base::clock::unix_now_ms;
+
+const SUFFIX: &str = ".events";
+const TMP: &str = "tmp-";
+pub const DEAD_LETTER: &str = "dead-letter.ndjson";
+const LOCK: &str = "lock";
+/// How long a measure of the spool's size is trusted before the folder is listed again.
+const SIZE_TTL: Duration = Duration::from_secs(1);
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// One segment waiting for delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    pub path: PathBuf,
+    pub created_ms: u64,
+    pub events: usize,
+}
+
+pub struct Spool {
+    dir: PathBuf,
+    max_bytes: u64,
+    /// The spool's size as last measured, plus what this process wrote since.
+    used: Option<(Instant, u64)>,
+}
+
+impl Spool {
+    pub fn new(dir: &Path, max_bytes: u64) -> Spool {
+        Spool {
+            dir: dir.to_owned(),
+            max_bytes,
+            used: None,
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes `lines` (whole NDJSON lines, `events` of them) as a new segment, synced before it
+    /// is visible. Refused, with nothing written, when the spool would pass its size.
+    pub fn write(&mut self, lines: &[u8], events: usize) -> std::io::Result<()> {
+        let used = self.used()?;
+        if used + lines.len() as u64 > self.max_bytes {
+            return Err(std::io::Error::other(format!(
+                "the spool {} is full ({used} bytes of events_spool_max_mb)",
+                self.dir.display()
+            )));
+        }
+        let name = format!(
+            "{:013}-{}-{}-{events}{SUFFIX}",
+            unix_now_ms(),
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let tmp = self.dir.join(format!("{TMP}{name}"));
+        let written = write_synced(&tmp, lines)
+            .and_then(|()| std::fs::rename(&tmp, self.dir.join(&name)))
+            .and_then(|()| File::open(&self.dir)?.sync_all());
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written?;
+        if let Some((_, used)) = &mut self.used {
+            *used += lines.len() as u64;
+        }
+        Ok(())
+    }
+
+    fn used(&mut self) -> std::io::Result<u64> {
+        if let Some((at, used)) = self.used {
+            if at.elapsed() < SIZE_TTL {
+                return Ok(used);
+            }
+        }
+        let mut used = 0;
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            if entry.file_name().to_string_lossy().ends_with(SUFFIX) {
+                used += entry.metadata().map_or(0, |m| m.len());
+            }
+        }
+        self.used = Some((Instant::now(), used));
+        Ok(used)
+    }
+
+    /// The segments waiting, oldest first.
+    pub fn segments(&self) -> std::io::Result<Vec<Segment>> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let name = entry?.file_name();
+            if let Some(seg) = parse(&self.dir, &name.to_string_lossy()) {
+                out.push(seg);
+            }
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
+    /// Moves a segment's events to the dead-letter file (appended, synced) and drops it.
+    pub fn dead_letter(&self, seg: &Segment) -> std::io::Result<()> {
+        let lines = std::fs::read(&seg.path)?;
+        let mut file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(DEAD_LETTER))?;
+        file.write_all(&lines)?;
+        file.sync_data()?;
+        std::fs::remove_file(&seg.path)
+    }
+
+    /// The spool's lock, when no other process holds it: only its holder delivers.
+    pub fn try_lock(&self) -> std::io::Result<Option<File>> {
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.dir.join(LOCK))?;
+        // SAFETY: a valid open descriptor; flock takes no pointers.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            Ok(Some(file))
+        } else {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                Ok(None)
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
+fn write_synced(path: &Path, lines: &[u8]) -> std::io::Result<()> {
+    let mut file = OpenOptions::new().create_new(true).write(true).open(path)?;
+    file.write_all(lines)?;
+    file.sync_all()
+}
+
+/// `<ms>-<pid>-<seq>-<events>.events`; anything else (a temporary file, the lock, the dead
+/// letters, an operator's file) is not a segment.
+fn parse(dir: &Path, name: &str) -> Option<Segment> {
+    let stem = name.strip_suffix(SUFFIX)?;
+    let mut parts = stem.split('-');
+    let created_ms = parts.next()?.parse().ok()?;
+    parts.next()?.parse::<u32>().ok()?;
+    parts.next()?.parse::<u64>().ok()?;
+    let events = parts.next()?.parse().ok()?;
+    if parts.next().is_some() {
+        return None;
+    }
+    Some(Segment {
+        path: dir.join(name),
+        created_ms,
+        events,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_listed_oldest_first_and_other_files_are_not_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::new(dir.path(), 1 << 20);
+        spool.write(b"{\"a\":1}\n", 1).unwrap();
+        spool.write(b"{\"b\":1}\n{\"c\":1}\n", 2).unwrap();
+        std::fs::write(dir.path().join("tmp-0000000000001-1-1-1.events"), "x").unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "x").unwrap();
+        let segs = spool.segments().unwrap();
+        assert_eq!(segs.iter().map(|s| s.events).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(std::fs::read(&segs[0].path).unwrap(), b"{\"a\":1}\n");
+    }
+
+    #[test]
+    fn a_full_spool_refuses_a_segment_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::new(dir.path(), 20);
+        spool.write(b"0123456789\n", 1).unwrap();
+        let e = spool.write(b"0123456789\n", 1).unwrap_err();
+        assert!(e.to_string().contains("full"), "{e}");
+        assert_eq!(spool.segments().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn dead_letters_are_appended_and_the_segment_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::new(dir.path(), 1 << 20);
+        spool.write(b"{\"a\":1}\n", 1).unwrap();
+        spool.write(b"{\"b\":1}\n", 1).unwrap();
+        for seg in spool.segments().unwrap() {
+            spool.dead_letter(&seg).unwrap();
+        }
+        assert!(spool.segments().unwrap().is_empty());
+        let dead = std::fs::read_to_string(dir.path().join(DEAD_LETTER)).unwrap();
+        assert_eq!(dead, "{\"a\":1}\n{\"b\":1}\n");
+    }
+
+    #[test]
+    fn one_process_holds_the_lock_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool = Spool::new(dir.path(), 1 << 20);
+        let held = spool.try_lock().unwrap();
+        assert!(held.is_some());
+        // flock locks belong to the open file: a second open is a second holder.
+        assert!(spool.try_lock().unwrap().is_none());
+        drop(held);
+        assert!(spool.try_lock().unwrap().is_some());
+    }
+}

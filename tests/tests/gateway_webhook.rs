@@ -1,0 +1,316 @@
+//! The webhook sink end to end (issue 24): real `pet-gateway` and `pet-backend` processes and a
+//! receiver in this harness that checks every signature. Delivery is at least once: the tests
+//! count events by their `id`, as a receiver dedupes them.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use e2e::{
+    first_key_id, fresh_minute, gateway_cli, Fixture, GatewayProcess, GatewaySpec, Process,
+    Received, WebhookReceiver,
+};
+use serde_json::Value;
+
+const SECRET: &[u8] = b"whsec-test-0123456789";
+
+/// The spool folder and the secret file, made in the fixture's folder.
+fn spool_and_secret(f: &Fixture) -> (PathBuf, PathBuf) {
+    let spool = f.dir.path().join("spool");
+    std::fs::create_dir(&spool).unwrap();
+    let secret = f.dir.path().join("webhook.secret");
+    std::fs::write(&secret, [SECRET, b"\n"].concat()).unwrap();
+    (spool, secret)
+}
+
+/// A gateway in front of `upstream` posting its events to `url`.
+fn hooked(
+    f: &Fixture,
+    upstream: SocketAddr,
+    url: &str,
+    spool: &Path,
+    secret: &Path,
+) -> GatewaySpec {
+    let mut spec = f.spec(upstream);
+    spec.extra = format!(
+        "node_id = \"node-a\"\ngrace_period_secs = 0\nevents_webhook_url = \"{url}\"\n\
+         events_webhook_secret_file = \"{}\"\nevents_spool_dir = \"{}\"\n",
+        secret.display(),
+        spool.display()
+    );
+    spec
+}
+
+fn stop(gateway: GatewayProcess) {
+    gateway.process.signal(15);
+    assert_eq!(
+        Process::wait_exit(gateway.process, Duration::from_secs(30)),
+        Some(0)
+    );
+}
+
+/// The segments waiting in the spool.
+fn spooled(spool: &Path) -> usize {
+    std::fs::read_dir(spool)
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            let name = name.to_string_lossy();
+            name.ends_with(".events") && !name.starts_with("tmp-")
+        })
+        .count()
+}
+
+/// Events received, one an id.
+fn by_id(r: &Received) -> BTreeMap<String, Value> {
+    r.events
+        .iter()
+        .map(|e| (e["id"].as_str().unwrap().to_owned(), e.clone()))
+        .collect()
+}
+
+fn usage_sum(events: &BTreeMap<String, Value>, key_id: &str, field: &str) -> u64 {
+    events
+        .values()
+        .filter(|e| e["type"] == "pet.usage.v1" && e["data"]["key_id"] == key_id)
+        .map(|e| e["data"][field].as_u64().unwrap())
+        .sum()
+}
+
+/// A key issued at the command line on the gateway's config: its event goes to the spool.
+fn issue_by_cli(spec: &GatewaySpec, dir: &Path) -> String {
+    let config = e2e::write_gateway_config(dir, spec);
+    let out = e2e::keys_cli(&config, &["issue", "--plan", "free"]);
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .nth(1)
+        .expect("issued <id>")
+        .to_owned()
+}
+
+/// The receiver fails its first three batches (500); the gateway retries with backoff until it
+/// accepts. Usage spooled at a stop is delivered by the next process. Every request carried a
+/// valid signature, and every event arrived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_down_for_a_while_and_a_restart_lose_nothing_and_every_batch_is_signed() {
+    let f = Fixture::new(5, 1_000);
+    let key = f.issue("free");
+    let key_id = first_key_id(&f.keys);
+    let backend = f.backend();
+    let receiver = WebhookReceiver::start(SECRET, 3, 500);
+    let (spool, secret) = spool_and_secret(&f);
+    let spec = hooked(&f, backend.addr, &receiver.url(), &spool, &secret);
+    let gateway = f.gateway(&spec);
+    let issued = issue_by_cli(&spec, f.dir.path());
+    let arrived = receiver.wait_for(Duration::from_secs(30), |r| {
+        by_id(r)
+            .values()
+            .any(|e| e["data"]["key_id"] == issued.as_str())
+    });
+    assert!(
+        arrived,
+        "the issued event arrives after the receiver's failures"
+    );
+    assert!(receiver.received.lock().unwrap().requests >= 4);
+
+    fresh_minute(Duration::from_secs(10));
+    let client = reqwest::Client::new();
+    for _ in 0..8 {
+        client
+            .get(gateway.url("/v1/pets"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+    }
+    stop(gateway);
+    assert!(spooled(&spool) >= 1, "the stop spools the open minute");
+
+    let again = f.gateway(&spec);
+    let delivered = receiver.wait_for(Duration::from_secs(30), |r| {
+        usage_sum(&by_id(r), &key_id, "admitted") == 5
+    });
+    assert!(delivered, "the next process delivers the spooled usage");
+    let r = receiver.received.lock().unwrap();
+    let events = by_id(&r);
+    assert_eq!(usage_sum(&events, &key_id, "refused"), 3);
+    assert_eq!(usage_sum(&events, &key_id, "cost"), 5);
+    assert_eq!(r.bad_signatures, 0, "every batch is signed with the secret");
+    assert_eq!(r.malformed, 0);
+    let issued_event = events
+        .values()
+        .find(|e| e["type"] == "pet.key.issued.v1")
+        .expect("the issued event");
+    assert_eq!(issued_event["id"], format!("pet.key.issued.v1:{issued}"));
+    assert_eq!(issued_event["specversion"], "1.0");
+    drop(r);
+    let emptied = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        spooled(&spool) == 0
+    });
+    assert!(emptied, "a delivered batch leaves the spool");
+    stop(again);
+}
+
+/// A 4xx other than 408/429 is the receiver's final word: the batch goes to the dead-letter
+/// file, counted, and is not posted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_the_receiver_refuses_for_good_goes_to_the_dead_letters() {
+    let f = Fixture::new(5, 1_000);
+    let backend = f.backend();
+    let receiver = WebhookReceiver::start(SECRET, usize::MAX, 422);
+    let (spool, secret) = spool_and_secret(&f);
+    let spec = hooked(&f, backend.addr, &receiver.url(), &spool, &secret);
+    let gateway = f.gateway(&spec);
+    let issued = issue_by_cli(&spec, f.dir.path());
+    let dead = spool.join("dead-letter.ndjson");
+    let moved = (0..200).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        std::fs::read_to_string(&dead).is_ok_and(|t| t.contains(&issued))
+    });
+    assert!(moved, "the refused batch is in the dead-letter file");
+    assert_eq!(spooled(&spool), 0);
+    let requests = receiver.received.lock().unwrap().requests;
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        receiver.received.lock().unwrap().requests,
+        requests,
+        "not posted again"
+    );
+    let metrics = reqwest::get(gateway.admin_url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("pet_gateway_events_dead_lettered_total{reason=\"rejected\"} 1"),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("dead_lettered"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    stop(gateway);
+}
+
+/// A receiver that holds the connection without answering, and one that answers garbage: no
+/// request waits for either, and the events stay spooled (not lost, not dead-lettered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_or_garbage_receiver_never_slows_a_request_and_loses_nothing() {
+    for garbage in [false, true] {
+        let f = Fixture::new(1_000, 10_000);
+        let key = f.issue("free");
+        let backend = f.backend();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for mut conn in listener.incoming().flatten() {
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf);
+                if garbage {
+                    let _ = conn.write_all(b"\x00\x01 not http at all\r\n");
+                } else {
+                    std::thread::sleep(Duration::from_secs(60));
+                }
+            }
+        });
+        let (spool, secret) = spool_and_secret(&f);
+        let spec = hooked(&f, backend.addr, &url, &spool, &secret);
+        let gateway = f.gateway(&spec);
+        issue_by_cli(&spec, f.dir.path());
+        std::thread::sleep(Duration::from_secs(2)); // the first POST is in flight or failed
+        let client = reqwest::Client::new();
+        for _ in 0..20 {
+            let started = std::time::Instant::now();
+            let resp = client
+                .get(gateway.url("/v1/pets"))
+                .bearer_auth(&key)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "garbage={garbage}"
+            );
+        }
+        assert_eq!(
+            spooled(&spool),
+            1,
+            "garbage={garbage}: the batch waits in the spool"
+        );
+        assert!(!spool.join("dead-letter.ndjson").exists());
+        stop(gateway);
+    }
+}
+
+/// Each bad webhook setting is refused by `check`, naming it.
+#[test]
+fn bad_webhook_settings_are_refused_by_check_naming_the_setting() {
+    let f = Fixture::new(5, 1_000);
+    let (spool, secret) = spool_and_secret(&f);
+    let empty = f.dir.path().join("empty.secret");
+    std::fs::write(&empty, "\n").unwrap();
+    let upstream: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let ok_url = "http://127.0.0.1:9/hooks";
+    let cases: Vec<(GatewaySpec, &str, &str)> = vec![
+        (
+            hooked(&f, upstream, "ftp://example.com/x", &spool, &secret),
+            "events_webhook_url",
+            "http://",
+        ),
+        (
+            hooked(&f, upstream, "not a url", &spool, &secret),
+            "events_webhook_url",
+            "not a URL",
+        ),
+        (
+            hooked(&f, upstream, ok_url, &spool, &empty),
+            "events_webhook_secret_file",
+            "is empty",
+        ),
+        (
+            hooked(&f, upstream, ok_url, &spool, &f.dir.path().join("missing")),
+            "events_webhook_secret_file",
+            "cannot read",
+        ),
+        (
+            hooked(
+                &f,
+                upstream,
+                ok_url,
+                &f.dir.path().join("no-spool"),
+                &secret,
+            ),
+            "events_spool_dir",
+            "no such folder",
+        ),
+    ];
+    for (spec, setting, why) in cases {
+        let config = e2e::write_gateway_config(f.dir.path(), &spec);
+        let out = gateway_cli(&["check", "--config", &config.to_string_lossy()]);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{setting}: {text}");
+        assert!(text.contains(setting), "{setting}: {text}");
+        assert!(text.contains(why), "{setting}: {text}");
+    }
+    let mut no_secret = f.spec(upstream);
+    no_secret.extra = format!(
+        "events_webhook_url = \"{ok_url}\"\nevents_spool_dir = \"{}\"\n",
+        spool.display()
+    );
+    let config = e2e::write_gateway_config(f.dir.path(), &no_secret);
+    let out = gateway_cli(&["check", "--config", &config.to_string_lossy()]);
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success());
+    assert!(text.contains("PET_GATEWAY_EVENTS_WEBHOOK_SECRET"), "{text}");
+}
