@@ -317,3 +317,47 @@ fn key_changes_from_the_command_line_are_events() {
     }
     assert!(got[1]["data"]["successor_key_id"].as_str().is_some());
 }
+
+/// A plan's `notify_at` thresholds of the day, crossed under a burst from three nodes on one
+/// Redis: each is reported exactly once, by the node whose decision crossed it, with the count
+/// and limit of that decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_nodes_report_each_threshold_of_the_day_once() {
+    let f = Fixture::new(1_000, 40);
+    let plan = f.plans.join("free.toml");
+    let text = std::fs::read_to_string(&plan).unwrap();
+    std::fs::write(&plan, format!("notify_at = [80, 100]\n{text}")).unwrap();
+    let key = f.issue("free");
+    let key_id = first_key_id(&f.keys);
+    let backend = f.backend();
+    let redis = RedisServer::start();
+    let metering = metering_folder(&f);
+    let gateways = three_nodes(&f, backend.addr, &redis, &metering, 100);
+    let counts = burst(&gateways, &key, 60).await;
+    assert_eq!(counts.get(&200).copied(), Some(40), "{counts:?}");
+    for g in gateways {
+        stop(g);
+    }
+    let mut crossed: Vec<Value> = events(&metering)
+        .into_iter()
+        .filter(|e| e["type"] == "pet.quota.threshold.v1")
+        .collect();
+    crossed.sort_by_key(|e| e["data"]["threshold"].as_u64());
+    let got: Vec<(u64, u64)> = crossed
+        .iter()
+        .map(|e| {
+            (
+                e["data"]["threshold"].as_u64().unwrap(),
+                e["data"]["used"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, [(80, 32), (100, 40)], "{crossed:?}");
+    for e in &crossed {
+        assert_eq!(e["data"]["key_id"], key_id.as_str());
+        assert_eq!(e["data"]["limit"], 40);
+        assert_eq!(e["data"]["window"], "1d");
+        assert_eq!(e["data"]["customer"], Value::Null);
+        assert!(e["data"]["reset"].as_str().unwrap().ends_with("T00:00:00Z"));
+    }
+}

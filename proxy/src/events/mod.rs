@@ -14,5 +14,6 @@ pub mod file_sink;
 pub mod lifecycle;
 pub mod pump;
 pub mod queue;
+pub mod threshold;
 pub mod usage;
 pub mod webhook;

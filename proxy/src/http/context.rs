@@ -8,7 +8,7 @@ use crate::http::auth::AuthFailure;
 use crate::http::routes::Route;
 use crate::http::trace::TraceContext;
 use crate::keys::index::KeyInfo;
-use crate::keys::plans::Limits;
+use crate::keys::plans::{Limits, NotifyAt};
 use crate::quota::rules::RateView;
 
 pub struct Ctx {
@@ -22,6 +22,8 @@ pub struct Ctx {
     pub limits: Option<Limits>,
     /// What this request's operation costs under the key's plan, in units of its windows.
     pub cost: u64,
+    /// The plan's `notify_at`: the thresholds whose crossing this request reports.
+    pub notify_at: NotifyAt,
     pub rate: Option<RateView>,
     pub auth_failure: Option<AuthFailure>,
     pub store_time: Option<Duration>,
@@ -42,6 +44,7 @@ impl Ctx {
             key: None,
             limits: None,
             cost: 1,
+            notify_at: NotifyAt::default(),
             rate: None,
             auth_failure: None,
             store_time: None,

@@ -19,8 +19,8 @@ use pingora::Error;
 
 use crate::base::clock::unix_now;
 use crate::base::metrics::METRICS;
-use crate::events::lifecycle;
 use crate::events::usage::Meter;
+use crate::events::{lifecycle, threshold};
 use crate::http::auth::{bearer_token, AuthFailure};
 use crate::http::context::Ctx;
 use crate::http::quota_status::QuotaStatus;
@@ -30,6 +30,7 @@ use crate::http::routes::Route;
 use crate::http::trace::TraceContext;
 use crate::keys::catalog::Catalog;
 use crate::keys::format;
+use crate::keys::plans::NotifyAt;
 use crate::quota::admission::{Admission, Outcome};
 use crate::quota::rules::{Binding, RateView};
 use crate::quota::unauth::{UnauthDecision, UnauthLimiter};
@@ -123,14 +124,16 @@ impl Pipeline {
                 let plan = snapshot.plans.get(&key.plan);
                 let limits = plan.map(|p| key.limits(&p.limits));
                 let cost = plan.map_or(1, |p| p.costs.of(ctx.route.cost_index()));
-                Ok((key.clone(), limits, cost))
+                let notify_at = plan.map_or_else(NotifyAt::default, |p| p.notify_at);
+                Ok((key.clone(), limits, cost, notify_at))
             })
         };
         match found {
-            Ok((key, limits, cost)) => {
+            Ok((key, limits, cost, notify_at)) => {
                 ctx.key = Some(key);
                 ctx.limits = limits;
                 ctx.cost = cost;
+                ctx.notify_at = notify_at;
                 Ok(())
             }
             Err(why) => Err(Stop::refuse(self.unauthenticated(session, ctx, why))),
@@ -203,6 +206,11 @@ impl Pipeline {
             };
             if let Some(admitted) = admitted {
                 meter.record(key, ctx.route.as_str(), view.now, admitted, ctx.cost);
+            }
+            if admitted == Some(true) && !ctx.notify_at.is_empty() {
+                for notice in threshold::crossed(key, view, ctx.cost, ctx.notify_at) {
+                    meter.notify(notice);
+                }
             }
             if decision.ban_started && view.binding == Binding::Ban {
                 meter.notify(lifecycle::banned(key, view.now, view.reset));

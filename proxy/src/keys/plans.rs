@@ -55,11 +55,42 @@ pub enum PlanError {
     Empty { dir: PathBuf },
 }
 
+/// `notify_at`: the percentages of a window's limit whose crossing is reported
+/// (`pet.quota.threshold.v1`), as bits 1 to 100; for windows of a day or longer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NotifyAt(u128);
+
+impl NotifyAt {
+    /// Whether `percent` is one.
+    pub fn has(self, percent: u32) -> bool {
+        percent <= 100 && self.0 & (1 << percent) != 0
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The percentages, lowest first.
+    pub fn percents(self) -> impl Iterator<Item = u32> {
+        (1..=100).filter(move |&p| self.has(p))
+    }
+
+    /// The percentages a count going from `before` to `after` units of `limit` crosses:
+    /// `before < p% of limit <= after`, the threshold's units rounded up (80 % of 7 is 6).
+    pub fn crossed(self, limit: u64, before: u64, after: u64) -> impl Iterator<Item = u32> {
+        self.percents().filter(move |&p| {
+            let units = (u64::from(p) * limit).div_ceil(100);
+            before < units && units <= after
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     pub name: Arc<str>,
     pub limits: Limits,
     pub costs: Costs,
+    pub notify_at: NotifyAt,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -70,11 +101,12 @@ pub struct Plans {
     ignored: Vec<PathBuf>,
 }
 
-const FIELDS: [&str; 5] = [
+const FIELDS: [&str; 6] = [
     "requests_per_minute",
     "requests_per_day",
     "window",
     "cost",
+    "notify_at",
     "description",
 ];
 const WINDOW_FIELDS: [&str; 3] = ["every", "limit", "shadow"];
@@ -112,13 +144,14 @@ impl Plans {
                 path: path.clone(),
                 source,
             })?;
-            let (limits, costs) = parse_plan(&text).map_err(invalid)?;
+            let (limits, costs, notify_at) = parse_plan(&text).map_err(invalid)?;
             by_name.insert(
                 name.to_owned(),
                 Arc::new(Plan {
                     name: name.into(),
                     limits,
                     costs,
+                    notify_at,
                 }),
             );
         }
@@ -204,7 +237,7 @@ fn plan_name(path: &Path) -> Option<&str> {
 
 /// Parses one plan file's text (the first form, `requests_per_minute` and
 /// `requests_per_day`, the `[[window]]` form, or both); the error says which field is wrong.
-pub fn parse_plan(text: &str) -> Result<(Limits, Costs), String> {
+pub fn parse_plan(text: &str) -> Result<(Limits, Costs, NotifyAt), String> {
     let table: toml::Table = text
         .parse()
         .map_err(|e: toml::de::Error| format!("not valid TOML: {}", e.to_string().trim_end()))?;
@@ -254,7 +287,36 @@ pub fn parse_plan(text: &str) -> Result<(Limits, Costs), String> {
         return Err("windows: every window is `shadow`: a plan needs one that is enforced".into());
     };
     let costs = parse_costs(table.get("cost"), smallest)?;
-    Ok((limits, costs))
+    let notify_at = parse_notify_at(table.get("notify_at"))?;
+    Ok((limits, costs, notify_at))
+}
+
+/// `notify_at = [80, 100]`: whole percentages from 1 to 100, each once.
+fn parse_notify_at(value: Option<&toml::Value>) -> Result<NotifyAt, String> {
+    let Some(value) = value else {
+        return Ok(NotifyAt::default());
+    };
+    let Some(items) = value.as_array() else {
+        return Err(format!(
+            "field `notify_at` must be a list of percentages such as [80, 100] (got {value})"
+        ));
+    };
+    let mut bits = 0u128;
+    for item in items {
+        let p = match item {
+            toml::Value::Integer(p) if (1..=100).contains(p) => *p as u32,
+            v => {
+                return Err(format!(
+                    "field `notify_at`: {v} is not a whole percentage from 1 to 100"
+                ))
+            }
+        };
+        if bits & (1 << p) != 0 {
+            return Err(format!("field `notify_at`: {p} is given twice"));
+        }
+        bits |= 1 << p;
+    }
+    Ok(NotifyAt(bits))
 }
 
 /// A whole number from 1 to [`MAX_LIMIT`], or an error naming `field`.
@@ -456,7 +518,7 @@ mod tests {
                     [[window]]\nevery = \"1d\"\nlimit = 10000\n\
                     [[window]]\nevery = \"month\"\nlimit = 200000\nshadow = true\n\
                     [cost]\ncreatePet = 5\n";
-        let (limits, costs) = parse_plan(text).unwrap();
+        let (limits, costs, _) = parse_plan(text).unwrap();
         let windows: Vec<(String, u32, bool)> = limits
             .windows()
             .iter()
@@ -477,7 +539,7 @@ mod tests {
             (5, 1, 1)
         );
         // Only windows, no minute or day at all.
-        let (limits, _) = parse_plan("[[window]]\nevery = \"1h\"\nlimit = 7\n").unwrap();
+        let (limits, _, _) = parse_plan("[[window]]\nevery = \"1h\"\nlimit = 7\n").unwrap();
         assert_eq!(limits.windows().len(), 1);
     }
 
@@ -530,6 +592,62 @@ mod tests {
             assert!(message.contains("pro.toml"), "{message}");
             assert!(message.contains(expected), "{text:?}: {message}");
         }
+    }
+
+    #[test]
+    fn notify_at_is_read_in_both_forms_and_bad_values_name_the_field() {
+        let first = "requests_per_minute = 10\nrequests_per_day = 100\nnotify_at = [100, 80]\n";
+        let (_, _, n) = parse_plan(first).unwrap();
+        assert_eq!(n.percents().collect::<Vec<_>>(), [80, 100]);
+        let windows = "notify_at = [50]\n[[window]]\nevery = \"1d\"\nlimit = 10\n";
+        assert_eq!(
+            parse_plan(windows)
+                .unwrap()
+                .2
+                .percents()
+                .collect::<Vec<_>>(),
+            [50]
+        );
+        assert!(
+            parse_plan("requests_per_minute = 1\nrequests_per_day = 2\n")
+                .unwrap()
+                .2
+                .is_empty()
+        );
+        for (bad, says) in [
+            ("[0]", "from 1 to 100"),
+            ("[101]", "from 1 to 100"),
+            ("[80, 80]", "given twice"),
+            ("[\"80\"]", "from 1 to 100"),
+            ("80", "a list"),
+        ] {
+            let text =
+                format!("requests_per_minute = 1\nrequests_per_day = 2\nnotify_at = {bad}\n");
+            let e = parse_plan(&text).unwrap_err();
+            assert!(e.contains("notify_at") && e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_threshold_is_crossed_by_the_one_count_that_reaches_it() {
+        let n =
+            parse_plan("requests_per_minute = 1\nrequests_per_day = 2\nnotify_at = [80, 100]\n")
+                .unwrap()
+                .2;
+        // 80 % of 7 is 5.6 units: crossed by the request that makes it 6.
+        let crossings = |before, after| n.crossed(7, before, after).collect::<Vec<_>>();
+        assert_eq!(crossings(4, 5), [0u32; 0]);
+        assert_eq!(crossings(5, 6), [80]);
+        assert_eq!(crossings(6, 7), [100]);
+        assert_eq!(
+            crossings(4, 7),
+            [80, 100],
+            "one costly request crosses both"
+        );
+        assert_eq!(crossings(7, 7), [0u32; 0]);
+        // Every count from 0 to the limit, one unit at a time: each threshold exactly once.
+        let all: Vec<u32> = (0..1000).flat_map(|c| n.crossed(1000, c, c + 1)).collect();
+        assert_eq!(all, [80, 100]);
     }
 
     #[test]
