@@ -39,6 +39,7 @@ pub struct Metrics {
     pub events_delivered: IntCounterVec,
     pub events_delivery_failures: IntCounter,
     pub events_dropped: IntCounter,
+    pub top_flush_failures: IntCounter,
 }
 
 /// Latency buckets from 100 µs (a local decision) to 10 s (the upstream read timeout).
@@ -273,6 +274,13 @@ const EVENTS_DROPPED: Def = Def {
     labels: &[],
 };
 
+const TOP_FLUSH_FAILURES: Def = Def {
+    name: "pet_gateway_top_flush_failures_total",
+    help: "Flushes of the top consumers' tally the quota store refused; the tally is kept for \
+           the next flush (up to a million holders).",
+    labels: &[],
+};
+
 const LOG_LINES_DROPPED: Def = Def {
     name: "pet_gateway_log_lines_dropped_total",
     help: "Log lines (access log and others) dropped because standard error did not take them \
@@ -333,6 +341,7 @@ impl Metrics {
             events_delivered: counter(r, &EVENTS_DELIVERED),
             events_delivery_failures: plain_counter(r, &EVENTS_DELIVERY_FAILURES),
             events_dropped: plain_counter(r, &EVENTS_DROPPED),
+            top_flush_failures: plain_counter(r, &TOP_FLUSH_FAILURES),
             bans: counter(r, &BANS),
             auth_failures: counter(r, &AUTH_FAILURES),
             store_duration: plain_histogram(r, &STORE_DURATION, LATENCY),
