@@ -15,7 +15,7 @@ use proxy::keys::limits::{Every, Limits, WindowLimit};
 use proxy::quota::rules::{BanPolicy, Binding, Outcome, RateView};
 use proxy::quota::store::memory::MemoryStore;
 use proxy::quota::store::redis::RedisStore;
-use proxy::quota::store::QuotaStore;
+use proxy::quota::store::{QuotaStore, TopWindow};
 
 /// A store under test, with whatever keeps it alive (the Redis process) and, for the memory
 /// store, the clock it reads.
@@ -705,6 +705,50 @@ async fn more_lengths_than_slots_never_lose_the_asking_plans_counts(subject: &Su
     );
 }
 
+/// The top consumers' index: what two flushes add up to, heaviest first, and a flush of
+/// another day counts in its own day's ranking and in the month's, not in today's.
+async fn two_flushes_rank_heaviest_first_and_periods_apart(subject: &Subject) {
+    let store = &*subject.store;
+    let now = subject
+        .clock
+        .as_ref()
+        .map_or_else(proxy::base::clock::unix_now, Clock::now);
+    let (day, month) = (now / 86_400, Every::Month.index(now));
+    let of = |list: &[(&str, u64)]| -> Vec<(Arc<str>, u64)> {
+        list.iter().map(|&(h, u)| (Arc::from(h), u)).collect()
+    };
+    let owned = |list: &[(&str, u64)]| -> Vec<(String, u64)> {
+        list.iter().map(|&(h, u)| (h.to_owned(), u)).collect()
+    };
+    store
+        .add_top(day, month, &of(&[("k1", 3), ("customer:acme", 5)]))
+        .await
+        .expect("store answers");
+    store
+        .add_top(day, month, &of(&[("k1", 4)]))
+        .await
+        .expect("store answers");
+    store
+        .add_top(day - 1, month, &of(&[("k0", 100)]))
+        .await
+        .expect("store answers");
+    let today = store.top(TopWindow::Day, 10).await.expect("store answers");
+    assert_eq!(today, (day, owned(&[("k1", 7), ("customer:acme", 5)])));
+    let first = store.top(TopWindow::Day, 1).await.expect("store answers");
+    assert_eq!(first.1, owned(&[("k1", 7)]));
+    let this_month = store
+        .top(TopWindow::Month, 10)
+        .await
+        .expect("store answers");
+    assert_eq!(
+        this_month,
+        (
+            month,
+            owned(&[("k0", 100), ("k1", 7), ("customer:acme", 5)])
+        )
+    );
+}
+
 #[tokio::test]
 async fn memory_a_clock_stepping_back_keeps_the_counts() {
     a_clock_stepping_back_keeps_the_counts(&memory()).await
@@ -783,6 +827,10 @@ macro_rules! store_suite {
             #[tokio::test]
             async fn more_lengths_than_slots_never_lose_the_asking_plans_counts() {
                 super::more_lengths_than_slots_never_lose_the_asking_plans_counts(&$store()).await
+            }
+            #[tokio::test]
+            async fn two_flushes_rank_heaviest_first_and_periods_apart() {
+                super::two_flushes_rank_heaviest_first_and_periods_apart(&$store()).await
             }
             #[tokio::test]
             async fn limits_of_other_lengths_on_one_quota_keep_each_others_counts() {

@@ -40,6 +40,7 @@ pub struct Metrics {
     pub events_delivery_failures: IntCounterVec,
     pub events_dropped: IntCounterVec,
     pub events_dead_lettered: IntCounterVec,
+    pub top_flush_failures: IntCounter,
 }
 
 /// Latency buckets from 100 µs (a local decision) to 10 s (the upstream read timeout).
@@ -283,6 +284,13 @@ const EVENTS_DEAD_LETTERED: Def = Def {
     labels: &["reason"],
 };
 
+const TOP_FLUSH_FAILURES: Def = Def {
+    name: "pet_gateway_top_flush_failures_total",
+    help: "Flushes of the top consumers' tally the quota store refused; the tally is kept for \
+           the next flush (up to a million holders).",
+    labels: &[],
+};
+
 const LOG_LINES_DROPPED: Def = Def {
     name: "pet_gateway_log_lines_dropped_total",
     help: "Log lines (access log and others) dropped because standard error did not take them \
@@ -353,6 +361,7 @@ impl Metrics {
             events_delivery_failures: counter(r, &EVENTS_DELIVERY_FAILURES),
             events_dropped: counter(r, &EVENTS_DROPPED),
             events_dead_lettered: counter(r, &EVENTS_DEAD_LETTERED),
+            top_flush_failures: plain_counter(r, &TOP_FLUSH_FAILURES),
             bans: counter(r, &BANS),
             auth_failures: counter(r, &AUTH_FAILURES),
             store_duration: plain_histogram(r, &STORE_DURATION, LATENCY),

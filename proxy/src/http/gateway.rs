@@ -42,6 +42,8 @@ pub struct Settings {
     pub ban: BanPolicy,
     /// Usage for the metering file, when there is one.
     pub meter: Option<Arc<crate::events::usage::Meter>>,
+    /// Units admitted per quota holder, for the top consumers' index.
+    pub top: Option<Arc<crate::quota::top::TopTally>>,
 }
 
 pub struct Gateway {
@@ -72,6 +74,7 @@ impl Gateway {
                 api_key_prefix: settings.api_key_prefix,
                 client_read_timeout: settings.client_read_timeout,
                 meter: settings.meter,
+                top: settings.top,
             },
             upstreams: Upstreams::new(settings.upstreams),
             connect_timeout: settings.upstream_connect_timeout,

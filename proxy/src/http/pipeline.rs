@@ -66,6 +66,8 @@ pub struct Pipeline {
     pub client_read_timeout: Duration,
     /// Usage for the metering file, when there is one.
     pub meter: Option<Arc<Meter>>,
+    /// Units admitted per quota holder, for the top consumers' index.
+    pub top: Option<Arc<crate::quota::top::TopTally>>,
 }
 
 impl Pipeline {
@@ -197,6 +199,11 @@ impl Pipeline {
         ctx.store_time = decision.store_time;
         ctx.store_degraded = decision.degraded;
         ctx.rate = decision.view;
+        if let (Some(top), Some(view), false, Outcome::Admitted) =
+            (&self.top, &ctx.rate, decision.degraded, decision.outcome)
+        {
+            top.add(key.quota_id(), view.now, ctx.cost);
+        }
         if let (Some(meter), Some(view), false) = (&self.meter, &ctx.rate, decision.degraded) {
             // What the store decided, at its clock: a node's guess while it is away is not.
             let admitted = match decision.outcome {

@@ -33,6 +33,30 @@ pub enum Command {
     /// The fleet's signing key for key records: make one, sign an existing registry.
     #[command(subcommand)]
     Registry(RegistryCommand),
+    /// What quota holders spend, through the running gateway's admin listener.
+    #[command(subcommand)]
+    Usage(UsageCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UsageCommand {
+    /// The keys and customers that spent the most units this UTC day or month, heaviest first
+    /// (as of the nodes' last flush, about a second behind).
+    Top {
+        #[command(flatten)]
+        admin: AdminArgs,
+        /// The period: this UTC `day` or this UTC `month`.
+        #[arg(long, value_name = "PERIOD", default_value = "day",
+              value_parser = clap::builder::PossibleValuesParser::new(["day", "month"]))]
+        window: String,
+        /// How many holders, 1 to 1000.
+        #[arg(long, value_name = "N", default_value_t = 10,
+              value_parser = clap::value_parser!(u16).range(1..=1000))]
+        limit: u16,
+        /// The admin API's JSON body on standard output, nothing else.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

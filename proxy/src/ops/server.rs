@@ -34,6 +34,7 @@ use crate::quota::resilience::{Resilience, BAN_RECHECK};
 use crate::quota::store::memory::MemoryStore;
 use crate::quota::store::redis::RedisStore;
 use crate::quota::store::{QuotaStore, StoreConfigError};
+use crate::quota::top::TopTally;
 use crate::quota::unauth::UnauthLimiter;
 
 #[derive(Debug, thiserror::Error)]
@@ -100,8 +101,16 @@ pub fn run(
 
     let resilience = Resilience::default();
     let (meter, metering) = metering(&config)?;
+    let top = Arc::new(TopTally::default());
+    server.add_service(background_service(
+        "top consumers flush",
+        TopFlush {
+            tally: Arc::clone(&top),
+            store: top_store(&config, &admin_store)?,
+        },
+    ));
     let gateway = Gateway::new(
-        gateway_settings(&config, meter),
+        gateway_settings(&config, meter, top),
         Arc::clone(&catalog),
         store,
         Arc::clone(&unauth),
@@ -536,7 +545,11 @@ fn metering(config: &Config) -> Result<(Option<Arc<Meter>>, Option<Metering>), S
 }
 
 /// What the request path takes from the config.
-fn gateway_settings(config: &Config, meter: Option<Arc<Meter>>) -> gateway::Settings {
+fn gateway_settings(
+    config: &Config,
+    meter: Option<Arc<Meter>>,
+    top: Arc<TopTally>,
+) -> gateway::Settings {
     gateway::Settings {
         environment: config.environment.clone(),
         upstreams: config.upstreams.clone(),
@@ -547,5 +560,36 @@ fn gateway_settings(config: &Config, meter: Option<Arc<Meter>>) -> gateway::Sett
         on_store_error: config.on_store_error,
         ban: config.ban.clone(),
         meter,
+        top: Some(top),
+    }
+}
+
+/// Where the top consumers' tally is flushed: on Redis a connection of its own, so a flush
+/// never queues behind request or admin calls; the embedded store is the admin listener's.
+fn top_store(
+    config: &Config,
+    admin_store: &Arc<dyn QuotaStore>,
+) -> Result<Arc<dyn QuotaStore>, ServeError> {
+    Ok(match &config.redis {
+        Some(redis) => Arc::new(RedisStore::connecting(
+            redis.clone(),
+            &config.key_prefix,
+            Duration::from_millis(500),
+        )?),
+        None => Arc::clone(admin_store),
+    })
+}
+
+/// Writes the top consumers' tally to the store once a second, and once more at a stop.
+struct TopFlush {
+    tally: Arc<TopTally>,
+    store: Arc<dyn QuotaStore>,
+}
+
+#[async_trait]
+impl BackgroundService for TopFlush {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        crate::quota::top::run_flush(Arc::clone(&self.tally), Arc::clone(&self.store), shutdown)
+            .await
     }
 }

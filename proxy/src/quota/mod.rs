@@ -9,9 +9,11 @@
 //! | [`resilience`] | circuit breaker, per-node fallback limiter, ban cache |
 //! | [`admission`] | ban cache → breaker → store → `on_store_error`: one [`admission::Decision`] |
 //! | [`unauth`] | the per-client limit on requests without a valid key (IPv6 /64, trusted proxies) |
+//! | [`top`] | units admitted per quota holder and day, flushed to the store's top consumers' index |
 
 pub mod admission;
 pub mod resilience;
 pub mod rules;
 pub mod store;
+pub mod top;
 pub mod unauth;

@@ -3,7 +3,7 @@
 //! metrics for Prometheus, and bans, keys and reloads for operators. The `bans` and `keys`
 //! commands talk to it ([`crate::ops::admin_client`]), so they act on the running gateway's own
 //! store, embedded or Redis. Its endpoints are one table, [`routes::ROUTES`]; the handlers are
-//! grouped by resource: [`health`], [`bans`], [`keys`], [`reload`].
+//! grouped by resource: [`health`], [`bans`], [`keys`], [`reload`], [`usage`].
 //!
 //! | request | answer |
 //! |---|---|
@@ -18,6 +18,7 @@
 //! | `GET /keys` | every key of the keys file with its status (never a key) |
 //! | `POST /keys` | issues a key (`plan`, `name`, `expires_in`/`expires_at`, `per_minute`, `per_day`); 201 with the key, shown once |
 //! | `POST /keys/{key id}/revoke`, `POST /keys/{key id}/rotate` | as the `keys` commands; changes are audited as `admin` |
+//! | `GET /usage/top?window=day\|month&limit=N` | the quota holders that spent the most this UTC day or month, from the store's top consumers' index |
 
 pub mod bans;
 pub mod health;
@@ -25,6 +26,7 @@ pub mod keys;
 pub mod reload;
 pub mod reply;
 pub mod routes;
+pub mod usage;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -124,6 +126,10 @@ impl Admin {
             Handler::ShowKey => self.show_key(id).await,
             Handler::ResetUsage => self.reset_usage(id).await,
             Handler::RevokeKey => self.revoke_key(id.to_owned()).await,
+            Handler::UsageTop => {
+                let query = session.req_header().uri.query().map(str::to_owned);
+                self.usage_top(query.as_deref()).await
+            }
             Handler::IssueKey => match json_body(session).await {
                 Ok(body) => self.issue_key(body).await,
                 Err(refused) => refused,

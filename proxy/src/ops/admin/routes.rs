@@ -20,6 +20,7 @@ pub enum Handler {
     ResetUsage,
     RevokeKey,
     RotateKey,
+    UsageTop,
 }
 
 /// One endpoint.
@@ -53,6 +54,7 @@ pub const ROUTES: &[Route] = &[
     route("POST", "/keys/{key id}/reset-usage", Handler::ResetUsage),
     route("POST", "/keys/{key id}/revoke", Handler::RevokeKey),
     route("POST", "/keys/{key id}/rotate", Handler::RotateKey),
+    route("GET", "/usage/top", Handler::UsageTop),
 ];
 
 /// What a request's method and path come to.
@@ -119,6 +121,7 @@ mod tests {
     fn each_endpoint_resolves_to_its_handler_with_its_key_id() {
         assert_eq!(get("/healthz"), Resolved::Route(Handler::Healthz, ""));
         assert_eq!(get("/keys"), Resolved::Route(Handler::ListKeys, ""));
+        assert_eq!(get("/usage/top"), Resolved::Route(Handler::UsageTop, ""));
         assert_eq!(post("/keys"), Resolved::Route(Handler::IssueKey, ""));
         assert_eq!(
             get("/keys/key_01"),

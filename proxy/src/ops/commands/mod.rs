@@ -1,5 +1,5 @@
 //! What each command does, one file per command: [`serve`], [`check`], [`keys`], [`bans`],
-//! [`registry`],
+//! [`registry`], [`usage`],
 //! with the output helpers they share in [`output`]. Errors end here as one clear line on
 //! standard error and a non-zero exit code.
 
@@ -9,6 +9,7 @@ mod keys;
 mod output;
 mod registry;
 mod serve;
+mod usage;
 
 use std::process::ExitCode;
 
@@ -22,6 +23,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Keys(cmd) => keys::keys_command(cmd),
         Command::Bans(cmd) => bans::bans_command(cmd),
         Command::Registry(cmd) => registry::registry_command(cmd),
+        Command::Usage(cmd) => usage::usage_command(cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

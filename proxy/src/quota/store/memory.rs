@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use super::packed::PackedStates;
-use super::{Ban, QuotaStore, StoreError, Usage};
+use super::ranking::Ranking;
+use super::{Ban, QuotaStore, StoreError, TopWindow, Usage};
 use crate::base::clock::Clock;
 use crate::keys::limits::Limits;
 use crate::quota::rules::{BanPolicy, Verdict, MINUTE_SECS};
@@ -25,6 +26,8 @@ struct Shard {
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     clock: Clock,
+    /// The top consumers' index: written once a second by the flush, so one lock suffices.
+    ranking: Mutex<Ranking>,
 }
 
 impl Default for MemoryStore {
@@ -43,6 +46,7 @@ impl MemoryStore {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             clock,
+            ranking: Mutex::new(Ranking::default()),
         }
     }
 
@@ -98,7 +102,7 @@ impl MemoryStore {
 
 /// A poisoned shard only means another thread panicked mid-update of plain counters; the
 /// counters are still usable, so carry on rather than fail every later request.
-fn lock(m: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -188,5 +192,24 @@ impl QuotaStore for MemoryStore {
 
     async fn probe(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    async fn add_top(
+        &self,
+        day: u64,
+        month: u64,
+        entries: &[(Arc<str>, u64)],
+    ) -> Result<(), StoreError> {
+        lock(&self.ranking).add(day, month, entries);
+        Ok(())
+    }
+
+    async fn top(
+        &self,
+        window: TopWindow,
+        limit: usize,
+    ) -> Result<(u64, Vec<(String, u64)>), StoreError> {
+        let index = window.every().index(self.clock.now());
+        Ok((index, lock(&self.ranking).top(window, index, limit)))
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod memory;
 mod packed;
+mod ranking;
 pub mod redis;
 pub mod scripts;
 
@@ -76,6 +77,40 @@ impl Usage {
     }
 }
 
+/// A period of the top consumers' index (`GET /usage/top`): the UTC calendar day or month,
+/// by the store's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TopWindow {
+    Day,
+    Month,
+}
+
+impl TopWindow {
+    /// `day` or `month`, as the API and the command line write it.
+    pub fn parse(text: &str) -> Option<TopWindow> {
+        match text {
+            "day" => Some(TopWindow::Day),
+            "month" => Some(TopWindow::Month),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TopWindow::Day => "day",
+            TopWindow::Month => "month",
+        }
+    }
+
+    /// The window length a plan names for this period (`1d`, `month`).
+    pub fn every(self) -> Every {
+        match self {
+            TopWindow::Day => Every::DAY,
+            TopWindow::Month => Every::Month,
+        }
+    }
+}
+
 /// A ban as the admin commands show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ban {
@@ -122,4 +157,22 @@ pub trait QuotaStore: Send + Sync {
 
     /// Whether the store answers (for `/readyz`).
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Adds units spent by quota holders (quota ids: a key's, or `customer:<name>`) to the top
+    /// consumers' index of UTC day `day` and month `month` (`Every::index`). Called once a
+    /// second by each node's flush of its tally, never on a request; one call per flush.
+    async fn add_top(
+        &self,
+        day: u64,
+        month: u64,
+        entries: &[(Arc<str>, u64)],
+    ) -> Result<(), StoreError>;
+
+    /// The `limit` holders that spent the most in the current `window` by the store's clock,
+    /// heaviest first, with the period's index; without reading every key.
+    async fn top(
+        &self,
+        window: TopWindow,
+        limit: usize,
+    ) -> Result<(u64, Vec<(String, u64)>), StoreError>;
 }

@@ -42,6 +42,10 @@
 //! so the store writes it in a call of its own when a ban starts or is lifted: a request never
 //! runs a script across two slots.
 //!
+//! The top consumers' index (`GET /usage/top`) is one sorted set per period,
+//! `<prefix>:top:{day:<index>}` and `<prefix>:top:{month:<index>}`, written by plain pipelined
+//! commands once a second per node, no script and no request (`redis/top.rs`).
+//!
 //! The clock is Redis `TIME`, read inside the script, so every gateway node agrees on windows.
 //! The rules are those of `quota::rules::KeyState::acquire`; the store behaviour suite runs the
 //! same tests against this script (batched and one decision per call) and that function.

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 mod acquire;
 mod batch;
 mod link;
+mod top;
 
 use self::acquire::{acquire_invocation, ban_index, index_ban, policy_args, quota_key, RawVerdict};
 use self::batch::Batches;
@@ -17,7 +18,9 @@ use self::link::Link;
 use crate::base::redis::RedisAccess;
 use crate::keys::limits::{Every, Limits, MAX_WINDOWS};
 use crate::quota::rules::{BanPolicy, Outcome, Verdict};
-use crate::quota::store::{scripts, Ban, QuotaStore, StoreConfigError, StoreError, Usage};
+use crate::quota::store::{
+    scripts, Ban, QuotaStore, StoreConfigError, StoreError, TopWindow, Usage,
+};
 
 pub struct RedisStore {
     link: Arc<Link>,
@@ -246,5 +249,44 @@ impl QuotaStore for RedisStore {
             .query::<String>(&redis::cmd("PING"))
             .await
             .map(drop)
+    }
+
+    async fn add_top(
+        &self,
+        day: u64,
+        month: u64,
+        entries: &[(Arc<str>, u64)],
+    ) -> Result<(), StoreError> {
+        let per_set = self.link.is_cluster();
+        for pipeline in top::add_pipelines(&self.prefix, day, month, entries, per_set) {
+            self.link.pipe(&pipeline).await?;
+        }
+        Ok(())
+    }
+
+    /// Two calls: `TIME` (the period is the store's, as every window is), then the set's
+    /// `ZREVRANGE`.
+    async fn top(
+        &self,
+        window: TopWindow,
+        limit: usize,
+    ) -> Result<(u64, Vec<(String, u64)>), StoreError> {
+        let (now, _micros): (u64, u64) = self.link.query(&redis::cmd("TIME")).await?;
+        let index = window.every().index(now);
+        if limit == 0 {
+            return Ok((index, Vec::new()));
+        }
+        let mut cmd = redis::cmd("ZREVRANGE");
+        cmd.arg(top::top_key(&self.prefix, window, index))
+            .arg(0)
+            .arg(limit.saturating_sub(1))
+            .arg("WITHSCORES");
+        let ranked: Vec<(String, f64)> = self.link.query(&cmd).await?;
+        // Scores are sums of whole units, exact in a double up to 2^53.
+        let ranked = ranked
+            .into_iter()
+            .map(|(holder, used)| (holder, used.max(0.0) as u64))
+            .collect();
+        Ok((index, ranked))
     }
 }
