@@ -749,6 +749,46 @@ async fn two_flushes_rank_heaviest_first_and_periods_apart(subject: &Subject) {
     );
 }
 
+/// A name is claimed once, by the first caller of many at once, until its end.
+async fn a_name_is_claimed_once_until_it_ends(subject: &Subject) {
+    let store = Arc::clone(&subject.store);
+    let now = subject
+        .clock
+        .as_ref()
+        .map_or_else(proxy::base::clock::unix_now, Clock::now);
+    let claims: Vec<_> = (0..8)
+        .map(|_| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move { store.claim_once("expiring:k1:7", now + 60).await })
+        })
+        .collect();
+    let mut won = 0;
+    for c in claims {
+        won += usize::from(c.await.expect("task").expect("store answers"));
+    }
+    assert_eq!(won, 1, "exactly one caller claims a name");
+    assert!(store
+        .claim_once("expiring:k1:1", now + 60)
+        .await
+        .expect("store answers"));
+    assert!(store
+        .claim_once("expiring:k2:7", now + 2)
+        .await
+        .expect("store answers"));
+    assert!(!store
+        .claim_once("expiring:k2:7", now + 2)
+        .await
+        .expect("store answers"));
+    subject.wait(Duration::from_secs(3)).await;
+    assert!(
+        store
+            .claim_once("expiring:k2:7", now + 60)
+            .await
+            .expect("store answers"),
+        "a claim that ended can be made again"
+    );
+}
+
 #[tokio::test]
 async fn memory_a_clock_stepping_back_keeps_the_counts() {
     a_clock_stepping_back_keeps_the_counts(&memory()).await
@@ -831,6 +871,10 @@ macro_rules! store_suite {
             #[tokio::test]
             async fn two_flushes_rank_heaviest_first_and_periods_apart() {
                 super::two_flushes_rank_heaviest_first_and_periods_apart(&$store()).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_name_is_claimed_once_until_it_ends() {
+                super::a_name_is_claimed_once_until_it_ends(&$store()).await
             }
             #[tokio::test]
             async fn limits_of_other_lengths_on_one_quota_keep_each_others_counts() {

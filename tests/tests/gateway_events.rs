@@ -361,3 +361,72 @@ async fn three_nodes_report_each_threshold_of_the_day_once() {
         assert!(e["data"]["reset"].as_str().unwrap().ends_with("T00:00:00Z"));
     }
 }
+
+/// Keys that end in three days and in twelve hours (rotations' predecessors): three nodes on one
+/// Redis report the seven-day notice of the first and the one-day notice of the second, each
+/// once, with ids derived from the key, the notice and the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_nodes_report_each_keys_expiry_notice_once() {
+    let f = Fixture::new(1_000, 10_000);
+    let rotate = |overlap: &str| {
+        f.issue("free");
+        let id = last_key_id(&f.keys);
+        let out = e2e::gateway_cli(&[
+            "keys",
+            "rotate",
+            "--keys-file",
+            &f.keys.to_string_lossy(),
+            "--plans-dir",
+            &f.plans.to_string_lossy(),
+            "--overlap",
+            overlap,
+            &id,
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        id
+    };
+    let in_three_days = rotate("3d");
+    let in_twelve_hours = rotate("12h");
+    let backend = f.backend();
+    let redis = RedisServer::start();
+    let metering = metering_folder(&f);
+    let gateways = three_nodes(&f, backend.addr, &redis, &metering, 100);
+    // Each node looks through its keys as it starts.
+    std::thread::sleep(Duration::from_secs(2));
+    for g in gateways {
+        stop(g);
+    }
+    let mut notices: Vec<(String, u64, String)> = events(&metering)
+        .into_iter()
+        .filter(|e| e["type"] == "pet.key.expiring.v1")
+        .map(|e| {
+            (
+                e["data"]["key_id"].as_str().unwrap().to_owned(),
+                e["data"]["days_before"].as_u64().unwrap(),
+                e["id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    notices.sort();
+    let mut want = vec![(in_three_days.clone(), 7), (in_twelve_hours.clone(), 1)];
+    want.sort();
+    let got: Vec<(String, u64)> = notices.iter().map(|(k, d, _)| (k.clone(), *d)).collect();
+    assert_eq!(got, want, "{notices:?}");
+    for (key, days, id) in &notices {
+        assert!(
+            id.starts_with(&format!("pet.key.expiring.v1:{key}:{days}d:")),
+            "{id}"
+        );
+    }
+}
+
+/// The id of the last key in a keys file.
+fn last_key_id(keys: &Path) -> String {
+    let text = std::fs::read_to_string(keys).unwrap();
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("id = "))
+        .last()
+        .unwrap()
+        .trim_matches('"')
+        .to_owned()
+}

@@ -10,6 +10,7 @@
 //! in progress too.
 
 pub mod cloud;
+pub mod expiring;
 pub mod file_sink;
 pub mod lifecycle;
 pub mod pump;

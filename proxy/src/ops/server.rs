@@ -109,6 +109,16 @@ pub fn run(
             store: top_store(&config, &admin_store)?,
         },
     ));
+    if let Some(meter) = &meter {
+        server.add_service(background_service(
+            "key expiry notices",
+            ExpiryNotices {
+                catalog: Arc::clone(&catalog),
+                store: Arc::clone(&admin_store),
+                meter: Arc::clone(meter),
+            },
+        ));
+    }
     let gateway = Gateway::new(
         gateway_settings(&config, meter, top),
         Arc::clone(&catalog),
@@ -578,6 +588,26 @@ fn top_store(
         )?),
         None => Arc::clone(admin_store),
     })
+}
+
+/// Reports keys whose end is a week or a day away, once across the fleet.
+struct ExpiryNotices {
+    catalog: Arc<Catalog>,
+    store: Arc<dyn QuotaStore>,
+    meter: Arc<Meter>,
+}
+
+#[async_trait]
+impl BackgroundService for ExpiryNotices {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        crate::events::expiring::run(
+            Arc::clone(&self.catalog),
+            Arc::clone(&self.store),
+            Arc::clone(&self.meter),
+            shutdown,
+        )
+        .await
+    }
 }
 
 /// Writes the top consumers' tally to the store once a second, and once more at a stop.

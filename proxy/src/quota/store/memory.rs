@@ -4,6 +4,7 @@
 //! swept out once a minute per shard, so memory follows the keys in use in their windows, not
 //! every key ever seen.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -28,6 +29,8 @@ pub struct MemoryStore {
     clock: Clock,
     /// The top consumers' index: written once a second by the flush, so one lock suffices.
     ranking: Mutex<Ranking>,
+    /// [`QuotaStore::claim_once`]'s names and until when they hold.
+    claimed: Mutex<HashMap<String, u64>>,
 }
 
 impl Default for MemoryStore {
@@ -47,6 +50,7 @@ impl MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             clock,
             ranking: Mutex::new(Ranking::default()),
+            claimed: Mutex::new(HashMap::new()),
         }
     }
 
@@ -192,6 +196,17 @@ impl QuotaStore for MemoryStore {
 
     async fn probe(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    async fn claim_once(&self, name: &str, until: u64) -> Result<bool, StoreError> {
+        let now = self.clock.now();
+        let mut claimed = lock(&self.claimed);
+        claimed.retain(|_, &mut u| u > now);
+        if claimed.contains_key(name) {
+            return Ok(false);
+        }
+        claimed.insert(name.to_owned(), until);
+        Ok(true)
     }
 
     async fn add_top(

@@ -175,4 +175,9 @@ pub trait QuotaStore: Send + Sync {
         window: TopWindow,
         limit: usize,
     ) -> Result<(u64, Vec<(String, u64)>), StoreError>;
+
+    /// Marks `name` as done until Unix second `until`: true for the one caller across the fleet
+    /// that marked it first (a notice every node would otherwise send, such as a key's expiry
+    /// coming), false for every other until then.
+    async fn claim_once(&self, name: &str, until: u64) -> Result<bool, StoreError>;
 }

@@ -251,6 +251,18 @@ impl QuotaStore for RedisStore {
             .map(drop)
     }
 
+    /// `SET <prefix>:once:{<name>} 1 NX EXAT <until>`: Redis decides who was first.
+    async fn claim_once(&self, name: &str, until: u64) -> Result<bool, StoreError> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(format!("{}:once:{{{name}}}", self.prefix))
+            .arg(1)
+            .arg("NX")
+            .arg("EXAT")
+            .arg(until.max(1));
+        let set: Option<String> = self.link.query(&cmd).await?;
+        Ok(set.is_some())
+    }
+
     async fn add_top(
         &self,
         day: u64,
