@@ -424,8 +424,8 @@ async fn three_nodes_report_each_keys_expiry_notice_once() {
 fn last_key_id(keys: &Path) -> String {
     let text = std::fs::read_to_string(keys).unwrap();
     text.lines()
-        .filter_map(|l| l.trim().strip_prefix("id = "))
-        .last()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("id = "))
         .unwrap()
         .trim_matches('"')
         .to_owned()
