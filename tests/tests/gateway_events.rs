@@ -430,3 +430,52 @@ fn last_key_id(keys: &Path) -> String {
         .trim_matches('"')
         .to_owned()
 }
+
+/// Key changes made through the admin API are events too, with the same derived ids as the
+/// command line's: issue, rotate and revoke of one key, once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_changes_through_the_admin_api_are_events() {
+    let f = Fixture::new(5, 1_000);
+    f.issue("free"); // the keys file exists
+    let backend = f.backend();
+    let metering = metering_folder(&f);
+    let spec = metered(&f, backend.addr, &metering, "node_id = \"admin-node\"\n");
+    let gateway = f.gateway(&spec);
+    let client = reqwest::Client::new();
+    let issued = client
+        .post(gateway.admin_url("/keys"))
+        .json(&serde_json::json!({"plan": "free"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(issued.status(), 201);
+    let body: Value = issued.json().await.unwrap();
+    let id = body["id"].as_str().expect("the key's id").to_owned();
+    for action in ["rotate", "revoke"] {
+        let resp = client
+            .post(gateway.admin_url(&format!("/keys/{id}/{action}")))
+            .json(&serde_json::json!({}))
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_success(), "{action}: {}", resp.status());
+    }
+    stop(gateway);
+    let got: Vec<Value> = events(&metering)
+        .into_iter()
+        .filter(|e| e["data"]["key_id"] == id.as_str())
+        .collect();
+    let kinds: Vec<&str> = got.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "pet.key.issued.v1",
+            "pet.key.rotated.v1",
+            "pet.key.revoked.v1"
+        ]
+    );
+    for e in &got {
+        assert_eq!(e["id"], format!("{}:{id}", e["type"].as_str().unwrap()));
+        assert_eq!(e["source"], "pet-gateway/test/admin-node");
+    }
+}
