@@ -121,7 +121,7 @@ async fn on_redis_the_heaviest_holders_come_first_and_a_customer_is_one_entry() 
         "the plan has no month window"
     );
     let keys: Vec<String> = redis
-        .cli(&["KEYS", "pet:test:top:*"])
+        .cli(&["KEYS", "{pet:test:top:*"])
         .lines()
         .map(str::to_owned)
         .collect();

@@ -279,8 +279,9 @@ const EVENTS_DROPPED: Def = Def {
 
 const EVENTS_DEAD_LETTERED: Def = Def {
     name: "pet_gateway_events_dead_lettered_total",
-    help: "Events the webhook gave up on, moved to the spool's dead-letter file: `rejected` (a \
-           4xx other than 408/429) or `expired` (retried for 24 hours).",
+    help: "Events the webhook gave up on: moved to the spool's dead-letter file, `rejected` (a \
+           4xx other than 408/429) or `expired` (retried for 24 hours), or a batch set aside as \
+           `<segment>.unreadable` (`unreadable`: another user's file, or not a file).",
     labels: &["reason"],
 };
 
@@ -342,7 +343,7 @@ impl Metrics {
             m.events_delivered
                 .with_label_values(&[sink, "pet.usage.v1"]);
         }
-        for reason in ["rejected", "expired"] {
+        for reason in ["rejected", "expired", "unreadable"] {
             m.events_dead_lettered.with_label_values(&[reason]);
         }
         m

@@ -20,6 +20,8 @@ mod file;
 mod flags;
 mod model;
 mod parts;
+
+pub use parts::events::ready as events_ready;
 mod setting;
 
 use std::path::Path;

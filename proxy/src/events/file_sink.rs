@@ -9,7 +9,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -47,7 +47,14 @@ impl DailyFile {
         };
         if stale {
             self.open = None;
-            let file = OpenOptions::new().create(true).append(true).open(&path)?;
+            let file = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o660)
+                .open(&path)?;
+            if let Some(folder) = path.parent() {
+                give_to_folder_owner(&file, folder);
+            }
             self.open = Some((day, file));
         }
         let Some((_, file)) = self.open.as_ref() else {
@@ -63,6 +70,24 @@ impl DailyFile {
             let _ = file.sync_data();
         }
         written
+    }
+}
+
+/// A file this process made in a folder of the gateway's, handed to the folder's owner and
+/// group when this process is root (a `keys` command run with sudo), so the gateway, running
+/// as its own user, can still append to the day's file or read a spooled batch. Best effort:
+/// a file that stays root's is reported by the gateway's failing writes.
+pub fn give_to_folder_owner(file: &File, folder: &Path) {
+    // SAFETY: geteuid takes nothing and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    let (Ok(dir), Ok(own)) = (std::fs::metadata(folder), file.metadata()) else {
+        return;
+    };
+    if (own.uid(), own.gid()) != (dir.uid(), dir.gid()) {
+        // SAFETY: a valid open descriptor; fchown takes no pointers.
+        unsafe { libc::fchown(file.as_raw_fd(), dir.uid(), dir.gid()) };
     }
 }
 

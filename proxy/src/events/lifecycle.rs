@@ -90,7 +90,9 @@ impl ChangeSink for KeyChanges {
         let now = unix_now();
         let line = line_with_id(
             &self.origin,
-            format!("{kind}:{}", record.id),
+            // The record's version too: a second change of one kind (a key revoked again, which
+            // changes nothing) has the same id, and a receiver keeps one.
+            format!("{kind}:{}:{}", record.id, record.version),
             kind,
             now,
             &data,

@@ -28,8 +28,10 @@ pub struct Waiting {
 
 /// Where a queue's events go.
 pub trait Output: Send {
-    /// The sink's name in metrics and logs.
+    /// The sink's name in metrics.
     fn name(&self) -> &'static str;
+    /// What it is, for logs.
+    fn describe(&self) -> &'static str;
     /// Whether `next` joins a piece that starts with `first` and holds `events` events of
     /// `bytes` bytes so far.
     fn joins(&self, first: &Waiting, next: &Waiting, events: usize, bytes: usize) -> bool;
@@ -102,9 +104,9 @@ impl Queue {
                     .inc();
                 tracing::warn!(
                     error = %e,
-                    sink = self.out.name(),
                     pending = self.pending.len(),
-                    "cannot write events; they are kept and written again"
+                    "cannot write events to {}; they are kept and written again",
+                    self.out.describe()
                 );
                 ok = false;
                 break;
@@ -129,8 +131,8 @@ impl Queue {
                 .inc_by(self.pending.len() as u64);
             tracing::error!(
                 lost = self.pending.len(),
-                sink = self.out.name(),
-                "events lost at stop: their sink could not be written"
+                "events lost at stop: {} could not be written",
+                self.out.describe()
             );
         }
     }
@@ -148,6 +150,10 @@ impl FileOutput {
 impl Output for FileOutput {
     fn name(&self) -> &'static str {
         "file"
+    }
+
+    fn describe(&self) -> &'static str {
+        "the metering file"
     }
 
     fn joins(&self, first: &Waiting, next: &Waiting, _: usize, bytes: usize) -> bool {
@@ -176,6 +182,10 @@ pub struct SpoolOutput(pub Spool);
 impl Output for SpoolOutput {
     fn name(&self) -> &'static str {
         "spool"
+    }
+
+    fn describe(&self) -> &'static str {
+        "the webhook's spool"
     }
 
     fn joins(&self, _: &Waiting, next: &Waiting, events: usize, bytes: usize) -> bool {

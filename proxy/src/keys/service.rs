@@ -269,9 +269,10 @@ impl KeyService {
         own: &KeyRecordOptions,
     ) -> Result<Changed<(KeyRecord, String)>, KeysError> {
         let (record, key) = issue(&self.store, plans, plan, name, &self.api_key_prefix, own)?;
-        let audit = self
-            .audit("issue", &record)
-            .and_then(|()| self.report("issue", "issued", &record, None));
+        // Both, whatever the other did: a full audit disk must not also lose the event.
+        let audited = self.audit("issue", &record);
+        let reported = self.report("issue", "issued", &record, None);
+        let audit = audited.and(reported);
         Ok(Changed {
             value: (record, key),
             audit,
@@ -285,9 +286,10 @@ impl KeyService {
         overlap_secs: u64,
     ) -> Result<Changed<(KeyRecord, KeyRecord, String)>, KeysError> {
         let (old, new, key) = rotate(&self.store, id, overlap_secs, &self.api_key_prefix)?;
-        let audit = self
-            .audit("rotate", &old)
-            .and_then(|()| self.report("rotate", "rotated", &old, Some(&new)));
+        // Both, whatever the other did: a full audit disk must not also lose the event.
+        let audited = self.audit("rotate", &old);
+        let reported = self.report("rotate", "rotated", &old, Some(&new));
+        let audit = audited.and(reported);
         Ok(Changed {
             value: (old, new, key),
             audit,
@@ -296,9 +298,10 @@ impl KeyService {
 
     pub fn revoke(&self, id: &str) -> Result<Changed<KeyRecord>, KeysError> {
         let record = revoke(&self.store, id)?;
-        let audit = self
-            .audit("revoke", &record)
-            .and_then(|()| self.report("revoke", "revoked", &record, None));
+        // Both, whatever the other did: a full audit disk must not also lose the event.
+        let audited = self.audit("revoke", &record);
+        let reported = self.report("revoke", "revoked", &record, None);
+        let audit = audited.and(reported);
         Ok(Changed {
             value: record,
             audit,
@@ -325,7 +328,7 @@ impl KeyService {
             .map_err(|e| AuditFailed {
                 action: action.to_owned(),
                 key_id: record.id.clone(),
-                reason: format!("its event could not be written to the metering file: {e}"),
+                reason: format!("its event could not be written: {e}"),
             })
     }
 

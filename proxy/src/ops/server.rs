@@ -517,11 +517,12 @@ impl BackgroundService for RegistrySync {
     }
 }
 
-/// What makes and delivers events; stopped in field order (the pump's last round spools the
-/// open minute before the webhook's thread stops).
+/// What makes and delivers events; stopped in field order: the webhook's thread first (its
+/// last POST given a moment), then the pump, whose last round spools the open minute for the
+/// next process to deliver.
 struct Metering {
-    _pump: PumpHandle,
     _webhook: Option<DeliveryHandle>,
+    _pump: PumpHandle,
 }
 
 /// The usage meter the request path counts into, the pump that writes it to the metering file
@@ -548,8 +549,8 @@ fn metering(config: &Config) -> Result<(Option<Arc<Meter>>, Option<Metering>), S
     Ok((
         Some(meter),
         Some(Metering {
-            _pump: pump,
             _webhook: webhook,
+            _pump: pump,
         }),
     ))
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use crate::base::metrics::METRICS;
 use crate::keys::limits::Every;
-use crate::quota::store::QuotaStore;
+use crate::quota::store::{QuotaStore, StoreError};
 
 const SHARDS: usize = 16;
 /// The most holders a tally keeps for a store that refuses its flushes: a bound on memory
@@ -181,19 +181,41 @@ pub async fn run_flush(
     }
 }
 
-/// One flush: each day's batch in one store call. Whether it failed; the first failure of a
-/// run of them is logged, and so is the recovery.
+/// The most holders in one store call: a call small enough to finish well within its deadline
+/// on a busy store, so a timeout (after which the store may or may not have added the units)
+/// stays rare.
+const CHUNK: usize = 2_000;
+
+/// One flush, in calls of at most [`CHUNK`] holders. A call that failed is kept for the next
+/// flush, except one that timed out: the store may have added it, and adding it again would
+/// count it twice, so it is dropped (the ranking is off by it, low rather than high). Whether
+/// it failed; the first failure of a run of them is logged, and so is the recovery.
 pub async fn flush(tally: &TopTally, store: &dyn QuotaStore, was_failing: bool) -> bool {
     let mut failure = None;
     let mut dropped = 0;
     for batch in tally.take() {
-        if failure.is_none() {
-            match store.add_top(batch.day, batch.month, &batch.entries).await {
-                Ok(()) => continue,
-                Err(e) => failure = Some(e),
+        for chunk in batch.entries.chunks(CHUNK) {
+            let rest = || TopBatch {
+                day: batch.day,
+                month: batch.month,
+                entries: chunk.to_vec(),
+            };
+            if failure.is_some() {
+                dropped += tally.restore(rest());
+                continue;
+            }
+            match store.add_top(batch.day, batch.month, chunk).await {
+                Ok(()) => {}
+                Err(e @ StoreError::Timeout(_)) => {
+                    dropped += chunk.len();
+                    failure = Some(e);
+                }
+                Err(e) => {
+                    dropped += tally.restore(rest());
+                    failure = Some(e);
+                }
             }
         }
-        dropped += tally.restore(batch);
     }
     let Some(e) = failure else {
         if was_failing {
@@ -204,7 +226,8 @@ pub async fn flush(tally: &TopTally, store: &dyn QuotaStore, was_failing: bool) 
     METRICS.top_flush_failures.inc();
     if !was_failing || dropped > 0 {
         tracing::warn!(error = %e, dropped,
-            "top consumers: cannot write the tally to the store; kept for the next flush");
+            "top consumers: cannot write the tally to the store; kept for the next flush (a \
+             call that timed out is not sent again: it may have been applied)");
     }
     true
 }

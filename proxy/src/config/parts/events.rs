@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use crate::config::model::ConfigError;
 use crate::config::setting::{Kind, Layers, Origin, Preset, Row, Setting, Sourced, Value};
-use crate::events::webhook::{Webhook, WebhookSecret, WebhookUrl};
+use crate::config::Config;
+use crate::events::webhook::{SecretSource, Webhook, WebhookSecret, WebhookUrl};
 
 const NODE_ID: Setting<String> = Setting::new(
     "node_id",
@@ -106,13 +107,14 @@ pub struct Events {
 
 pub fn validate(l: &Layers) -> Result<Events, ConfigError> {
     let node_id = l.or(&NODE_ID, Value::Text(host_name()))?.value;
+    // Only the form here: whether the folders can be written, and the secret read, is asked by
+    // `check` and `serve` ([`ready`]), never by the `keys` and `bans` commands, which must
+    // work from any operator's shell (revoking a leaked key cannot wait for a secret).
     let metering_file = match l.get(&METERING_FILE)? {
-        Some(file) => {
-            if let Err(why) = writable_folder(&file.value) {
-                return Err(file.error(why));
-            }
-            Some(file.value)
+        Some(file) if file.value.file_name().is_none() => {
+            return Err(file.error(format!("{} names no file", file.value.display())));
         }
+        Some(file) => Some(file.value),
         None => None,
     };
     Ok(Events {
@@ -153,37 +155,37 @@ fn webhook(l: &Layers) -> Result<Option<Webhook>, ConfigError> {
                 Origin::Env(var) => var.to_owned(),
                 _ => s.name().to_owned(),
             };
-            WebhookSecret::new(s.value.clone().into_bytes())
-                .map_err(|why| s.error(format!("{named} {why}")))?
+            let secret = WebhookSecret::new(s.value.clone().into_bytes())
+                .map_err(|why| s.error(format!("{named} {why}")))?;
+            SecretSource::Given(secret)
         }
-        (None, Some(f)) => {
-            let bytes = std::fs::read(&f.value)
-                .map_err(|e| f.error(format!("cannot read {}: {e}", f.value.display())))?;
-            WebhookSecret::new(bytes)
-                .map_err(|why| f.error(format!("{} {why}", f.value.display())))?
-        }
-        (None, None) => {
-            return Err(url.error(
-                "needs a signing secret: PET_GATEWAY_EVENTS_WEBHOOK_SECRET or \
-                 events_webhook_secret_file"
-                    .to_owned(),
-            ))
-        }
+        (None, Some(f)) => SecretSource::File(f.value),
+        (None, None) => SecretSource::Missing,
     };
     let Some(spool) = spool else {
         return Err(url.error(
             "needs events_spool_dir, the folder where events wait for the receiver".to_owned(),
         ));
     };
-    if let Err(why) = writable_dir(&spool.value) {
-        return Err(spool.error(why));
-    }
     Ok(Some(Webhook {
         url: url.value,
         secret,
         spool_dir: spool.value,
         spool_max_bytes: max_mb * 1024 * 1024,
     }))
+}
+
+/// What `check` and `serve` ask beyond the settings' form: the metering file's and the spool's
+/// folders can be written, and the webhook's secret read. An error names the setting.
+pub fn ready(config: &Config) -> Result<(), String> {
+    if let Some(file) = &config.metering_file {
+        writable_folder(file).map_err(|why| format!("metering_file: {why}"))?;
+    }
+    if let Some(webhook) = &config.events_webhook {
+        webhook.secret()?;
+        writable_dir(&webhook.spool_dir).map_err(|why| format!("events_spool_dir: {why}"))?;
+    }
+    Ok(())
 }
 
 fn node_name(v: Value) -> Result<String, String> {

@@ -60,7 +60,7 @@ pub fn start(webhook: &Webhook) -> Result<DeliveryHandle, String> {
         spool: Spool::new(&webhook.spool_dir, webhook.spool_max_bytes),
         url: webhook.url.clone(),
         tls,
-        secret: webhook.secret.bytes().to_vec(),
+        secret: webhook.secret()?.bytes().to_vec(),
         lock: None,
         failures: 0,
         next_try: Instant::now(),
@@ -108,6 +108,7 @@ impl Delivery {
             match self.spool.try_lock() {
                 Ok(Some(lock)) => {
                     tracing::info!(spool = %self.spool.dir().display(), "delivering the spool's events");
+                    self.spool.clean_leftovers();
                     self.lock = Some(lock);
                 }
                 Ok(None) => return, // another process delivers (an upgrade's predecessor)
@@ -125,6 +126,7 @@ impl Delivery {
             }
         };
         let mut pending: usize = segments.iter().map(|s| s.events).sum();
+        // Segment names cap their count at a batch's, so this cannot overflow.
         METRICS
             .events_pending
             .with_label_values(&["webhook"])
@@ -146,18 +148,21 @@ impl Delivery {
 
     /// One segment: false when it stays (the receiver failed; wait before the next try).
     fn one(&mut self, seg: &Segment) -> bool {
-        if unix_now_ms().saturating_sub(seg.created_ms) > RETRY_FOR.as_millis() as u64 {
-            self.give_up(seg, "expired", "its retries ran out");
-            return true;
-        }
-        let lines = match std::fs::read(&seg.path) {
+        let lines = match Spool::read(seg) {
             Ok(l) => l,
             // Gone already (another holder before this one, or an operator): nothing to do.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return true,
             Err(e) => {
-                tracing::warn!(error = %e, segment = %seg.path.display(), "cannot read a spooled batch");
-                self.failed();
-                return false;
+                tracing::error!(error = %e, segment = %seg.path.display(), "a spooled batch cannot be read; set aside as .unreadable");
+                if self.spool.set_aside(seg).is_err() {
+                    self.failed();
+                    return false;
+                }
+                METRICS
+                    .events_dead_lettered
+                    .with_label_values(&["unreadable"])
+                    .inc_by(seg.events as u64);
+                return true;
             }
         };
         match self.send(&lines) {
@@ -165,20 +170,32 @@ impl Delivery {
                 self.failures = 0;
                 count_delivered(&lines);
                 if let Err(e) = std::fs::remove_file(&seg.path) {
-                    // It will be delivered again: a receiver drops the duplicates by id.
+                    // It will be posted again (a receiver drops the duplicates by id), after a
+                    // wait rather than every second.
                     tracing::warn!(error = %e, "cannot remove a delivered batch from the spool");
+                    self.failed();
+                    return false;
                 }
                 true
             }
             Outcome::Rejected(status) => {
                 self.give_up(seg, "rejected", &format!("the receiver answered {status}"));
-                true
+                // A receiver refusing everything for a while (a deploy, a secret being
+                // rotated) costs one batch a wait, not the whole spool at once.
+                self.failed();
+                false
             }
             Outcome::Retry(why) => {
                 METRICS
                     .events_delivery_failures
                     .with_label_values(&["webhook"])
                     .inc();
+                // Tried at least once, however old its name says it is (a clock stepped
+                // forward, a spool adopted late).
+                if unix_now_ms().saturating_sub(seg.created_ms) > RETRY_FOR.as_millis() as u64 {
+                    self.give_up(seg, "expired", &format!("its retries ran out ({why})"));
+                    return true;
+                }
                 tracing::warn!(
                     receiver = %self.url.text,
                     failures = self.failures + 1,
@@ -333,7 +350,7 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_older_than_the_retries_goes_to_the_dead_letters_untried() {
+    fn a_batch_older_than_the_retries_goes_to_the_dead_letters_after_a_failed_try() {
         let dir = tempfile::tempdir().unwrap();
         let mut spool = Spool::new(dir.path(), 1 << 20);
         spool.write(b"{\"type\":\"pet.usage.v1\"}\n", 1).unwrap();
@@ -342,7 +359,7 @@ mod tests {
             created_ms: seg.created_ms - RETRY_FOR.as_millis() as u64 - 1,
             ..seg
         };
-        // An address nothing listens on: were it tried, it would fail and stay.
+        // An address nothing listens on: the attempt fails, and then its age sends it on.
         let mut d = Delivery {
             spool,
             url: WebhookUrl::parse("http://127.0.0.1:9/").unwrap(),

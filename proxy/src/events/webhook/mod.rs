@@ -20,9 +20,42 @@ pub const BATCH_BYTES: usize = 1024 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Webhook {
     pub url: WebhookUrl,
-    pub secret: WebhookSecret,
+    pub secret: SecretSource,
     pub spool_dir: PathBuf,
     pub spool_max_bytes: u64,
+}
+
+/// Where the signing secret comes from. Read when the gateway starts (and by `check`), never by
+/// the `keys` commands, which only spool events and need no secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretSource {
+    /// `PET_GATEWAY_EVENTS_WEBHOOK_SECRET` (or the file setting `events_webhook_secret`).
+    Given(WebhookSecret),
+    /// `events_webhook_secret_file`.
+    File(PathBuf),
+    Missing,
+}
+
+impl Webhook {
+    /// The secret, read now; the error names the setting.
+    pub fn secret(&self) -> Result<WebhookSecret, String> {
+        match &self.secret {
+            SecretSource::Given(s) => Ok(s.clone()),
+            SecretSource::File(path) => {
+                let bytes = std::fs::read(path).map_err(|e| {
+                    format!(
+                        "events_webhook_secret_file: cannot read {}: {e}",
+                        path.display()
+                    )
+                })?;
+                WebhookSecret::new(bytes)
+                    .map_err(|why| format!("events_webhook_secret_file: {} {why}", path.display()))
+            }
+            SecretSource::Missing => Err("events_webhook_url needs a signing secret: \
+                 PET_GATEWAY_EVENTS_WEBHOOK_SECRET or events_webhook_secret_file"
+                .to_owned()),
+        }
+    }
 }
 
 /// The key batches are signed with; never printed.

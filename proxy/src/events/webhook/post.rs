@@ -4,7 +4,7 @@
 //! trickles costs the thread at most [`DEADLINE`] and never a request.
 
 use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,8 @@ const CONNECT: Duration = Duration::from_secs(5);
 pub const DEADLINE: Duration = Duration::from_secs(15);
 /// The most of a response read: the status line and headers are all that is used.
 const HEAD_LIMIT: usize = 16 * 1024;
+/// The most handed to one write, so the deadline is looked at between them.
+const PIECE: usize = 16 * 1024;
 
 /// The receiver: an `http://` or `https://` URL, checked when the configuration is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,7 +26,8 @@ pub struct WebhookUrl {
     pub port: u16,
     /// `/path?query`, at least `/`.
     pub target: String,
-    /// As given, for messages (it holds no secret: user info is refused).
+    /// For messages: the scheme, host, port and path, without the query (where a receiver may
+    /// want a token) and without user info (refused).
     pub text: String,
 }
 
@@ -54,6 +57,17 @@ impl WebhookUrl {
         if host.is_empty() {
             return Err(format!("`{text}` names no host"));
         }
+        // `http` reads a port that is not a number as none at all: refuse it rather than post
+        // to the scheme's default port.
+        let after_host = authority
+            .as_str()
+            .rsplit_once(']')
+            .map_or(authority.as_str(), |(_, p)| p);
+        if after_host.contains(':') && authority.port_u16().is_none_or(|p| p == 0) {
+            return Err(format!(
+                "`{text}` has a port that is not a number from 1 to 65535"
+            ));
+        }
         Ok(WebhookUrl {
             https,
             host: host.to_owned(),
@@ -61,7 +75,12 @@ impl WebhookUrl {
             target: uri
                 .path_and_query()
                 .map_or("/".to_owned(), |p| p.as_str().to_owned()),
-            text: text.to_owned(),
+            text: format!(
+                "{}://{}{}",
+                if https { "https" } else { "http" },
+                authority.as_str(),
+                uri.path()
+            ),
         })
     }
 
@@ -105,6 +124,7 @@ pub enum PostError {
 }
 
 /// Posts `body` (a JSON array of CloudEvents) signed with `secret`: the receiver's status code.
+/// The whole exchange, name lookup included, ends within [`DEADLINE`].
 pub fn post(
     url: &WebhookUrl,
     tls: Option<&Arc<rustls::ClientConfig>>,
@@ -112,11 +132,11 @@ pub fn post(
     now: u64,
     body: &[u8],
 ) -> Result<u16, PostError> {
-    let started = Instant::now();
-    let tcp = connect(url)?;
-    tcp.set_read_timeout(Some(DEADLINE))?;
-    tcp.set_write_timeout(Some(DEADLINE))?;
+    let until = Instant::now() + DEADLINE;
+    let tcp = connect(url, until)?;
     tcp.set_nodelay(true)?;
+    // The same socket, kept to shorten its timeouts to what is left before each read and write.
+    let control = tcp.try_clone()?;
     let head = format!(
         "POST {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: pet-gateway\r\nContent-Type: \
          application/cloudevents-batch+json\r\nContent-Length: {}\r\nPet-Signature: {}\r\n\
@@ -132,20 +152,29 @@ pub fn post(
                 .map_err(|e| PostError::Tls(e.to_string()))?;
             let conn = rustls::ClientConnection::new(Arc::clone(config), name)
                 .map_err(|e| PostError::Tls(e.to_string()))?;
-            exchange(rustls::StreamOwned::new(conn, tcp), &head, body, started)
+            let stream = rustls::StreamOwned::new(conn, tcp);
+            exchange(stream, &control, &head, body, until)
         }
         (true, None) => Err(PostError::Tls("no TLS configuration".to_owned())),
-        (false, _) => exchange(tcp, &head, body, started),
+        (false, _) => exchange(tcp, &control, &head, body, until),
     }
 }
 
-fn connect(url: &WebhookUrl) -> Result<TcpStream, PostError> {
-    let addrs = (url.host.as_str(), url.port)
-        .to_socket_addrs()
-        .map_err(|e| PostError::Connect(format!("{}:{} ({e})", url.host, url.port)))?;
+/// What is left before `until`, or the deadline's error.
+fn left(until: Instant) -> Result<Duration, PostError> {
+    let left = until.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        Err(PostError::Deadline)
+    } else {
+        Ok(left)
+    }
+}
+
+fn connect(url: &WebhookUrl, until: Instant) -> Result<TcpStream, PostError> {
+    let addrs = resolve(url, until)?;
     let mut last = None;
     for addr in addrs {
-        match TcpStream::connect_timeout(&addr, CONNECT) {
+        match TcpStream::connect_timeout(&addr, left(until)?.min(CONNECT)) {
             Ok(s) => return Ok(s),
             Err(e) => last = Some(format!("{addr} ({e})")),
         }
@@ -155,29 +184,57 @@ fn connect(url: &WebhookUrl) -> Result<TcpStream, PostError> {
     ))
 }
 
-/// Sends the request and reads the status line, within the deadline however the receiver
-/// trickles its answer.
+/// The receiver's addresses: an address as given, else a name lookup on a thread of its own,
+/// waited for at most [`CONNECT`] (the system's resolver has no deadline to pass).
+fn resolve(url: &WebhookUrl, until: Instant) -> Result<Vec<SocketAddr>, PostError> {
+    if let Ok(ip) = url.host.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, url.port)]);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (host, port) = (url.host.clone(), url.port);
+    std::thread::Builder::new()
+        .name("events-dns".into())
+        .spawn(move || {
+            let _ = tx.send((host.as_str(), port).to_socket_addrs().map(Vec::from_iter));
+        })?;
+    match rx.recv_timeout(left(until)?.min(CONNECT)) {
+        Ok(Ok(addrs)) => Ok(addrs),
+        Ok(Err(e)) => Err(PostError::Connect(format!(
+            "{}:{} ({e})",
+            url.host, url.port
+        ))),
+        Err(_) => Err(PostError::Connect(format!(
+            "{}: the name lookup took longer than {CONNECT:?}",
+            url.host
+        ))),
+    }
+}
+
+/// Sends the request in pieces and reads the status line, each step under what is left of
+/// the deadline, however slowly the receiver reads or trickles its answer.
 fn exchange<S: Read + Write>(
     mut s: S,
+    control: &TcpStream,
     head: &str,
     body: &[u8],
-    started: Instant,
+    until: Instant,
 ) -> Result<u16, PostError> {
-    s.write_all(head.as_bytes())?;
-    s.write_all(body)?;
+    for piece in head.as_bytes().chunks(PIECE).chain(body.chunks(PIECE)) {
+        control.set_write_timeout(Some(left(until)?))?;
+        control.set_read_timeout(Some(left(until)?))?;
+        s.write_all(piece)?;
+    }
     s.flush()?;
     let mut got = Vec::with_capacity(256);
     let mut buf = [0u8; 1024];
     loop {
-        if started.elapsed() > DEADLINE {
-            return Err(PostError::Deadline);
-        }
         if let Some(end) = got.windows(2).position(|w| w == b"\r\n") {
             return status(&got[..end]);
         }
         if got.len() > HEAD_LIMIT {
             return Err(PostError::Garbage("no status line".to_owned()));
         }
+        control.set_read_timeout(Some(left(until)?))?;
         let n = s.read(&mut buf)?;
         if n == 0 {
             return Err(PostError::Garbage(
@@ -233,7 +290,11 @@ mod tests {
         assert_eq!(u.host_header(), "127.0.0.1:9000");
         let u = WebhookUrl::parse("http://[::1]:9000/x").unwrap();
         assert_eq!(u.host_header(), "[::1]:9000");
+        let u = WebhookUrl::parse("https://h.example:8443/x?token=secret").unwrap();
+        assert_eq!(u.text, "https://h.example:8443/x", "no query in messages");
         for bad in [
+            "https://h:8443x/",
+            "http://h:99999/",
             "billing.example.com",
             "ftp://x/",
             "http://",

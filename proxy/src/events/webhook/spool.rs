@@ -10,13 +10,15 @@
 //! `serve --upgrade` takes the lock, and the segments, once its predecessor has exited.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::base::clock::unix_now_ms;
+use crate::events::file_sink::give_to_folder_owner;
 
 const SUFFIX: &str = ".events";
 const TMP: &str = "tmp-";
@@ -72,7 +74,7 @@ impl Spool {
             SEQ.fetch_add(1, Ordering::Relaxed)
         );
         let tmp = self.dir.join(format!("{TMP}{name}"));
-        let written = write_synced(&tmp, lines)
+        let written = write_synced(&tmp, &self.dir, lines)
             .and_then(|()| std::fs::rename(&tmp, self.dir.join(&name)))
             .and_then(|()| File::open(&self.dir)?.sync_all());
         if written.is_err() {
@@ -91,10 +93,13 @@ impl Spool {
                 return Ok(used);
             }
         }
+        // Segments and the dead letters: both stay on this disk until someone acts.
         let mut used = 0;
         for entry in std::fs::read_dir(&self.dir)? {
             let entry = entry?;
-            if entry.file_name().to_string_lossy().ends_with(SUFFIX) {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.ends_with(SUFFIX) || name == DEAD_LETTER {
                 used += entry.metadata().map_or(0, |m| m.len());
             }
         }
@@ -115,16 +120,65 @@ impl Spool {
         Ok(out)
     }
 
-    /// Moves a segment's events to the dead-letter file (appended, synced) and drops it.
-    pub fn dead_letter(&self, seg: &Segment) -> std::io::Result<()> {
-        let lines = std::fs::read(&seg.path)?;
+    /// A segment's lines: only a regular file in the folder itself (a link planted there is
+    /// never followed to a file this process may read and others may not).
+    pub fn read(seg: &Segment) -> std::io::Result<Vec<u8>> {
         let mut file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&seg.path)?;
+        if !file.metadata()?.is_file() {
+            return Err(std::io::Error::other("not a regular file"));
+        }
+        let mut lines = Vec::new();
+        file.read_to_end(&mut lines)?;
+        Ok(lines)
+    }
+
+    /// Moves a segment's events to the dead-letter file (appended whole or not at all, synced)
+    /// and drops it.
+    pub fn dead_letter(&self, seg: &Segment) -> std::io::Result<()> {
+        let lines = Self::read(seg)?;
+        let path = self.dir.join(DEAD_LETTER);
+        let file = OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.dir.join(DEAD_LETTER))?;
-        file.write_all(&lines)?;
-        file.sync_data()?;
+            .mode(0o660)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)?;
+        give_to_folder_owner(&file, &self.dir);
+        let before = file.metadata()?.len();
+        let mut out: &File = &file;
+        let written = out.write_all(&lines).and_then(|()| file.sync_data());
+        if let Err(e) = written {
+            let _ = file.set_len(before);
+            return Err(e);
+        }
         std::fs::remove_file(&seg.path)
+    }
+
+    /// Sets aside a segment that cannot be read (another user's, or not a file), so it no
+    /// longer holds up the ones behind it; an operator looks at `<name>.unreadable`.
+    pub fn set_aside(&self, seg: &Segment) -> std::io::Result<()> {
+        let mut aside = seg.path.clone().into_os_string();
+        aside.push(".unreadable");
+        std::fs::rename(&seg.path, aside)
+    }
+
+    /// Removes what a process that died while writing left (`tmp-…` older than an hour).
+    pub fn clean_leftovers(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let old = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > Duration::from_secs(3600)));
+            if entry.file_name().to_string_lossy().starts_with(TMP) && old {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 
     /// The spool's lock, when no other process holds it: only its holder delivers.
@@ -148,8 +202,13 @@ impl Spool {
     }
 }
 
-fn write_synced(path: &Path, lines: &[u8]) -> std::io::Result<()> {
-    let mut file = OpenOptions::new().create_new(true).write(true).open(path)?;
+fn write_synced(path: &Path, dir: &Path, lines: &[u8]) -> std::io::Result<()> {
+    let mut file = OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .mode(0o660)
+        .open(path)?;
+    give_to_folder_owner(&file, dir);
     file.write_all(lines)?;
     file.sync_all()
 }
@@ -162,8 +221,8 @@ fn parse(dir: &Path, name: &str) -> Option<Segment> {
     let created_ms = parts.next()?.parse().ok()?;
     parts.next()?.parse::<u32>().ok()?;
     parts.next()?.parse::<u64>().ok()?;
-    let events = parts.next()?.parse().ok()?;
-    if parts.next().is_some() {
+    let events: usize = parts.next()?.parse().ok()?;
+    if parts.next().is_some() || events > super::BATCH_EVENTS {
         return None;
     }
     Some(Segment {
@@ -212,6 +271,28 @@ mod tests {
         assert!(spool.segments().unwrap().is_empty());
         let dead = std::fs::read_to_string(dir.path().join(DEAD_LETTER)).unwrap();
         assert_eq!(dead, "{\"a\":1}\n{\"b\":1}\n");
+    }
+
+    #[test]
+    fn a_link_planted_in_the_spool_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret.key");
+        std::fs::write(&secret, "PRIVATE").unwrap();
+        let spool_dir = dir.path().join("spool");
+        std::fs::create_dir(&spool_dir).unwrap();
+        std::os::unix::fs::symlink(&secret, spool_dir.join("0000000000001-1-1-1.events")).unwrap();
+        let spool = Spool::new(&spool_dir, 1 << 20);
+        let seg = spool.segments().unwrap().remove(0);
+        assert!(Spool::read(&seg).is_err());
+        assert!(spool.dead_letter(&seg).is_err());
+        assert!(
+            !spool_dir.join(DEAD_LETTER).exists()
+                || std::fs::read_to_string(spool_dir.join(DEAD_LETTER))
+                    .unwrap()
+                    .is_empty()
+        );
+        spool.set_aside(&seg).unwrap();
+        assert!(spool.segments().unwrap().is_empty());
     }
 
     #[test]

@@ -8,6 +8,7 @@ use crate::ops::cli::ConfigArgs;
 
 pub fn check(args: ConfigArgs) -> Result<(), String> {
     let config = super::load(args.config.as_deref(), &args.overrides)?;
+    crate::config::events_ready(&config)?;
     let snapshot =
         Snapshot::load(&config.keys_file, &config.plans_dir).map_err(|e| e.to_string())?;
     let redis = match &config.redis {

@@ -67,8 +67,6 @@ const ADMIN_COMMAND_SETTINGS: &[&str] = &[
     "node_id",
     "metering_file",
     "events_webhook_url",
-    "events_webhook_secret",
-    "events_webhook_secret_file",
     "events_spool_dir",
     "events_spool_max_mb",
 ];

@@ -38,6 +38,7 @@ fn init_logging(format: LogFormat) -> Result<SinkGuard, String> {
 pub fn serve(args: ServeArgs) -> Result<(), String> {
     let c = &args.config;
     let config = super::load(c.config.as_deref(), &c.overrides)?;
+    crate::config::events_ready(&config)?;
     let _flush_on_exit = init_logging(config.log_format)?;
     for warning in config.warnings() {
         tracing::warn!("{warning}");

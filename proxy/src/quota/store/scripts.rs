@@ -43,7 +43,7 @@
 //! runs a script across two slots.
 //!
 //! The top consumers' index (`GET /usage/top`) is one sorted set per period,
-//! `<prefix>:top:{day:<index>}` and `<prefix>:top:{month:<index>}`, written by plain pipelined
+//! `{<prefix>:top:day:<index>}` and `{<prefix>:top:month:<index>}`, written by plain pipelined
 //! commands once a second per node, no script and no request (`redis/top.rs`).
 //!
 //! The clock is Redis `TIME`, read inside the script, so every gateway node agrees on windows.

@@ -1,5 +1,5 @@
 //! The top consumers' index in Redis: one sorted set per environment and period,
-//! `<prefix>:top:{day:<index>}` and `<prefix>:top:{month:<index>}` (`Every::index`), member
+//! `{<prefix>:top:day:<index>}` and `{<prefix>:top:month:<index>}` (`Every::index`), member
 //! the quota holder, score the units it spent. Written by each node's flush once a second (a
 //! `ZINCRBY` per holder, all in one pipeline), read with one `ZREVRANGE`; no request touches
 //! it, so it costs Redis a few commands per holder and second, not one per decision.
@@ -18,7 +18,9 @@ const MONTH_KEPT_SECS: u64 = 35 * 86_400;
 
 /// The sorted set of period `index` of `window`.
 pub(super) fn top_key(prefix: &str, window: TopWindow, index: u64) -> String {
-    format!("{prefix}:top:{{{}:{index}}}", window.name())
+    // The prefix inside the tag: environments sharing a Redis Cluster put their sets on
+    // different slots.
+    format!("{{{prefix}:top:{}:{index}}}", window.name())
 }
 
 /// When the set of period `index` of `window` expires (Unix seconds).
@@ -72,7 +74,7 @@ mod tests {
     fn a_day_set_expires_two_days_after_its_day_and_a_month_35_after_its_month() {
         assert_eq!(
             top_key("pet:prod", TopWindow::Day, 20_000),
-            "pet:prod:top:{day:20000}"
+            "{pet:prod:top:day:20000}"
         );
         assert_eq!(expires_at(TopWindow::Day, 20_000), 20_003 * 86_400);
         // Month 671 is December 2025; it ends on 1 January 2026 (day 20,454).
