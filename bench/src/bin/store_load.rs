@@ -15,7 +15,8 @@
 //! gateway's own flush task (`proxy::quota::top::run_flush`, once a second, its `ZINCRBY`s on a
 //! connection of its own) writes it to Redis; at the end the task is stopped (one last flush, as
 //! at a gateway's stop) before Redis is read. The line then counts the flushes (`EXPIREAT`s / 2)
-//! and the holders per flush (`ZINCRBY`s / 2 / flushes), from `INFO commandstats`.
+//! and the holders per flush (`ZINCRBY`s / 2 / flushes), from `INFO commandstats`, and the
+//! flushes that failed (`pet_gateway_top_flush_failures_total`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -220,7 +221,7 @@ fn main() -> Result<(), String> {
     let flushes = (after.expireat_calls - before.expireat_calls) / 2.0;
     let redis_cpu = after.cpu - before.cpu;
     println!(
-        "{{\"keys\":{},\"batch_max\":{},\"concurrency\":{},\"windows\":{},\"top\":{},\"seconds\":{elapsed:.3},\"decisions\":{decisions},\"errors\":{},\"script_runs\":{},\"script_usec\":{},\"redis_cpu_s\":{redis_cpu:.6},\"redis_cpu_us_per_decision\":{:.3},\"top_flushes\":{flushes},\"top_holders_per_flush\":{:.1},\"zincrby_calls\":{zincrby},\"zincrby_usec\":{}}}",
+        "{{\"keys\":{},\"batch_max\":{},\"concurrency\":{},\"windows\":{},\"top\":{},\"seconds\":{elapsed:.3},\"decisions\":{decisions},\"errors\":{},\"script_runs\":{},\"script_usec\":{},\"redis_cpu_s\":{redis_cpu:.6},\"redis_cpu_us_per_decision\":{:.3},\"top_flushes\":{flushes},\"top_holders_per_flush\":{:.1},\"zincrby_calls\":{zincrby},\"zincrby_usec\":{},\"top_flush_failures\":{}}}",
         a.keys,
         a.batch_max,
         a.concurrency,
@@ -232,6 +233,7 @@ fn main() -> Result<(), String> {
         redis_cpu * 1e6 / decisions.max(1) as f64,
         if flushes > 0.0 { zincrby / 2.0 / flushes } else { 0.0 },
         after.zincrby_usec - before.zincrby_usec,
+        proxy::base::metrics::METRICS.top_flush_failures.get(),
     );
     Ok(())
 }
