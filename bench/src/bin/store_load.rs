@@ -2,22 +2,31 @@
 //! and reports what Redis spent on them: the question is how many decisions one Redis core can
 //! make, which the gateways in front of one 2-core machine cannot show (they saturate first).
 //!
-//! `store-load --redis URL --keys N --batch-max M --concurrency C --seconds S --windows W`
+//! `store-load --redis URL --keys N --batch-max M --concurrency C --seconds S --windows W [--top]`
 //!
 //! C tasks each loop over `acquire` on keys spread over N ids (a plan with room for every
 //! request, so each decision is an admission: the path that writes), with W windows: 2 is the
 //! minute and the day, 4 adds a second and the month, up to 6 (an hour and a week). Before and after, Redis's
 //! `INFO commandstats` (the scripts' own time) and `INFO cpu` (the whole process: parsing,
 //! networking, scripts) are read. One JSON line goes to stdout.
+//!
+//! `--top` adds the top consumers' index as the gateway runs it: every admitted decision is
+//! added to a `TopTally` (holder the key's id, the store's clock from the verdict), and the
+//! gateway's own flush task (`proxy::quota::top::run_flush`, once a second, its `ZINCRBY`s on a
+//! connection of its own) writes it to Redis; at the end the task is stopped (one last flush, as
+//! at a gateway's stop) before Redis is read. The line then counts the flushes (`EXPIREAT`s / 2)
+//! and the holders per flush (`ZINCRBY`s / 2 / flushes), from `INFO commandstats`, and the
+//! flushes that failed (`pet_gateway_top_flush_failures_total`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use proxy::keys::limits::{Every, Limits, WindowLimit};
-use proxy::quota::rules::BanPolicy;
+use proxy::quota::rules::{BanPolicy, Outcome};
 use proxy::quota::store::redis::RedisStore;
 use proxy::quota::store::QuotaStore;
+use proxy::quota::top::{run_flush, TopTally};
 
 #[global_allocator]
 static GLOBAL: proxy::base::alloc::MiMalloc = proxy::base::alloc::MiMalloc;
@@ -30,6 +39,7 @@ struct Args {
     seconds: u64,
     threads: usize,
     windows: usize,
+    top: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -41,9 +51,14 @@ fn args() -> Result<Args, String> {
         seconds: 5,
         threads: 1,
         windows: 2,
+        top: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--top" {
+            a.top = true;
+            continue;
+        }
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
         let number = || {
             value
@@ -64,8 +79,21 @@ fn args() -> Result<Args, String> {
     Ok(a)
 }
 
-/// `(script calls that ran, their microseconds, Redis process CPU seconds)`.
-fn redis_stats(conn: &mut redis::Connection) -> Result<(u64, u64, f64), String> {
+/// What `INFO commandstats` and `INFO cpu` say at one moment.
+#[derive(Default, Clone, Copy)]
+struct Stats {
+    /// Script calls that ran, and their microseconds.
+    script_runs: f64,
+    script_usec: f64,
+    /// The top consumers' index: `ZINCRBY` calls and microseconds, `EXPIREAT` calls.
+    zincrby_calls: f64,
+    zincrby_usec: f64,
+    expireat_calls: f64,
+    /// Redis process CPU seconds (`used_cpu_sys` + `used_cpu_user`).
+    cpu: f64,
+}
+
+fn redis_stats(conn: &mut redis::Connection) -> Result<Stats, String> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .arg("cpu")
@@ -76,19 +104,26 @@ fn redis_stats(conn: &mut redis::Connection) -> Result<(u64, u64, f64), String> 
             .find_map(|f| f.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
             .unwrap_or(0.0)
     };
-    let (mut calls, mut usec, mut cpu) = (0.0, 0.0, 0.0);
+    let mut s = Stats::default();
     for line in info.lines() {
         if line.starts_with("cmdstat_evalsha:") {
-            calls += field(line, "calls") - field(line, "failed_calls");
-            usec += field(line, "usec");
+            s.script_runs += field(line, "calls") - field(line, "failed_calls");
+            s.script_usec += field(line, "usec");
+        }
+        if line.starts_with("cmdstat_zincrby:") {
+            s.zincrby_calls += field(line, "calls");
+            s.zincrby_usec += field(line, "usec");
+        }
+        if line.starts_with("cmdstat_expireat:") {
+            s.expireat_calls += field(line, "calls");
         }
         for name in ["used_cpu_sys:", "used_cpu_user:"] {
             if let Some(v) = line.strip_prefix(name) {
-                cpu += v.trim().parse::<f64>().unwrap_or(0.0);
+                s.cpu += v.trim().parse::<f64>().unwrap_or(0.0);
             }
         }
     }
-    Ok((calls as u64, usec as u64, cpu))
+    Ok(s)
 }
 
 fn main() -> Result<(), String> {
@@ -126,6 +161,20 @@ fn main() -> Result<(), String> {
         .block_on(store.acquire(&ids[0], limits, 1, &ban))
         .map_err(|e| e.to_string())?;
 
+    // The gateway's tally and flush task, on a store of its own as the gateway's (`top_store`).
+    let top = a.top.then(|| Arc::new(TopTally::default()));
+    let (stop_flush, flush_stopped) = tokio::sync::watch::channel(false);
+    let flusher = match &top {
+        Some(tally) => {
+            let flush_store: Arc<dyn QuotaStore> = Arc::new(
+                RedisStore::new(&a.redis, "bench:load", Duration::from_millis(500))
+                    .map_err(|e| e.to_string())?,
+            );
+            Some(runtime.spawn(run_flush(Arc::clone(tally), flush_store, flush_stopped)))
+        }
+        None => None,
+    };
+
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -135,13 +184,20 @@ fn main() -> Result<(), String> {
         let tasks: Vec<_> = (0..a.concurrency)
             .map(|t| {
                 let (store, ids, ban) = (store.clone(), ids.clone(), ban.clone());
+                let top = top.clone();
                 let (stop, done, errors) = (stop.clone(), done.clone(), errors.clone());
                 tokio::spawn(async move {
                     let mut i = t * 7_919;
                     while !stop.load(Ordering::Relaxed) {
                         i = (i + 1) % ids.len();
                         match store.acquire(&ids[i], limits, 1, &ban).await {
-                            Ok(_) => done.fetch_add(1, Ordering::Relaxed),
+                            Ok(v) => {
+                                // As the request path does (`pipeline.rs`): admitted units only.
+                                if let (Some(top), Outcome::Admitted) = (&top, v.outcome) {
+                                    top.add(&ids[i], v.now, 1);
+                                }
+                                done.fetch_add(1, Ordering::Relaxed)
+                            }
                             Err(_) => errors.fetch_add(1, Ordering::Relaxed),
                         };
                     }
@@ -153,19 +209,31 @@ fn main() -> Result<(), String> {
         for t in tasks {
             let _ = t.await;
         }
+        if let Some(flusher) = flusher {
+            let _ = stop_flush.send(true);
+            let _ = flusher.await;
+        }
     });
     let elapsed = started.elapsed().as_secs_f64();
     let after = redis_stats(&mut stats)?;
     let decisions = done.load(Ordering::Relaxed);
+    let zincrby = after.zincrby_calls - before.zincrby_calls;
+    let flushes = (after.expireat_calls - before.expireat_calls) / 2.0;
+    let redis_cpu = after.cpu - before.cpu;
     println!(
-        "{{\"keys\":{},\"batch_max\":{},\"concurrency\":{},\"seconds\":{elapsed:.3},\"decisions\":{decisions},\"errors\":{},\"script_runs\":{},\"script_usec\":{},\"redis_cpu_s\":{:.6}}}",
+        "{{\"keys\":{},\"batch_max\":{},\"concurrency\":{},\"windows\":{},\"top\":{},\"seconds\":{elapsed:.3},\"decisions\":{decisions},\"errors\":{},\"script_runs\":{},\"script_usec\":{},\"redis_cpu_s\":{redis_cpu:.6},\"redis_cpu_us_per_decision\":{:.3},\"top_flushes\":{flushes},\"top_holders_per_flush\":{:.1},\"zincrby_calls\":{zincrby},\"zincrby_usec\":{},\"top_flush_failures\":{}}}",
         a.keys,
         a.batch_max,
         a.concurrency,
+        a.windows,
+        a.top,
         errors.load(Ordering::Relaxed),
-        after.0 - before.0,
-        after.1 - before.1,
-        after.2 - before.2,
+        after.script_runs - before.script_runs,
+        after.script_usec - before.script_usec,
+        redis_cpu * 1e6 / decisions.max(1) as f64,
+        if flushes > 0.0 { zincrby / 2.0 / flushes } else { 0.0 },
+        after.zincrby_usec - before.zincrby_usec,
+        proxy::base::metrics::METRICS.top_flush_failures.get(),
     );
     Ok(())
 }
