@@ -749,7 +749,8 @@ async fn two_flushes_rank_heaviest_first_and_periods_apart(subject: &Subject) {
     );
 }
 
-/// A name is claimed once, by the first caller of many at once, until its end.
+/// A name is claimed once, by the first of many claimants at once, until its end; its
+/// claimant may ask again (an answer lost to a timeout), no other can.
 async fn a_name_is_claimed_once_until_it_ends(subject: &Subject) {
     let store = Arc::clone(&subject.store);
     let now = subject
@@ -757,32 +758,45 @@ async fn a_name_is_claimed_once_until_it_ends(subject: &Subject) {
         .as_ref()
         .map_or_else(proxy::base::clock::unix_now, Clock::now);
     let claims: Vec<_> = (0..8)
-        .map(|_| {
+        .map(|i| {
             let store = Arc::clone(&store);
-            tokio::spawn(async move { store.claim_once("expiring:k1:7", now + 60).await })
+            tokio::spawn(async move {
+                let me = format!("node-{i}");
+                (
+                    me.clone(),
+                    store.claim_once("expiring:k1:7", &me, now + 60).await,
+                )
+            })
         })
         .collect();
-    let mut won = 0;
+    let mut winners = Vec::new();
     for c in claims {
-        won += usize::from(c.await.expect("task").expect("store answers"));
+        let (me, won) = c.await.expect("task");
+        if won.expect("store answers") {
+            winners.push(me);
+        }
     }
-    assert_eq!(won, 1, "exactly one caller claims a name");
+    assert_eq!(winners.len(), 1, "exactly one claimant: {winners:?}");
+    let first = &winners[0];
+    let again = store.claim_once("expiring:k1:7", first, now + 60).await;
+    assert!(
+        again.expect("store answers"),
+        "the first claimant, asking again"
+    );
+    let other = store.claim_once("expiring:k1:7", "node-x", now + 60).await;
+    assert!(!other.expect("store answers"));
     assert!(store
-        .claim_once("expiring:k1:1", now + 60)
-        .await
-        .expect("store answers"));
-    assert!(store
-        .claim_once("expiring:k2:7", now + 2)
+        .claim_once("expiring:k2:7", "a", now + 2)
         .await
         .expect("store answers"));
     assert!(!store
-        .claim_once("expiring:k2:7", now + 2)
+        .claim_once("expiring:k2:7", "b", now + 2)
         .await
         .expect("store answers"));
     subject.wait(Duration::from_secs(3)).await;
     assert!(
         store
-            .claim_once("expiring:k2:7", now + 60)
+            .claim_once("expiring:k2:7", "b", now + 60)
             .await
             .expect("store answers"),
         "a claim that ended can be made again"

@@ -12,6 +12,7 @@
 //!
 //! Everything is re-exported here, so a test writes `e2e::Fixture`.
 
+pub mod browser;
 pub mod disk;
 pub mod gateway;
 pub mod process;
@@ -23,6 +24,7 @@ pub mod webhook;
 
 use std::time::Duration;
 
+pub use crate::browser::*;
 pub use crate::disk::*;
 pub use crate::gateway::*;
 pub use crate::process::*;

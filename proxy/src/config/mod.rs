@@ -98,6 +98,7 @@ fn validate_parts(l: &Layers) -> Result<Config, ConfigError> {
         listen: listen.listen,
         admin_listen: admin.admin_listen,
         admin_token: admin.admin_token,
+        admin_hosts: admin.admin_hosts,
         upstreams: upstreams.upstreams,
         redis_url: store.redis_url.map(|u| u.value),
         redis,
@@ -546,6 +547,7 @@ upstream_keepalive_pool_size = 16
     const FLAGS_AND_VARIABLES: &[(&str, &str, &str)] = &[
         ("listen", "--listen", "PET_GATEWAY_LISTEN"),
         ("admin_listen", "--admin-listen", "PET_GATEWAY_ADMIN_LISTEN"),
+        ("admin_hosts", "--admin-host", "PET_GATEWAY_ADMIN_HOSTS"),
         ("upstreams", "--upstream", "PET_GATEWAY_UPSTREAM"),
         ("redis_url", "--redis-url", "PET_GATEWAY_REDIS_URL"),
         (

@@ -51,6 +51,8 @@ pub struct Config {
     pub admin_listen: SocketAddr,
     /// When set, every admin request must carry it as a bearer token.
     pub admin_token: Option<String>,
+    /// Host names the admin listener answers to besides `localhost` and IP addresses.
+    pub admin_hosts: Vec<String>,
     pub upstreams: Vec<SocketAddr>,
     /// `None`: the embedded in-process store.
     pub redis_url: Option<String>,

@@ -23,9 +23,10 @@ const DAY: u64 = 86_400;
 pub const EVERY: Duration = Duration::from_secs(60);
 
 /// The notices this node has seen settled (claimed here or elsewhere), until their key's end.
-#[derive(Default)]
 pub struct ExpiryWatch {
     settled: HashMap<String, u64>,
+    /// Who this node is in its claims: its events' origin, unique to the process.
+    claimant: String,
 }
 
 impl ExpiryWatch {
@@ -54,7 +55,7 @@ impl ExpiryWatch {
             if self.settled.contains_key(&name) {
                 continue;
             }
-            match store.claim_once(&name, at + DAY).await {
+            match store.claim_once(&name, &self.claimant, at + DAY).await {
                 Ok(first) => {
                     if first {
                         meter.notify(notice(&key, at, days, now));
@@ -101,12 +102,16 @@ fn notice(key: &KeyInfo, at: u64, days: u64, now: u64) -> Notice {
 
 /// Runs [`ExpiryWatch::round`] now and every [`EVERY`] until `shutdown`.
 pub async fn run(
+    claimant: String,
     catalog: Arc<Catalog>,
     store: Arc<dyn QuotaStore>,
     meter: Arc<Meter>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut watch = ExpiryWatch::default();
+    let mut watch = ExpiryWatch {
+        settled: HashMap::new(),
+        claimant,
+    };
     loop {
         watch.round(&catalog, &*store, &meter, unix_now()).await;
         tokio::select! {

@@ -18,6 +18,8 @@ use crate::quota::rules::{RateView, SimpleLimit};
 pub enum ErrorCode {
     InvalidRequest,
     Unauthorized,
+    /// The admin API's: a request from another site, or by a name it does not answer to.
+    Forbidden,
     NotFound,
     MethodNotAllowed,
     PayloadTooLarge,
@@ -35,6 +37,7 @@ impl ErrorCode {
         match self {
             ErrorCode::InvalidRequest => "invalid_request",
             ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::RateLimited => "rate_limited",

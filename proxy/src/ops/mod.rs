@@ -13,4 +13,5 @@ pub mod admin;
 pub mod admin_client;
 pub mod cli;
 pub mod commands;
+pub mod console;
 pub mod server;

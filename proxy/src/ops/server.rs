@@ -113,6 +113,7 @@ pub fn run(
         server.add_service(background_service(
             "key expiry notices",
             ExpiryNotices {
+                claimant: format!("{}.{}", config.node_id, std::process::id()),
                 catalog: Arc::clone(&catalog),
                 store: Arc::clone(&admin_store),
                 meter: Arc::clone(meter),
@@ -188,6 +189,7 @@ fn admin_service(
         upstreams: config.upstreams.clone(),
         store_optional: config.redis_url.is_none() || config.on_store_error != OnStoreError::Closed,
         token: config.admin_token.clone(),
+        hosts: config.admin_hosts.clone(),
         keys: crate::keys::service::KeyService {
             store: key_store,
             api_key_prefix: config.api_key_prefix.clone(),
@@ -593,6 +595,7 @@ fn top_store(
 
 /// Reports keys whose end is a week or a day away, once across the fleet.
 struct ExpiryNotices {
+    claimant: String,
     catalog: Arc<Catalog>,
     store: Arc<dyn QuotaStore>,
     meter: Arc<Meter>,
@@ -602,6 +605,7 @@ struct ExpiryNotices {
 impl BackgroundService for ExpiryNotices {
     async fn start(&self, shutdown: ShutdownWatch) {
         crate::events::expiring::run(
+            self.claimant.clone(),
             Arc::clone(&self.catalog),
             Arc::clone(&self.store),
             Arc::clone(&self.meter),

@@ -30,11 +30,36 @@ const ADMIN_TOKEN: Setting<String> = Setting::new(
 )
 .secret("PET_GATEWAY_ADMIN_TOKEN");
 
-pub const SETTINGS: &[Row] = &[ADMIN_LISTEN.row, ADMIN_TOKEN.row];
+const ADMIN_HOSTS: Setting<Vec<String>> = Setting::new(
+    "admin_hosts",
+    Kind::Texts,
+    Preset::Value(""),
+    "host names the admin listener answers to besides `localhost` and IP addresses (its \
+     `Host` header is checked on every request, so no web page can reach it through a name \
+     of its own pointed at this machine: DNS rebinding), e.g. `gw1.internal`",
+    |v| {
+        let hosts = v.texts()?;
+        for h in &hosts {
+            let ok = !h.is_empty()
+                && h.len() <= 253
+                && h.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+            if !ok {
+                return Err(format!("`{h}` is not a host name"));
+            }
+        }
+        Ok(hosts.into_iter().map(|h| h.to_ascii_lowercase()).collect())
+    },
+)
+.flag("--admin-host", "NAME")
+.env("PET_GATEWAY_ADMIN_HOSTS");
+
+pub const SETTINGS: &[Row] = &[ADMIN_LISTEN.row, ADMIN_TOKEN.row, ADMIN_HOSTS.row];
 
 pub struct Admin {
     pub admin_listen: SocketAddr,
     pub admin_token: Option<String>,
+    pub admin_hosts: Vec<String>,
 }
 
 pub fn validate(l: &Layers) -> Result<Admin, ConfigError> {
@@ -51,6 +76,7 @@ pub fn validate(l: &Layers) -> Result<Admin, ConfigError> {
     Ok(Admin {
         admin_listen: admin_listen.value,
         admin_token,
+        admin_hosts: l.value(&ADMIN_HOSTS)?,
     })
 }
 

@@ -21,8 +21,10 @@
 //! | `GET /usage/top?window=day\|month&limit=N` | the quota holders that spent the most this UTC day or month, from the store's top consumers' index |
 
 pub mod bans;
+pub mod guard;
 pub mod health;
 pub mod keys;
+pub mod overview;
 pub mod reload;
 pub mod reply;
 pub mod routes;
@@ -55,6 +57,8 @@ pub struct Admin {
     pub store_optional: bool,
     /// When set, every request must carry it (`Authorization: Bearer`).
     pub token: Option<String>,
+    /// Host names answered besides `localhost` and IP addresses ([`guard`]).
+    pub hosts: Vec<String>,
     /// The key service the key endpoints change keys through, auditing as `admin`.
     pub keys: KeyService,
     /// With `keys_source = "store"`: where this node's keys come from right now.
@@ -64,11 +68,18 @@ pub struct Admin {
 #[async_trait]
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let method = session.req_header().method.clone();
+        let path = session.req_header().uri.path().to_owned();
+        let probe = matches!(path.as_str(), "/healthz" | "/readyz" | "/metrics");
+        if let Some(why) = guard::refuse(session.req_header(), &self.hosts, probe) {
+            return error(403, ErrorCode::Forbidden, why);
+        }
+        if let Resolved::Route(Handler::Console, _) = routes::resolve(&method, &path) {
+            return crate::ops::console::file(&path).unwrap_or_else(crate::ops::console::redirect);
+        }
         if let Some(refused) = self.unauthorized(session) {
             return refused;
         }
-        let method = session.req_header().method.clone();
-        let path = session.req_header().uri.path().to_owned();
         match routes::resolve(&method, &path) {
             Resolved::Route(handler, id) => self.handle(handler, id, session).await,
             Resolved::WrongMethod(allowed) => error(
@@ -126,6 +137,9 @@ impl Admin {
             Handler::ShowKey => self.show_key(id).await,
             Handler::ResetUsage => self.reset_usage(id).await,
             Handler::RevokeKey => self.revoke_key(id.to_owned()).await,
+            Handler::Overview => self.overview().await,
+            Handler::Plans => self.plans(),
+            Handler::Console => crate::ops::console::redirect(),
             Handler::UsageTop => {
                 let query = session.req_header().uri.query().map(str::to_owned);
                 self.usage_top(query.as_deref()).await

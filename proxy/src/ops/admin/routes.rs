@@ -21,6 +21,10 @@ pub enum Handler {
     RevokeKey,
     RotateKey,
     UsageTop,
+    Overview,
+    Plans,
+    /// The console's files: served without the token (they hold no data).
+    Console,
 }
 
 /// One endpoint.
@@ -55,6 +59,12 @@ pub const ROUTES: &[Route] = &[
     route("POST", "/keys/{key id}/revoke", Handler::RevokeKey),
     route("POST", "/keys/{key id}/rotate", Handler::RotateKey),
     route("GET", "/usage/top", Handler::UsageTop),
+    route("GET", "/overview", Handler::Overview),
+    route("GET", "/plans", Handler::Plans),
+    route("GET", "/console", Handler::Console),
+    route("GET", "/console/", Handler::Console),
+    route("GET", "/console/console.js", Handler::Console),
+    route("GET", "/console/console.css", Handler::Console),
 ];
 
 /// What a request's method and path come to.

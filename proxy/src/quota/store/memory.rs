@@ -29,8 +29,8 @@ pub struct MemoryStore {
     clock: Clock,
     /// The top consumers' index: written once a second by the flush, so one lock suffices.
     ranking: Mutex<Ranking>,
-    /// [`QuotaStore::claim_once`]'s names and until when they hold.
-    claimed: Mutex<HashMap<String, u64>>,
+    /// [`QuotaStore::claim_once`]'s names, their claimants and until when they hold.
+    claimed: Mutex<HashMap<String, (String, u64)>>,
 }
 
 impl Default for MemoryStore {
@@ -198,14 +198,14 @@ impl QuotaStore for MemoryStore {
         Ok(())
     }
 
-    async fn claim_once(&self, name: &str, until: u64) -> Result<bool, StoreError> {
+    async fn claim_once(&self, name: &str, claimant: &str, until: u64) -> Result<bool, StoreError> {
         let now = self.clock.now();
         let mut claimed = lock(&self.claimed);
-        claimed.retain(|_, &mut u| u > now);
-        if claimed.contains_key(name) {
-            return Ok(false);
+        claimed.retain(|_, (_, u)| *u > now);
+        if let Some((first, _)) = claimed.get(name) {
+            return Ok(first == claimant);
         }
-        claimed.insert(name.to_owned(), until);
+        claimed.insert(name.to_owned(), (claimant.to_owned(), until));
         Ok(true)
     }
 

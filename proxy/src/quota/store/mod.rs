@@ -176,8 +176,9 @@ pub trait QuotaStore: Send + Sync {
         limit: usize,
     ) -> Result<(u64, Vec<(String, u64)>), StoreError>;
 
-    /// Marks `name` as done until Unix second `until`: true for the one caller across the fleet
-    /// that marked it first (a notice every node would otherwise send, such as a key's expiry
-    /// coming), false for every other until then.
-    async fn claim_once(&self, name: &str, until: u64) -> Result<bool, StoreError>;
+    /// Claims `name` for `claimant` until Unix second `until`: true for the claimant that
+    /// claimed it first across the fleet (a notice every node would otherwise send, such as a
+    /// key's expiry coming), and for it again when it asks again (a claim whose answer was
+    /// lost to a timeout is not lost); false for every other claimant until then.
+    async fn claim_once(&self, name: &str, claimant: &str, until: u64) -> Result<bool, StoreError>;
 }

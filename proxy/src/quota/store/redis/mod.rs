@@ -34,9 +34,6 @@ pub struct RedisStore {
     probe: redis::Script,
     usage: redis::Script,
     reset_usage: redis::Script,
-    /// What this store writes in the names it claims ([`QuotaStore::claim_once`]): its own,
-    /// so it knows a claim of its own from another node's.
-    claim_token: Arc<str>,
 }
 
 /// The most decisions one script run carries by default: large enough that a saturated Redis
@@ -72,7 +69,6 @@ impl RedisStore {
             probe: redis::Script::new(scripts::PROBE),
             usage: redis::Script::new(scripts::USAGE),
             reset_usage: redis::Script::new(scripts::RESET_USAGE),
-            claim_token: Arc::from(hex::encode(rand::random::<[u8; 16]>())),
         };
         Ok(store.with_batch_max(DEFAULT_BATCH_MAX))
     }
@@ -255,15 +251,13 @@ impl QuotaStore for RedisStore {
             .map(drop)
     }
 
-    /// `SET <prefix>:once:{<name>} <this store's token> NX EXAT <until>`: Redis decides who
-    /// was first. When the set is refused, the value says whether the first was this store all
-    /// along (a set applied whose answer was lost, asked again after a timeout), so a notice is
-    /// not lost to a timeout.
-    async fn claim_once(&self, name: &str, until: u64) -> Result<bool, StoreError> {
+    /// `SET <prefix>:once:{<name>} <claimant> NX EXAT <until>`: Redis decides who was first;
+    /// when the set is refused, the value says whether that was this claimant all along.
+    async fn claim_once(&self, name: &str, claimant: &str, until: u64) -> Result<bool, StoreError> {
         let key = format!("{}:once:{{{name}}}", self.prefix);
         let mut cmd = redis::cmd("SET");
         cmd.arg(&key)
-            .arg(&*self.claim_token)
+            .arg(claimant)
             .arg("NX")
             .arg("EXAT")
             .arg(until.max(1));
@@ -271,8 +265,8 @@ impl QuotaStore for RedisStore {
         if set.is_some() {
             return Ok(true);
         }
-        let holder: Option<String> = self.link.query(redis::cmd("GET").arg(&key)).await?;
-        Ok(holder.as_deref() == Some(&*self.claim_token))
+        let first: Option<String> = self.link.query(redis::cmd("GET").arg(&key)).await?;
+        Ok(first.as_deref() == Some(claimant))
     }
 
     async fn add_top(

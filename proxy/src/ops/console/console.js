@@ -1,0 +1,391 @@
+// The pet-gateway console: every figure from the admin API, every change through it. Text is
+// always set as text (never as markup), so a key named `<img src=x onerror=alert(1)>` shows
+// exactly those characters. The admin token, when the gateway asks for one, lives in this tab's
+// sessionStorage and nowhere else.
+"use strict";
+
+const TOKEN = "pet-gateway-admin-token";
+const REFRESH_MS = 3000;
+let timer = null;
+let lastOverview = null;
+
+// ---- small helpers -------------------------------------------------------------------------
+
+/** An element with attributes and children; strings become text nodes. */
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === false || v === null || v === undefined) continue;
+    if (k === "text") e.textContent = String(v);
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+/** A time in the browser's zone, UTC on hover. */
+function when(unixSeconds) {
+  if (!unixSeconds) return el("span", { class: "muted" }, "never");
+  const d = new Date(unixSeconds * 1000);
+  return el("time", { datetime: d.toISOString(), title: d.toISOString().replace(".000Z", "Z") + " (UTC)" },
+    d.toLocaleString());
+}
+
+function whenText(iso) {
+  if (!iso) return el("span", { class: "muted" }, "none");
+  return when(Date.parse(iso) / 1000);
+}
+
+function bar(used, limit) {
+  const pct = limit > 0 ? Math.min(100, (100 * used) / limit) : 0;
+  const b = el("div", { class: pct >= 100 ? "bar full" : "bar", role: "img",
+    "aria-label": `${used} of ${limit} used` }, el("span"));
+  b.firstChild.style.width = pct.toFixed(1) + "%";
+  return b;
+}
+
+function say(message) {
+  const s = document.getElementById("status");
+  s.textContent = message;
+  setTimeout(() => { if (s.textContent === message) s.textContent = ""; }, 5000);
+}
+
+function show(...nodes) {
+  const main = document.getElementById("main");
+  main.replaceChildren(...nodes);
+}
+
+// ---- the admin API -------------------------------------------------------------------------
+
+class NeedsToken extends Error {}
+
+async function api(method, path, body) {
+  const headers = { "Accept": "application/json" };
+  const token = sessionStorage.getItem(TOKEN);
+  if (token) headers["Authorization"] = "Bearer " + token;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const resp = await fetch(path, {
+    method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+    credentials: "omit", cache: "no-store",
+  });
+  if (resp.status === 401) throw new NeedsToken(token ? "wrong token" : "token needed");
+  let data = null;
+  const text = await resp.text();
+  try { data = text ? JSON.parse(text) : null; } catch (_) { data = { message: text }; }
+  if (!resp.ok) {
+    const why = (data && (data.message || data.error)) || resp.statusText;
+    throw new Error(`${method} ${path}: ${resp.status} ${why}`);
+  }
+  return data;
+}
+
+function loginPage(why) {
+  stopRefresh();
+  document.getElementById("main").hidden = true;
+  const login = document.getElementById("login");
+  login.hidden = false;
+  document.getElementById("login-error").textContent =
+    why === "wrong token" ? "That token was refused. Check it and try again." : "";
+  document.getElementById("token").focus();
+}
+
+async function guarded(render) {
+  try {
+    await render();
+  } catch (e) {
+    if (e instanceof NeedsToken) return loginPage(e.message);
+    show(el("h2", { text: "Something went wrong" }), el("p", { class: "error", role: "alert", text: e.message }));
+  }
+}
+
+// ---- pages ---------------------------------------------------------------------------------
+
+async function overviewPage() {
+  const o = await api("GET", "/overview");
+  const prev = lastOverview;
+  lastOverview = o;
+  const rate = (k) => {
+    if (!prev || o.now <= prev.now) return "…";
+    return ((o[k] - prev[k]) / (o.now - prev.now)).toFixed(1);
+  };
+  const card = (label, figure, extra) =>
+    el("div", { class: "card" }, el("div", { class: "muted" }, label), el("div", { class: "figure" }, figure), extra || "");
+  const events = o.events || {};
+  const pending = Object.entries(events.pending || {}).map(([k, v]) => `${k} ${v}`).join(", ") || "none";
+  const reg = o.registry;
+  show(
+    el("h2", { text: "Overview" }),
+    el("div", { class: "cards" },
+      card("Requests per second", rate("requests_total")),
+      card("429s per second", rate("rate_limited_total")),
+      card("Bans now", o.bans_active === null ? "unknown" : o.bans_active),
+      card("Quota store", o.store.state === "ok" && o.store.reachable ? "ok" : o.store.state === "ok" ? "unreachable" : "fallback",
+        el("div", { class: "muted" }, "errors: " + (Object.entries(o.store.errors_total || {})
+          .filter(([, n]) => n > 0).map(([k, n]) => `${k} ${n}`).join(", ") || "none"))),
+      card("Key registry", reg ? (reg.ok ? "in step" : "not in step") : "keys file", reg ? el("div", { class: "muted" }, reg.says) : ""),
+      card("Events pending", pending,
+        el("div", { class: "muted" }, `dead-lettered ${events.dead_lettered_total || 0}, dropped ${events.dropped_total || 0}`)),
+    ),
+    el("p", { class: "muted" }, "Updated ", when(o.now), "; refreshed every few seconds."),
+  );
+}
+
+async function keysPage(params) {
+  const [keys, plans] = await Promise.all([api("GET", "/keys"), api("GET", "/plans")]);
+  const q = (params.get("q") || "").toLowerCase();
+  const status = params.get("status") || "";
+  const plan = params.get("plan") || "";
+  const shown = keys.filter((k) =>
+    (!q || [k.id, k.name, k.customer].some((f) => f && String(f).toLowerCase().includes(q))) &&
+    (!status || k.status === status) && (!plan || k.plan === plan));
+  const statuses = [...new Set(keys.map((k) => k.status))].sort();
+  const filters = el("form", { class: "filters", role: "search", onsubmit: (ev) => {
+    ev.preventDefault();
+    const f = new FormData(ev.target);
+    const p = new URLSearchParams();
+    for (const [k, v] of f) if (v) p.set(k, v);
+    location.hash = "#/keys" + (p.toString() ? "?" + p : "");
+  } },
+  el("div", {}, el("label", { for: "q" }, "Search id, name or customer"), el("input", { id: "q", name: "q", value: params.get("q") || "" })),
+  el("div", {}, el("label", { for: "filter-status" }, "Status"),
+    el("select", { id: "filter-status", name: "status" }, el("option", { value: "" }, "any"),
+      statuses.map((s) => el("option", { value: s, selected: s === status }, s)))),
+  el("div", {}, el("label", { for: "filter-plan" }, "Plan"),
+    el("select", { id: "filter-plan", name: "plan" }, el("option", { value: "" }, "any"),
+      plans.map((p) => el("option", { value: p.name, selected: p.name === plan }, p.name)))),
+  el("button", { type: "submit" }, "Filter"));
+
+  const rows = shown.slice(0, 200).map((k) => el("tr", {},
+    el("td", {}, el("a", { href: "#/keys/" + encodeURIComponent(k.id) }, k.id)),
+    el("td", {}, k.name || ""),
+    el("td", { class: "wide" }, k.customer || ""),
+    el("td", {}, k.plan),
+    el("td", {}, k.status),
+    el("td", { class: "usage", "data-id": k.id }, k.status === "active" ? "…" : ""),
+    el("td", {}, k.status === "active" || k.status === "banned" ? actions(k) : "")));
+  const table = shown.length
+    ? el("div", { class: "table-wrap" }, el("table", {},
+      el("thead", {}, el("tr", {}, ["Id", "Name", "Customer", "Plan", "Status", "Usage", "Actions"].map((h) =>
+        el("th", { scope: "col", class: h === "Customer" ? "wide" : null }, h)))),
+      el("tbody", {}, rows)))
+    : el("p", { class: "muted" }, keys.length ? "No key matches." : "No keys yet: issue one below.");
+  show(el("h2", { text: "Keys" }), filters, issueForm(plans), table,
+    shown.length > 200 ? el("p", { class: "muted" }, `Showing 200 of ${shown.length}; narrow the search.`) : "");
+  // Usage bars of the active keys shown.
+  for (const cell of document.querySelectorAll("td.usage[data-id]")) {
+    if (cell.textContent !== "…") continue;
+    api("GET", "/keys/" + encodeURIComponent(cell.dataset.id)).then((k) => {
+      const w = (k.usage && k.usage.windows || []).filter((x) => !x.shadow);
+      cell.replaceChildren(...w.map((x) => el("div", {}, el("span", { class: "muted" }, `${x.name} ${x.used}/${x.limit}`), bar(x.used, x.limit))));
+    }).catch(() => { cell.textContent = "unknown"; });
+  }
+}
+
+function actions(k) {
+  return el("span", {},
+    el("button", { type: "button", onclick: () => change("rotate", k) }, "Rotate"), " ",
+    el("button", { type: "button", onclick: () => change("reset-usage", k) }, "Reset usage"), " ",
+    el("button", { type: "button", class: "danger", onclick: () => change("revoke", k) }, "Revoke"));
+}
+
+async function change(what, k) {
+  const named = k.name ? `${k.id} (${k.name})` : k.id;
+  if (what === "revoke" && !confirm(`Revoke key ${named}? Requests with it get 401 from now on.`)) return;
+  if (what === "rotate" && !confirm(`Rotate key ${named}? The old key keeps working for 24 hours.`)) return;
+  await guarded(async () => {
+    const r = await api("POST", `/keys/${encodeURIComponent(k.id)}/${what}`, {});
+    if (what === "rotate" && r && r.key) {
+      showKeyOnce(`Rotated ${k.id}: the new key is shown only now.`, r.key);
+    } else {
+      say(`${what} done: ${k.id}`);
+      await route();
+    }
+  });
+}
+
+function issueForm(plans) {
+  return el("form", { class: "inline", "aria-label": "Issue a key", onsubmit: async (ev) => {
+    ev.preventDefault();
+    const f = new FormData(ev.target);
+    const body = { plan: f.get("plan") };
+    if (f.get("name")) body.name = f.get("name");
+    if (f.get("customer")) body.customer = f.get("customer");
+    await guarded(async () => {
+      const r = await api("POST", "/keys", body);
+      showKeyOnce(`Issued ${r.id} on plan ${body.plan}: the key is shown only now.`, r.key);
+    });
+  } },
+  el("div", {}, el("label", { for: "issue-plan" }, "Plan"),
+    el("select", { id: "issue-plan", name: "plan", required: true }, plans.map((p) => el("option", { value: p.name }, p.name)))),
+  el("div", {}, el("label", { for: "issue-name" }, "Name"), el("input", { id: "issue-name", name: "name", maxlength: 128 })),
+  el("div", {}, el("label", { for: "issue-customer" }, "Customer"), el("input", { id: "issue-customer", name: "customer", maxlength: 64 })),
+  el("button", { type: "submit", class: "primary" }, "Issue key"));
+}
+
+function showKeyOnce(title, key) {
+  stopRefresh();
+  const code = el("p", { class: "shown-key", id: "new-key" }, key);
+  show(el("h2", { text: title }), code,
+    el("p", {},
+      el("button", { type: "button", id: "copy-key", onclick: async () => {
+        try { await navigator.clipboard.writeText(key); say("Copied."); } catch (_) { say("Select the key and copy it."); }
+      } }, "Copy key"), " ",
+      el("a", { href: "#/keys" }, "Back to keys")),
+    el("p", { class: "muted" }, "Store it now: the gateway keeps only its hash."));
+}
+
+async function keyPage(id) {
+  const [k, keys] = await Promise.all([api("GET", "/keys/" + encodeURIComponent(id)).catch((e) => ({ error: e.message })), api("GET", "/keys")]);
+  const record = keys.find((x) => x.id === id);
+  if (k.error && !record) {
+    show(el("h2", { text: "Key " + id }), el("p", { class: "error", role: "alert" }, k.error));
+    return;
+  }
+  const usage = k.usage || {};
+  const windows = (usage.windows || []).map((w) => el("tr", {},
+    el("th", { scope: "row" }, w.name + (w.shadow ? " (shadow)" : "")),
+    el("td", {}, bar(w.used, w.limit)),
+    el("td", {}, `${w.used} / ${w.limit}`),
+    el("td", {}, String(w.remaining)),
+    el("td", {}, when(w.reset))));
+  const siblings = record && record.customer
+    ? keys.filter((x) => x.customer === record.customer && x.id !== id) : [];
+  show(
+    el("h2", { text: "Key " + id }),
+    el("dl", {},
+      el("dt", {}, "Name"), el("dd", {}, (record && record.name) || ""),
+      el("dt", {}, "Plan"), el("dd", {}, (record && record.plan) || k.plan || ""),
+      el("dt", {}, "Status"), el("dd", {}, (record && record.status) || k.status || ""),
+      el("dt", {}, "Customer"), el("dd", {}, (record && record.customer) || "none"),
+      el("dt", {}, "Created"), el("dd", {}, whenText(record && record.created_at)),
+      el("dt", {}, "Expires"), el("dd", {}, whenText(record && record.expires_at)),
+      el("dt", {}, "Last used"), el("dd", {}, whenText(usage.last_used)),
+      el("dt", {}, "Refused today"), el("dd", {}, String(usage.refused_today ?? "")),
+      el("dt", {}, "Banned until"), el("dd", {}, usage.ban_until ? when(usage.ban_until) : "not banned"),
+      el("dt", {}, "Own limits"), el("dd", {}, ownLimits(record))),
+    el("h2", { text: "Windows" }),
+    windows.length ? el("div", { class: "table-wrap" }, el("table", {},
+      el("thead", {}, el("tr", {}, ["Window", "Usage", "Used", "Remaining", "Resets"].map((h) => el("th", { scope: "col" }, h)))),
+      el("tbody", {}, windows))) : el("p", { class: "muted" }, k.usage_error || "No usage: the key is not active."),
+    record && (record.status === "active" || record.status === "banned") ? el("p", {}, actions(record)) : "",
+    el("h2", { text: "The customer's other keys" }),
+    siblings.length ? el("ul", {}, siblings.map((s) => el("li", {}, el("a", { href: "#/keys/" + encodeURIComponent(s.id) }, s.id), ` ${s.name || ""} (${s.plan}, ${s.status})`)))
+      : el("p", { class: "muted" }, record && record.customer ? "None." : "The key has no customer."),
+  );
+}
+
+function ownLimits(record) {
+  const own = record && record.limits ? Object.entries(record.limits) : [];
+  const first = record ? [["minute", record.per_minute], ["day", record.per_day]].filter(([, n]) => n) : [];
+  const all = [...first, ...own];
+  return all.length ? all.map(([w, n]) => `${w}: ${n}`).join(", ") : "the plan's";
+}
+
+async function bansPage() {
+  const b = await api("GET", "/bans");
+  const bans = b.bans || [];
+  show(el("h2", { text: "Bans" }),
+    bans.length ? el("div", { class: "table-wrap" }, el("table", {},
+      el("thead", {}, el("tr", {}, ["Key", "Plan", "Until", ""].map((h) => el("th", { scope: "col" }, h)))),
+      el("tbody", {}, bans.map((x) => el("tr", {},
+        el("td", {}, el("a", { href: "#/keys/" + encodeURIComponent(x.key_id) }, x.key_id)),
+        el("td", {}, x.plan), el("td", {}, when(x.until)),
+        el("td", {}, el("button", { type: "button", onclick: () => lift(x.key_id) }, "Lift ban " + x.key_id)))))))
+      : el("p", { class: "muted" }, "No key is banned."));
+}
+
+async function lift(id) {
+  if (!confirm(`Lift the ban of key ${id}?`)) return;
+  await guarded(async () => {
+    await api("POST", `/bans/${encodeURIComponent(id)}/lift`, {});
+    say("Ban lifted: " + id);
+    await route();
+  });
+}
+
+async function topPage(params) {
+  const window = params.get("window") === "month" ? "month" : "day";
+  const t = await api("GET", `/usage/top?window=${window}&limit=20`);
+  const entries = t.entries || [];
+  show(el("h2", { text: "Top consumers" }),
+    el("p", {}, el("a", { href: "#/top?window=day", "aria-current": window === "day" ? "true" : null }, "Today"), " · ",
+      el("a", { href: "#/top?window=month", "aria-current": window === "month" ? "true" : null }, "This month"),
+      el("span", { class: "muted" }, " (UTC calendar periods)")),
+    entries.length ? el("div", { class: "table-wrap" }, el("table", {},
+      el("thead", {}, el("tr", {}, ["#", "Holder", "Plan", "Used", "Limit"].map((h) => el("th", { scope: "col" }, h)))),
+      el("tbody", {}, entries.map((e, i) => el("tr", {},
+        el("td", {}, String(i + 1)),
+        el("td", {}, e.key_id ? el("a", { href: "#/keys/" + encodeURIComponent(e.key_id) }, e.key_id) : "customer " + e.customer),
+        el("td", {}, e.plan || ""), el("td", {}, String(e.used)),
+        el("td", {}, e.limit === null || e.limit === undefined ? "" : String(e.limit)))))))
+      : el("p", { class: "muted" }, "Nothing spent yet in this period."));
+}
+
+async function plansPage() {
+  const plans = await api("GET", "/plans");
+  show(el("h2", { text: "Plans" }), el("p", { class: "muted" }, "Plans are files edited by hand; this page only shows them."),
+    plans.map((p) => el("section", { class: "card", "aria-label": "Plan " + p.name },
+      el("h3", {}, p.name),
+      el("ul", {}, p.windows.map((w) => el("li", {}, `${w.name}: ${w.limit}${w.shadow ? " (shadow)" : ""}`))),
+      Object.keys(p.costs).length ? el("p", {}, "Costs: " + Object.entries(p.costs).map(([o, c]) => `${o} ${c}`).join(", ")) : "",
+      p.notify_at.length ? el("p", {}, "Notify at: " + p.notify_at.map((n) => n + " %").join(", ")) : "")));
+}
+
+// ---- routing -------------------------------------------------------------------------------
+
+const PAGES = [
+  [/^#\/overview$/, () => overviewPage(), "overview", true],
+  [/^#\/keys\/(.+)$/, (m) => keyPage(decodeURIComponent(m[1])), "keys", true],
+  [/^#\/keys$/, (m, p) => keysPage(p), "keys", false],
+  [/^#\/bans$/, () => bansPage(), "bans", true],
+  [/^#\/top$/, (m, p) => topPage(p), "top", true],
+  [/^#\/plans$/, () => plansPage(), "plans", false],
+];
+
+function stopRefresh() {
+  if (timer) clearInterval(timer);
+  timer = null;
+}
+
+async function route() {
+  stopRefresh();
+  const [path, query] = (location.hash || "#/overview").split("?");
+  const params = new URLSearchParams(query || "");
+  const found = PAGES.find(([re]) => re.test(path));
+  if (!found) { location.hash = "#/overview"; return; }
+  const [re, render, nav, live] = found;
+  for (const a of document.querySelectorAll("nav a")) {
+    a.toggleAttribute("aria-current", a.id === "nav-" + nav);
+    if (a.id === "nav-" + nav) a.setAttribute("aria-current", "page");
+  }
+  document.getElementById("login").hidden = true;
+  document.getElementById("main").hidden = false;
+  document.getElementById("logout").hidden = !sessionStorage.getItem(TOKEN);
+  document.title = `${nav[0].toUpperCase()}${nav.slice(1)} · pet-gateway console`;
+  await guarded(() => render(path.match(re), params));
+  if (live && !document.getElementById("main").hidden && !document.getElementById("new-key")) {
+    timer = setInterval(() => {
+      if (document.activeElement && ["INPUT", "SELECT"].includes(document.activeElement.tagName)) return;
+      guarded(() => render(path.match(re), params));
+    }, REFRESH_MS);
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  document.getElementById("login-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    sessionStorage.setItem(TOKEN, document.getElementById("token").value);
+    document.getElementById("token").value = "";
+    await route();
+  });
+  document.getElementById("logout").addEventListener("click", () => {
+    sessionStorage.removeItem(TOKEN);
+    loginPage("");
+  });
+  window.addEventListener("hashchange", route);
+  route();
+});

@@ -1,0 +1,337 @@
+//! The operator console in a real browser (issue 25): headless Chromium through chromedriver,
+//! against a real gateway, backend and keys file. Screenshots of every page at both widths go
+//! to `target/console-screenshots/` for a person to look at.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use e2e::{Browser, Fixture, GatewayProcess};
+use serde_json::{json, Value};
+
+const TOKEN: &str = "console-test-token-0123456789abcdef";
+
+fn console_gateway(f: &Fixture, upstream: std::net::SocketAddr, extra: &str) -> GatewayProcess {
+    let mut spec = f.spec(upstream);
+    spec.env
+        .push(("PET_GATEWAY_ADMIN_TOKEN".to_owned(), TOKEN.to_owned()));
+    spec.extra = extra.to_owned();
+    f.gateway(&spec)
+}
+
+/// Opens the console and signs in with the token.
+async fn signed_in(browser: &Browser, gw: &GatewayProcess, page: &str) {
+    browser
+        .goto(&gw.admin_url(&format!("/console/#/{page}")))
+        .await;
+    browser.type_into("#token", TOKEN).await;
+    browser.click("#login-form button[type=submit]").await;
+    browser.find("main h2").await;
+}
+
+async fn admin(gw: &GatewayProcess, method: reqwest::Method, path: &str, body: Value) -> Value {
+    reqwest::Client::new()
+        .request(method, gw.admin_url(path))
+        .bearer_auth(TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn status_with(gw: &GatewayProcess, key: &str) -> u16 {
+    reqwest::Client::new()
+        .get(gw.url("/v1/pets"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_token_is_refused_with_a_message_and_the_right_one_signs_in() {
+    let f = Fixture::new(60, 1_000);
+    f.issue("free");
+    let backend = f.backend();
+    let gw = console_gateway(&f, backend.addr, "");
+    let browser = Browser::start(1280).await;
+    browser.goto(&gw.admin_url("/console/#/overview")).await;
+    browser
+        .type_into("#token", "not-the-token-at-all-000")
+        .await;
+    browser.click("#login-form button[type=submit]").await;
+    browser.wait_text("#login-error", "refused").await;
+    let label = browser.text_of("label[for=token]").await;
+    assert_eq!(label, "Admin token");
+    browser.type_into("#token", TOKEN).await;
+    browser.click("#login-form button[type=submit]").await;
+    browser.wait_text("main h2", "Overview").await;
+    browser.wait_text("main", "Requests per second").await;
+    // The token lives in this tab only: no cookie was ever set.
+    let cookies = browser.run("return document.cookie;", json!([])).await;
+    assert_eq!(cookies, "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_issued_on_the_page_works_and_revoked_there_is_refused_within_a_second() {
+    let f = Fixture::new(60, 1_000);
+    f.issue("free");
+    let backend = f.backend();
+    let gw = console_gateway(&f, backend.addr, "");
+    let browser = Browser::start(1280).await;
+    signed_in(&browser, &gw, "keys").await;
+    browser.type_into("#issue-name", "from the console").await;
+    browser
+        .click("form[aria-label='Issue a key'] button[type=submit]")
+        .await;
+    let shown = browser.wait_text("main h2", "Issued").await;
+    let key = browser.text_of("#new-key").await;
+    assert!(!key.is_empty(), "{shown}");
+    assert!(browser.text_of("#copy-key").await.contains("Copy"));
+    assert_eq!(status_with(&gw, &key).await, 200);
+
+    let id = shown
+        .split_whitespace()
+        .nth(1)
+        .expect("Issued <id> on plan …")
+        .to_owned();
+    browser
+        .goto(&gw.admin_url(&format!("/console/#/keys?q={id}")))
+        .await;
+    browser.wait_text("main tbody", &id).await;
+    browser.click("main tbody button.danger").await;
+    let asked = browser.accept().await;
+    assert!(
+        asked.contains(&id),
+        "the confirmation names the key: {asked}"
+    );
+    let started = Instant::now();
+    loop {
+        if status_with(&gw, &key).await == 401 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "still admitted a second later"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ban_shows_on_the_bans_page_and_lifting_it_there_admits_the_key_again() {
+    let f = Fixture::new(2, 1_000);
+    let key = f.issue("free");
+    let key_id = e2e::first_key_id(&f.keys);
+    let backend = f.backend();
+    let gw = console_gateway(&f, backend.addr, "[ban]\nstrikes = 1\n");
+    let mut last = 0;
+    for _ in 0..6 {
+        last = status_with(&gw, &key).await;
+    }
+    assert_eq!(last, 429, "banned");
+    let browser = Browser::start(1280).await;
+    signed_in(&browser, &gw, "bans").await;
+    browser.wait_text("main tbody", &key_id).await;
+    browser.click("main tbody button").await;
+    browser.accept().await;
+    browser.wait_text("main", "No key is banned").await;
+    let after_lift: Value = reqwest::Client::new()
+        .get(gw.url("/v1/pets"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_ne!(
+        after_lift["code"], "api_key_banned",
+        "the lift applies at once"
+    );
+    // The minute is still full: the operator's goodwill, from the key's page, gives room.
+    browser
+        .goto(&gw.admin_url(&format!("/console/#/keys/{key_id}")))
+        .await;
+    browser.wait_text("main h2", &key_id).await;
+    browser.click("main p button:nth-of-type(2)").await;
+    browser.wait_text("#status", "reset-usage done").await;
+    assert_eq!(status_with(&gw, &key).await, 200, "admitted again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_named_with_html_shows_the_characters_and_runs_nothing() {
+    let f = Fixture::new(60, 1_000);
+    f.issue("free");
+    let backend = f.backend();
+    let gw = console_gateway(&f, backend.addr, "");
+    let name = "<img src=x onerror=alert(1)>";
+    let issued = admin(
+        &gw,
+        reqwest::Method::POST,
+        "/keys",
+        json!({"plan": "free", "name": name}),
+    )
+    .await;
+    let id = issued["id"].as_str().expect("issued").to_owned();
+    let browser = Browser::start(1280).await;
+    signed_in(&browser, &gw, "keys").await;
+    let row = browser.wait_text("main tbody", &id).await;
+    assert!(row.contains(name), "the name as text: {row}");
+    let images = browser
+        .run(
+            "return document.querySelectorAll('main img').length;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(images, 0);
+    assert!(browser.dialog().await.is_none(), "no script ran");
+    browser
+        .goto(&gw.admin_url(&format!("/console/#/keys/{id}")))
+        .await;
+    browser.wait_text("main dl", name).await;
+    assert!(browser.dialog().await.is_none());
+}
+
+/// Every page at 390 and 1280 pixels: it renders, nothing spills sideways, and each page is
+/// reached from its link by the keyboard alone. Screenshots for a person.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_page_reads_at_both_widths_and_is_reached_by_keyboard() {
+    let f = Fixture::new(60, 1_000);
+    let key = f.issue("free");
+    let key_id = e2e::first_key_id(&f.keys);
+    let backend = f.backend();
+    let gw = console_gateway(&f, backend.addr, "");
+    assert_eq!(status_with(&gw, &key).await, 200);
+    let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/console-screenshots");
+    let pages = [
+        ("overview", "Overview".to_owned()),
+        ("keys", "Keys".to_owned()),
+        (&*format!("keys/{key_id}"), format!("Key {key_id}")),
+        ("bans", "Bans".to_owned()),
+        ("top", "Top consumers".to_owned()),
+        ("plans", "Plans".to_owned()),
+    ];
+    for width in [390u32, 1280] {
+        let browser = Browser::start(width).await;
+        signed_in(&browser, &gw, "overview").await;
+        for (page, title) in &pages {
+            browser
+                .goto(&gw.admin_url(&format!("/console/#/{page}")))
+                .await;
+            browser.wait_text("main h2", title).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let spill = browser
+                .run(
+                    "return document.documentElement.scrollWidth - window.innerWidth;",
+                    json!([]),
+                )
+                .await;
+            assert!(
+                spill.as_i64().unwrap_or(0) <= 1,
+                "{page} at {width}px spills by {spill}"
+            );
+            let file = format!("{}-{width}.png", page.replace('/', "-"));
+            browser.screenshot(&shots.join(file)).await;
+        }
+        // The keyboard alone: focus the Bans link by Tab from the top, Enter follows it.
+        browser.goto(&gw.admin_url("/console/#/overview")).await;
+        browser.find("main h2").await;
+        browser
+            .run(
+                "document.activeElement && document.activeElement.blur(); document.body.focus();",
+                json!([]),
+            )
+            .await;
+        let mut reached = false;
+        for _ in 0..8 {
+            browser.keys("\u{E004}").await;
+            let focused = browser
+                .run("return document.activeElement.textContent;", json!([]))
+                .await;
+            if focused == "Bans" {
+                browser.keys("\u{E007}").await;
+                browser.wait_text("main h2", "Bans").await;
+                reached = true;
+                break;
+            }
+        }
+        assert!(reached, "the Bans link is reached by Tab at {width}px");
+    }
+}
+
+/// With no token at all (the loopback default), no other site can act or read: a foreign
+/// `Origin`, `Sec-Fetch-Site: cross-site` or a rebound `Host` is refused before anything runs;
+/// tools that send none of these pass, and the console's files need no token while its data
+/// does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_sites_and_rebound_names_are_refused_and_only_the_files_go_without_token() {
+    let f = Fixture::new(60, 1_000);
+    f.issue("free");
+    let backend = f.backend();
+    let open = f.gateway(&f.spec(backend.addr));
+    e2e::wait_for_listener(open.admin, Duration::from_secs(10));
+    let client = reqwest::Client::new();
+    let port = open.admin.port();
+    let attempts: [(&str, &str, &str); 3] = [
+        ("POST", "origin", "https://evil.example"),
+        ("POST", "sec-fetch-site", "cross-site"),
+        (
+            "GET",
+            "host",
+            &*Box::leak(format!("evil.example:{port}").into_boxed_str()),
+        ),
+    ];
+    for (method, header, value) in attempts {
+        let resp = client
+            .request(method.parse().unwrap(), open.admin_url("/keys"))
+            .header(header, value)
+            .json(&json!({"plan": "free"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 403, "{header}: {value}");
+    }
+    let listed: Value = client
+        .get(open.admin_url("/keys"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        listed.as_array().map(Vec::len),
+        Some(1),
+        "nothing was issued"
+    );
+
+    let guarded = console_gateway(&f, backend.addr, "");
+    e2e::wait_for_listener(guarded.admin, Duration::from_secs(10));
+    let page = client
+        .get(guarded.admin_url("/console/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let csp = page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        csp.contains("frame-ancestors 'none'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
+    assert_eq!(page.headers()["referrer-policy"], "no-referrer");
+    assert!(page.headers().get("set-cookie").is_none());
+    let data = client
+        .get(guarded.admin_url("/overview"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(data.status(), 401);
+}
