@@ -168,7 +168,12 @@ async fn a_key_named_with_html_shows_the_characters_and_runs_nothing() {
     let f = Fixture::new(60, 1_000);
     f.issue("free");
     let backend = f.backend();
-    let gw = console_gateway(&f, backend.addr, "");
+    let audit = f.dir.path().join("audit.log");
+    let gw = console_gateway(
+        &f,
+        backend.addr,
+        &format!("audit_log = \"{}\"\n", audit.display()),
+    );
     let name = "<img src=x onerror=alert(1)>";
     let issued = admin(
         &gw,
@@ -195,6 +200,9 @@ async fn a_key_named_with_html_shows_the_characters_and_runs_nothing() {
         .await;
     browser.wait_text("main dl", name).await;
     assert!(browser.dialog().await.is_none());
+    // Its history: issued through the admin API.
+    let history = browser.wait_text("#history", "issue").await;
+    assert!(history.contains("admin"), "{history}");
 }
 
 /// Every page at 390 and 1280 pixels: it renders, nothing spills sideways, and each page is

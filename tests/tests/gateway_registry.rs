@@ -52,6 +52,22 @@ async fn three_nodes_apply_issues_and_revocations_within_a_second_and_survive_re
     let keeper = issued(&keys_cli(&config, &["issue", "--plan", "free"]));
     all_reach(&nodes, &keeper, 200, Duration::from_secs(1)).await;
 
+    // The fleet's history: a change made at one node's command line shows on every node.
+    let history: Value = reqwest::get(nodes[2].admin_url(&format!("/keys/{id}/audit")))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let actions: Vec<&str> = history["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["issue"], "{history}");
+    assert_eq!(history["entries"][0]["key_id"], id.as_str());
+
     // A token whose checksum fails is refused before any lookup, and costs the store nothing.
     let scripts = |r: &RedisServer| -> u64 {
         r.cli(&["INFO", "commandstats"])

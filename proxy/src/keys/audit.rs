@@ -94,6 +94,41 @@ pub fn write(target: Option<&Path>, line: &str) -> Result<(), AuditError> {
     file.sync_data().map_err(err)
 }
 
+/// How much of the end of the audit log a key's history is looked for in.
+const HISTORY_TAIL: u64 = 8 * 1024 * 1024;
+
+/// The newest lines of `key_id` (at most `max`, newest first) in the last [`HISTORY_TAIL`]
+/// bytes of the audit log at `path`; none when it cannot be read.
+pub fn lines_of(path: &Path, key_id: &str, max: usize) -> Vec<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    let len = file.metadata().map_or(0, |m| m.len());
+    let start = len.saturating_sub(HISTORY_TAIL);
+    let mut text = String::new();
+    if file.seek(SeekFrom::Start(start)).is_err()
+        || file.take(HISTORY_TAIL).read_to_string(&mut text).is_err()
+    {
+        return Vec::new();
+    }
+    // A cut first line is not a whole entry.
+    let whole = if start > 0 {
+        text.split_once('\n').map_or("", |(_, r)| r)
+    } else {
+        &text
+    };
+    whole
+        .lines()
+        .rev()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| v["key_id"] == key_id)
+        })
+        .take(max)
+        .map(str::to_owned)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

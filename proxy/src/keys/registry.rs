@@ -10,6 +10,7 @@
 //! | `<prefix>:{registry}:keys` | hash: key id → the key record as JSON (the keys file's fields: a hash, never the key) |
 //! | `<prefix>:{registry}:changes` | stream, trimmed to about 10,000 entries: one entry (`id`) per changed record |
 //! | `<prefix>:{registry}:meta` | hash: `id`, the registry's identity, created with it; nodes remember it |
+//! | `<prefix>:{registry}:audit` | stream, trimmed to about 100,000 entries: one entry (`key`, `line`) per key change, the audit line its maker wrote, so every node's console shows the fleet's history |
 //!
 //! A change ([`Registry::modify`], used by the `keys` commands and the admin key API) raises each
 //! changed record's version, signs it with the fleet's key when the writer has one, and writes
@@ -40,6 +41,10 @@ pub const POLL: Duration = Duration::from_millis(200);
 
 /// Feed entries kept; a node further behind reloads the whole table.
 const FEED_LENGTH: u64 = 10_000;
+/// Audit entries kept: the fleet's recent key changes.
+const AUDIT_LENGTH: u64 = 100_000;
+/// How many of the newest audit entries a key's history is looked for in.
+const AUDIT_SCAN: usize = 10_000;
 
 /// Writes records and their feed entries, only if every record is still as the writer read it
 /// (compare-and-set: two writers changing one record never lose either change; the loser
@@ -115,6 +120,7 @@ pub struct Registry {
     records: String,
     changes: String,
     meta: String,
+    audit: String,
     timeout: Duration,
     trust: Trust,
 }
@@ -169,6 +175,7 @@ impl Registry {
             records: format!("{prefix}:{{registry}}:keys"),
             changes: format!("{prefix}:{{registry}}:changes"),
             meta: format!("{prefix}:{{registry}}:meta"),
+            audit: format!("{prefix}:{{registry}}:audit"),
             timeout,
             trust: Trust::default(),
         }
@@ -190,6 +197,47 @@ impl Registry {
     /// thread, which reconnects after any error.)
     pub(crate) fn connect(&self) -> Result<Conn, KeysError> {
         self.redis.connect_blocking(self.timeout).map_err(err)
+    }
+
+    /// Adds a key change's audit line to the fleet's history.
+    pub fn record_audit(&self, key_id: &str, line: &str) -> Result<(), KeysError> {
+        let mut conn = self.connect()?;
+        redis::cmd("XADD")
+            .arg(&self.audit)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(AUDIT_LENGTH)
+            .arg("*")
+            .arg("key")
+            .arg(key_id)
+            .arg("line")
+            .arg(line)
+            .query::<String>(conn.as_mut())
+            .map(drop)
+            .map_err(err)
+    }
+
+    /// The newest audit lines of `key_id` (at most `max`), newest first, from the last
+    /// [`AUDIT_SCAN`] changes of the fleet: one read, whatever the number of keys.
+    pub fn audit_of(&self, key_id: &str, max: usize) -> Result<Vec<String>, KeysError> {
+        let mut conn = self.connect()?;
+        let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
+            .arg(&self.audit)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(AUDIT_SCAN)
+            .query(conn.as_mut())
+            .map_err(err)?;
+        Ok(entries
+            .into_iter()
+            .filter_map(|(_, fields)| {
+                let mine = fields.iter().any(|(k, v)| k == "key" && v == key_id);
+                let line = fields.into_iter().find(|(k, _)| k == "line")?.1;
+                mine.then_some(line)
+            })
+            .take(max)
+            .collect())
     }
 
     /// Every record, and the feed position they are complete up to (read first, so a change

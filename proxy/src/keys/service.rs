@@ -336,11 +336,34 @@ impl KeyService {
     /// in the quota store); a failure says that the change is done.
     pub fn audit(&self, action: &str, record: &KeyRecord) -> Result<(), AuditFailed> {
         let line = crate::keys::audit::line(action, record, &self.who);
-        crate::keys::audit::write(self.audit_log.as_deref(), &line).map_err(|e| AuditFailed {
+        let failed = |reason: String| AuditFailed {
             action: action.to_owned(),
             key_id: record.id.clone(),
-            reason: format!("it could not be written to the audit log: {e}"),
-        })
+            reason,
+        };
+        // In a fleet the line goes beside the registry too, so every node shows the history.
+        let fleet = match &self.store {
+            KeyStore::Registry(registry) => registry.record_audit(&record.id, &line).map_err(|e| {
+                failed(format!(
+                    "it could not be added to the registry's history: {e}"
+                ))
+            }),
+            KeyStore::File(_) => Ok(()),
+        };
+        let local = crate::keys::audit::write(self.audit_log.as_deref(), &line)
+            .map_err(|e| failed(format!("it could not be written to the audit log: {e}")));
+        local.and(fleet)
+    }
+
+    /// A key's history, newest first: the fleet's (the registry's) or this node's audit log.
+    pub fn history(&self, key_id: &str, max: usize) -> Result<Vec<String>, KeysError> {
+        match &self.store {
+            KeyStore::Registry(registry) => registry.audit_of(key_id, max),
+            KeyStore::File(_) => Ok(match &self.audit_log {
+                Some(path) => crate::keys::audit::lines_of(path, key_id, max),
+                None => Vec::new(),
+            }),
+        }
     }
 }
 

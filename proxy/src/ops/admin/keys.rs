@@ -25,8 +25,30 @@ struct RotateBody {
     overlap: Option<String>,
 }
 
+/// The most entries of a key's history answered.
+const HISTORY_MAX: usize = 100;
+
 impl Admin {
     /// `GET /keys`: every key of the keys file in force, with its status (never the key).
+    /// `GET /keys/{id}/audit`: the key's changes, newest first (the fleet's, from the registry,
+    /// or this node's audit log), as the audit lines they were.
+    pub(super) async fn key_history(&self, id: String) -> Response<Vec<u8>> {
+        let keys = self.keys.clone();
+        let found = tokio::task::spawn_blocking(move || keys.history(&id, HISTORY_MAX)).await;
+        match found {
+            Ok(Ok(lines)) => {
+                let entries: Vec<serde_json::Value> = lines
+                    .iter()
+                    .filter_map(|l| serde_json::from_str(l).ok())
+                    .collect();
+                let body = serde_json::json!({ "entries": entries });
+                json_response(200, body.to_string().into_bytes())
+            }
+            Ok(Err(e)) => error(503, ErrorCode::Internal, &e.to_string()),
+            Err(e) => error(500, ErrorCode::Internal, &e.to_string()),
+        }
+    }
+
     pub(super) async fn list_keys(&self) -> Response<Vec<u8>> {
         let keys = self.keys.clone();
         let file = match tokio::task::spawn_blocking(move || keys.list()).await {

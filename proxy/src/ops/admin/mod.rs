@@ -139,6 +139,7 @@ impl Admin {
             Handler::RevokeKey => self.revoke_key(id.to_owned()).await,
             Handler::Overview => self.overview().await,
             Handler::Plans => self.plans(),
+            Handler::KeyHistory => self.key_history(id.to_owned()).await,
             Handler::Console => crate::ops::console::redirect(),
             Handler::UsageTop => {
                 let query = session.req_header().uri.query().map(str::to_owned);

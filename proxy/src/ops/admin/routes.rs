@@ -23,6 +23,7 @@ pub enum Handler {
     UsageTop,
     Overview,
     Plans,
+    KeyHistory,
     /// The console's files: served without the token (they hold no data).
     Console,
 }
@@ -59,6 +60,7 @@ pub const ROUTES: &[Route] = &[
     route("POST", "/keys/{key id}/revoke", Handler::RevokeKey),
     route("POST", "/keys/{key id}/rotate", Handler::RotateKey),
     route("GET", "/usage/top", Handler::UsageTop),
+    route("GET", "/keys/{key id}/audit", Handler::KeyHistory),
     route("GET", "/overview", Handler::Overview),
     route("GET", "/plans", Handler::Plans),
     route("GET", "/console", Handler::Console),

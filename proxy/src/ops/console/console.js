@@ -239,7 +239,10 @@ function showKeyOnce(title, key) {
 }
 
 async function keyPage(id) {
-  const [k, keys] = await Promise.all([api("GET", "/keys/" + encodeURIComponent(id)).catch((e) => ({ error: e.message })), api("GET", "/keys")]);
+  const [k, keys, history] = await Promise.all([
+    api("GET", "/keys/" + encodeURIComponent(id)).catch((e) => ({ error: e.message })),
+    api("GET", "/keys"),
+    api("GET", "/keys/" + encodeURIComponent(id) + "/audit").catch((e) => ({ error: e.message }))]);
   const record = keys.find((x) => x.id === id);
   if (k.error && !record) {
     show(el("h2", { text: "Key " + id }), el("p", { class: "error", role: "alert" }, k.error));
@@ -275,6 +278,8 @@ async function keyPage(id) {
     el("h2", { text: "The customer's other keys" }),
     siblings.length ? el("ul", {}, siblings.map((s) => el("li", {}, el("a", { href: "#/keys/" + encodeURIComponent(s.id) }, s.id), ` ${s.name || ""} (${s.plan}, ${s.status})`)))
       : el("p", { class: "muted" }, record && record.customer ? "None." : "The key has no customer."),
+    el("h2", { text: "History" }),
+    historyTable(history),
   );
 }
 
@@ -283,6 +288,16 @@ function ownLimits(record) {
   const first = record ? [["minute", record.per_minute], ["day", record.per_day]].filter(([, n]) => n) : [];
   const all = [...first, ...own];
   return all.length ? all.map(([w, n]) => `${w}: ${n}`).join(", ") : "the plan's";
+}
+
+function historyTable(history) {
+  if (history.error) return el("p", { class: "error" }, "The history cannot be read: " + history.error);
+  const entries = history.entries || [];
+  if (!entries.length) return el("p", { class: "muted" }, "No recorded changes (set audit_log, or keys_source = \"store\" for the fleet's).");
+  return el("div", { class: "table-wrap" }, el("table", { id: "history" },
+    el("thead", {}, el("tr", {}, ["When", "Change", "By"].map((h) => el("th", { scope: "col" }, h)))),
+    el("tbody", {}, entries.map((e) => el("tr", {},
+      el("td", {}, whenText(e.time)), el("td", {}, e.action || ""), el("td", {}, e.who || ""))))));
 }
 
 async function bansPage() {
