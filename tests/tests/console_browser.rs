@@ -343,3 +343,68 @@ async fn other_sites_and_rebound_names_are_refused_and_only_the_files_go_without
         .unwrap();
     assert_eq!(data.status(), 401);
 }
+
+/// The keys page's one call: records found by name or customer, filtered by status, a page at
+/// a time, each active one with its usage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_search_finds_filters_and_pages_with_usage_in_one_call() {
+    let f = Fixture::new(60, 1_000);
+    let first = f.issue("free");
+    let backend = f.backend();
+    let gw = console_gateway(&f, backend.addr, "");
+    for i in 0..12 {
+        let customer = if i % 3 == 0 { Some("acme") } else { None };
+        let mut body = json!({"plan": "free", "name": format!("svc-{i:02}")});
+        if let Some(c) = customer {
+            body["customer"] = c.into();
+        }
+        let issued = admin(&gw, reqwest::Method::POST, "/keys", body).await;
+        assert!(issued["id"].is_string(), "{issued}");
+    }
+    assert_eq!(status_with(&gw, &first).await, 200);
+    let search = |q: &str| {
+        let url = gw.admin_url(&format!("/key-search?{q}"));
+        async move {
+            reqwest::Client::new()
+                .get(url)
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let all: Value = search("per_page=5").await.json().await.unwrap();
+    assert_eq!(all["total"], 13);
+    assert_eq!(all["keys"].as_array().unwrap().len(), 5);
+    let third: Value = search("per_page=5&page=3").await.json().await.unwrap();
+    assert_eq!(third["keys"].as_array().unwrap().len(), 3);
+    let named: Value = search("q=SVC-0").await.json().await.unwrap();
+    assert_eq!(named["total"], 10, "svc-00 … svc-09");
+    let acme: Value = search("q=acme").await.json().await.unwrap();
+    assert_eq!(acme["total"], 4);
+    let used: Value = search("q=").await.json().await.unwrap();
+    let with_usage = used["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["usage"]["day"] == 1)
+        .expect("the key used once shows its usage");
+    assert_eq!(with_usage["status"], "active");
+    let id = used["keys"][1]["id"].as_str().unwrap().to_owned();
+    let revoked = admin(
+        &gw,
+        reqwest::Method::POST,
+        &format!("/keys/{id}/revoke"),
+        json!({}),
+    )
+    .await;
+    assert!(revoked.is_object());
+    let gone: Value = search("status=revoked").await.json().await.unwrap();
+    assert_eq!(gone["total"], 1, "the change is seen: {gone}");
+    assert!(
+        gone["keys"][0].get("usage").is_none(),
+        "no usage for a revoked key"
+    );
+    assert_eq!(search("per_page=0").await.status(), 400);
+    assert_eq!(search("sort=name").await.status(), 400);
+}

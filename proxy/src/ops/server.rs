@@ -198,6 +198,7 @@ fn admin_service(
             changes: crate::ops::commands::key_changes(config),
         },
         registry,
+        records: Default::default(),
     };
     let mut admin_service = Service::new("admin".to_owned(), admin);
     admin_service.add_tcp(&config.admin_listen.to_string());

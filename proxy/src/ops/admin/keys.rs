@@ -277,7 +277,7 @@ impl Admin {
 
     /// The key with this id while this gateway accepts it (not expired), and the limits it is
     /// held to (none when its plan is missing).
-    fn active_key(&self, id: &str) -> Option<(KeyInfo, Option<Limits>)> {
+    pub(super) fn active_key(&self, id: &str) -> Option<(KeyInfo, Option<Limits>)> {
         let snapshot = self.catalog.snapshot();
         let key = snapshot
             .keys
@@ -313,7 +313,7 @@ fn limits_json(limits: &Limits) -> serde_json::Value {
 
 /// A quota's usage as `GET /keys/{id}` shows it: `minute` and `day` (the first form), and each
 /// window of the key's limits (shadow ones marked) with what is used and left of it.
-fn usage_json(u: &Usage, limits: Option<&Limits>) -> serde_json::Value {
+pub(super) fn usage_json(u: &Usage, limits: Option<&Limits>) -> serde_json::Value {
     let windows: Vec<serde_json::Value> = limits
         .map(|l| l.windows())
         .unwrap_or_default()

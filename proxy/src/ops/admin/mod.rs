@@ -28,6 +28,7 @@ pub mod overview;
 pub mod reload;
 pub mod reply;
 pub mod routes;
+pub mod search;
 pub mod usage;
 
 use std::net::SocketAddr;
@@ -63,6 +64,8 @@ pub struct Admin {
     pub keys: KeyService,
     /// With `keys_source = "store"`: where this node's keys come from right now.
     pub registry: Option<Arc<crate::keys::replica::SyncState>>,
+    /// The key records as last read for `/key-search`.
+    pub records: search::Records,
 }
 
 #[async_trait]
@@ -140,6 +143,10 @@ impl Admin {
             Handler::Overview => self.overview().await,
             Handler::Plans => self.plans(),
             Handler::KeyHistory => self.key_history(id.to_owned()).await,
+            Handler::KeySearch => {
+                let query = session.req_header().uri.query().map(str::to_owned);
+                self.key_search(query.as_deref()).await
+            }
             Handler::Console => crate::ops::console::redirect(),
             Handler::UsageTop => {
                 let query = session.req_header().uri.query().map(str::to_owned);

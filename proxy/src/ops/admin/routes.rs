@@ -24,6 +24,7 @@ pub enum Handler {
     Overview,
     Plans,
     KeyHistory,
+    KeySearch,
     /// The console's files: served without the token (they hold no data).
     Console,
 }
@@ -61,6 +62,7 @@ pub const ROUTES: &[Route] = &[
     route("POST", "/keys/{key id}/rotate", Handler::RotateKey),
     route("GET", "/usage/top", Handler::UsageTop),
     route("GET", "/keys/{key id}/audit", Handler::KeyHistory),
+    route("GET", "/key-search", Handler::KeySearch),
     route("GET", "/overview", Handler::Overview),
     route("GET", "/plans", Handler::Plans),
     route("GET", "/console", Handler::Console),

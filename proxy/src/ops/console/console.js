@@ -134,15 +134,15 @@ async function overviewPage() {
   );
 }
 
+const STATUSES = ["active", "banned", "expired", "revoked"];
+
 async function keysPage(params) {
-  const [keys, plans] = await Promise.all([api("GET", "/keys"), api("GET", "/plans")]);
-  const q = (params.get("q") || "").toLowerCase();
+  const ask = new URLSearchParams();
+  for (const k of ["q", "status", "plan", "page"]) if (params.get(k)) ask.set(k, params.get(k));
+  const [found, plans] = await Promise.all([api("GET", "/key-search?" + ask), api("GET", "/plans")]);
+  const q = params.get("q") || "";
   const status = params.get("status") || "";
   const plan = params.get("plan") || "";
-  const shown = keys.filter((k) =>
-    (!q || [k.id, k.name, k.customer].some((f) => f && String(f).toLowerCase().includes(q))) &&
-    (!status || k.status === status) && (!plan || k.plan === plan));
-  const statuses = [...new Set(keys.map((k) => k.status))].sort();
   const filters = el("form", { class: "filters", role: "search", onsubmit: (ev) => {
     ev.preventDefault();
     const f = new FormData(ev.target);
@@ -150,39 +150,43 @@ async function keysPage(params) {
     for (const [k, v] of f) if (v) p.set(k, v);
     location.hash = "#/keys" + (p.toString() ? "?" + p : "");
   } },
-  el("div", {}, el("label", { for: "q" }, "Search id, name or customer"), el("input", { id: "q", name: "q", value: params.get("q") || "" })),
+  el("div", {}, el("label", { for: "q" }, "Search id, name or customer"), el("input", { id: "q", name: "q", value: q })),
   el("div", {}, el("label", { for: "filter-status" }, "Status"),
     el("select", { id: "filter-status", name: "status" }, el("option", { value: "" }, "any"),
-      statuses.map((s) => el("option", { value: s, selected: s === status }, s)))),
+      STATUSES.map((s) => el("option", { value: s, selected: s === status }, s)))),
   el("div", {}, el("label", { for: "filter-plan" }, "Plan"),
     el("select", { id: "filter-plan", name: "plan" }, el("option", { value: "" }, "any"),
       plans.map((p) => el("option", { value: p.name, selected: p.name === plan }, p.name)))),
   el("button", { type: "submit" }, "Filter"));
 
-  const rows = shown.slice(0, 200).map((k) => el("tr", {},
+  const usageOf = (k) => {
+    if (!k.usage) return "";
+    if (k.usage.error) return el("span", { class: "muted" }, "unknown");
+    const w = (k.usage.windows || []).filter((x) => !x.shadow);
+    return w.map((x) => el("div", {}, el("span", { class: "muted" }, `${x.name} ${x.used}/${x.limit}`), bar(x.used, x.limit)));
+  };
+  const rows = found.keys.map((k) => el("tr", {},
     el("td", {}, el("a", { href: "#/keys/" + encodeURIComponent(k.id) }, k.id)),
     el("td", {}, k.name || ""),
     el("td", { class: "wide" }, k.customer || ""),
     el("td", {}, k.plan),
     el("td", {}, k.status),
-    el("td", { class: "usage", "data-id": k.id }, k.status === "active" ? "…" : ""),
+    el("td", {}, usageOf(k)),
     el("td", {}, k.status === "active" || k.status === "banned" ? actions(k) : "")));
-  const table = shown.length
+  const filtered = q || status || plan;
+  const table = found.keys.length
     ? el("div", { class: "table-wrap" }, el("table", {},
       el("thead", {}, el("tr", {}, ["Id", "Name", "Customer", "Plan", "Status", "Usage", "Actions"].map((h) =>
         el("th", { scope: "col", class: h === "Customer" ? "wide" : null }, h)))),
       el("tbody", {}, rows)))
-    : el("p", { class: "muted" }, keys.length ? "No key matches." : "No keys yet: issue one below.");
-  show(el("h2", { text: "Keys" }), filters, issueForm(plans), table,
-    shown.length > 200 ? el("p", { class: "muted" }, `Showing 200 of ${shown.length}; narrow the search.`) : "");
-  // Usage bars of the active keys shown.
-  for (const cell of document.querySelectorAll("td.usage[data-id]")) {
-    if (cell.textContent !== "…") continue;
-    api("GET", "/keys/" + encodeURIComponent(cell.dataset.id)).then((k) => {
-      const w = (k.usage && k.usage.windows || []).filter((x) => !x.shadow);
-      cell.replaceChildren(...w.map((x) => el("div", {}, el("span", { class: "muted" }, `${x.name} ${x.used}/${x.limit}`), bar(x.used, x.limit))));
-    }).catch(() => { cell.textContent = "unknown"; });
-  }
+    : el("p", { class: "muted" }, filtered ? "No key matches." : "No keys yet: issue one below.");
+  const page = found.page;
+  const last = Math.max(1, Math.ceil(found.total / found.per_page));
+  const to = (n) => { const p = new URLSearchParams(ask); p.set("page", n); return "#/keys?" + p; };
+  const pager = el("p", { class: "muted" }, `${found.total} key(s), page ${page} of ${last} `,
+    page > 1 ? el("a", { href: to(page - 1) }, "Previous") : "", " ",
+    page < last ? el("a", { href: to(page + 1) }, "Next") : "");
+  show(el("h2", { text: "Keys" }), filters, issueForm(plans), table, pager);
 }
 
 function actions(k) {

@@ -1,0 +1,215 @@
+//! `GET /key-search?q=&status=&plan=&page=&per_page=`: one page of key records, found by id,
+//! name or customer and filtered by status and plan, each active one with its usage: what the
+//! console's keys page shows, in one admin call.
+//!
+//! The records are read once per version of the keys in force (the catalog's index changing
+//! is what says they changed) and kept, so a console polling every few seconds filters them in
+//! memory rather than reading the keys file (or the registry) again; the page's usage is one
+//! store read per active key shown, at most `per_page`.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use http::Response;
+
+use super::keys::usage_json;
+use super::reply::{error, json_response};
+use super::Admin;
+use crate::base::clock::unix_now;
+use crate::http::responses::ErrorCode;
+use crate::keys::record::KeysFile;
+
+const PER_PAGE: usize = 25;
+const MAX_PER_PAGE: usize = 100;
+
+/// The records as last read, and which index of the catalog they went with.
+#[derive(Default)]
+pub struct Records(Mutex<Option<(usize, Arc<KeysFile>)>>);
+
+/// What a search asks.
+#[derive(Debug, PartialEq, Eq)]
+struct Ask {
+    q: String,
+    status: Option<String>,
+    plan: Option<String>,
+    page: usize,
+    per_page: usize,
+}
+
+fn parse(query: Option<&str>) -> Result<Ask, String> {
+    let mut ask = Ask {
+        q: String::new(),
+        status: None,
+        plan: None,
+        page: 1,
+        per_page: PER_PAGE,
+    };
+    for (k, v) in form_pairs(query.unwrap_or_default()) {
+        match k.as_str() {
+            "q" => ask.q = v.to_lowercase(),
+            "status" if !v.is_empty() => ask.status = Some(v),
+            "plan" if !v.is_empty() => ask.plan = Some(v),
+            "status" | "plan" => {}
+            "page" => {
+                ask.page = v
+                    .parse()
+                    .ok()
+                    .filter(|p| *p >= 1)
+                    .ok_or("`page` must be a whole number from 1")?
+            }
+            "per_page" => {
+                ask.per_page = v
+                    .parse()
+                    .ok()
+                    .filter(|p| (1..=MAX_PER_PAGE).contains(p))
+                    .ok_or(format!("`per_page` must be from 1 to {MAX_PER_PAGE}"))?
+            }
+            other => return Err(format!("unknown parameter `{other}`")),
+        }
+    }
+    Ok(ask)
+}
+
+/// `a=b&c=d`, percent-decoded (`+` is a space).
+fn form_pairs(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+fn decode(text: &str) -> String {
+    let hex = |b: u8| (b as char).to_digit(16);
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'+', _, _) => out.push(b' '),
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 2;
+            }
+            (b, _, _) => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl Admin {
+    /// The records in force, read again only when the keys changed.
+    async fn records(&self) -> Result<Arc<KeysFile>, String> {
+        let version = Arc::as_ptr(&self.catalog.snapshot().keys) as usize;
+        let cached = self
+            .records
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .filter(|(v, _)| *v == version)
+            .map(|(_, file)| Arc::clone(file));
+        if let Some(file) = cached {
+            return Ok(file);
+        }
+        let keys = self.keys.clone();
+        let file = tokio::task::spawn_blocking(move || keys.list())
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        let file = Arc::new(file);
+        *self
+            .records
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some((version, Arc::clone(&file)));
+        Ok(file)
+    }
+
+    pub(super) async fn key_search(&self, query: Option<&str>) -> Response<Vec<u8>> {
+        let ask = match parse(query) {
+            Ok(a) => a,
+            Err(why) => return error(400, ErrorCode::InvalidRequest, &why),
+        };
+        let file = match self.records().await {
+            Ok(f) => f,
+            Err(e) => return error(503, ErrorCode::Internal, &e),
+        };
+        let bans = self.bans().await.ok();
+        let now = unix_now();
+        let status_of = |k: &crate::keys::record::KeyRecord| {
+            let ban = bans
+                .as_ref()
+                .and_then(|b| b.bans.iter().find(|b| b.key_id == k.id))
+                .map(|b| b.until_utc.as_str());
+            k.status(ban, now)
+        };
+        let found: Vec<(&crate::keys::record::KeyRecord, String)> = file
+            .keys
+            .iter()
+            .filter(|k| ask.plan.as_deref().is_none_or(|p| k.plan == p))
+            .filter(|k| {
+                ask.q.is_empty()
+                    || k.id.to_lowercase().contains(&ask.q)
+                    || k.name
+                        .as_deref()
+                        .is_some_and(|n| n.to_lowercase().contains(&ask.q))
+                    || k.customer
+                        .as_deref()
+                        .is_some_and(|c| c.to_lowercase().contains(&ask.q))
+            })
+            .map(|k| (k, status_of(k)))
+            .filter(|(_, s)| ask.status.as_deref().is_none_or(|want| s == want))
+            .collect();
+        let total = found.len();
+        let shown = found
+            .into_iter()
+            .skip((ask.page - 1).saturating_mul(ask.per_page))
+            .take(ask.per_page);
+        let mut keys = Vec::new();
+        for (record, status) in shown {
+            let mut entry = record.to_json(&status, bans.is_some());
+            if let Some((key, limits)) = self.active_key(&record.id) {
+                entry["usage"] = match self.store.usage(key.quota_id()).await {
+                    Ok(u) => usage_json(&u, limits.as_ref()),
+                    Err(e) => serde_json::json!({ "error": e.to_string() }),
+                };
+            }
+            keys.push(entry);
+        }
+        let body = serde_json::json!({
+            "total": total,
+            "page": ask.page,
+            "per_page": ask.per_page,
+            "keys": keys,
+        });
+        json_response(200, body.to_string().into_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn asks_are_read_and_bad_ones_refused() {
+        let a = parse(Some("q=Acme%20Corp&status=active&plan=&page=2&per_page=50")).unwrap();
+        assert_eq!(a.q, "acme corp");
+        assert_eq!(a.status.as_deref(), Some("active"));
+        assert_eq!(a.plan, None);
+        assert_eq!((a.page, a.per_page), (2, 50));
+        assert_eq!(parse(None).unwrap().per_page, PER_PAGE);
+        assert!(parse(Some("page=0")).is_err());
+        assert!(parse(Some("per_page=101")).is_err());
+        assert!(parse(Some("sort=name")).is_err());
+        assert_eq!(decode("%3Cimg%3E+x%"), "<img> x%");
+        assert_eq!(decode("%é%4"), "%é%4", "no panic on a cut escape");
+    }
+}
