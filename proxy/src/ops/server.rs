@@ -186,6 +186,7 @@ fn admin_service(
         catalog: Arc::clone(catalog),
         store,
         ban_cache: Arc::clone(&resilience.ban_cache),
+        breaker: Arc::clone(&resilience.breaker),
         upstreams: config.upstreams.clone(),
         store_optional: config.redis_url.is_none() || config.on_store_error != OnStoreError::Closed,
         token: config.admin_token.clone(),

@@ -52,6 +52,8 @@ pub struct Admin {
     pub store: Arc<dyn QuotaStore>,
     /// This node's ban cache, cleared on a lift so the lift applies here at once.
     pub ban_cache: Arc<BanCache>,
+    /// The breaker in front of the store, for the overview.
+    pub breaker: Arc<crate::quota::resilience::Breaker>,
     pub upstreams: Vec<SocketAddr>,
     /// When the store fails, requests are still served (`on_store_error` local or open, or the
     /// embedded store): then an unreachable store does not make the gateway unready.

@@ -72,6 +72,7 @@ impl Admin {
             "bans_active": bans.as_ref().map(Vec::len).ok(),
             "store": {
                 "state": store,
+                "breaker": if self.breaker.is_open() { "open" } else { "closed" },
                 "errors_total": by_label(&METRICS.store_errors, "kind"),
                 "reachable": bans.is_ok(),
             },

@@ -124,6 +124,7 @@ async function overviewPage() {
       card("429s per second", rate("rate_limited_total")),
       card("Bans now", o.bans_active === null ? "unknown" : o.bans_active),
       card("Quota store", o.store.state === "ok" && o.store.reachable ? "ok" : o.store.state === "ok" ? "unreachable" : "fallback",
+        el("div", { class: "muted" }, `breaker ${o.store.breaker}`),
         el("div", { class: "muted" }, "errors: " + (Object.entries(o.store.errors_total || {})
           .filter(([, n]) => n > 0).map(([k, n]) => `${k} ${n}`).join(", ") || "none"))),
       card("Key registry", reg ? (reg.ok ? "in step" : "not in step") : "keys file", reg ? el("div", { class: "muted" }, reg.says) : ""),
