@@ -15,6 +15,11 @@ pub struct Browser {
     http: reqwest::Client,
     /// `http://127.0.0.1:<port>/session/<id>`.
     session: String,
+    /// Where chromedriver listens, and the session's id: the session is ended when dropped,
+    /// which closes Chromium (killing chromedriver alone would leave it running).
+    driver_addr: std::net::SocketAddr,
+    session_id: String,
+    _profile: tempfile::TempDir,
     _driver: Process,
 }
 
@@ -30,13 +35,18 @@ impl Browser {
                 .stderr(Stdio::null()),
         );
         wait_for_listener(addr, Duration::from_secs(20));
-        let http = reqwest::Client::new();
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .expect("an HTTP client");
+        let profile = tempfile::tempdir().expect("a profile folder");
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "goog:chromeOptions": {
                 "binary": "/usr/bin/chromium",
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
-                         "--disable-dev-shm-usage", format!("--window-size={width},900")],
+                         "--disable-dev-shm-usage", format!("--window-size={width},900"),
+                         format!("--user-data-dir={}", profile.path().display())],
             },
         }}});
         let base = format!("http://{addr}");
@@ -56,6 +66,9 @@ impl Browser {
         Browser {
             http,
             session: format!("{base}/session/{id}"),
+            driver_addr: addr,
+            session_id: id,
+            _profile: profile,
             _driver: driver,
         }
     }
@@ -73,6 +86,16 @@ impl Browser {
             .await
             .expect("JSON");
         v["value"].clone()
+    }
+
+    /// As [`Browser::call`], failing the test on a WebDriver error (a click that did not land
+    /// must not pass silently).
+    async fn must(&self, path: &str, body: Value) -> Value {
+        let v = self.post(path, body).await;
+        if let Some(e) = v.get("error") {
+            panic!("WebDriver {path}: {e}: {}", v["message"]);
+        }
+        v
     }
 
     async fn post(&self, path: &str, body: Value) -> Value {
@@ -134,13 +157,13 @@ impl Browser {
 
     pub async fn click(&self, css: &str) {
         let id = self.find(css).await;
-        self.post(&format!("/element/{id}/click"), json!({})).await;
+        self.must(&format!("/element/{id}/click"), json!({})).await;
     }
 
     pub async fn type_into(&self, css: &str, text: &str) {
         let id = self.find(css).await;
-        self.post(&format!("/element/{id}/clear"), json!({})).await;
-        self.post(&format!("/element/{id}/value"), json!({ "text": text }))
+        self.must(&format!("/element/{id}/clear"), json!({})).await;
+        self.must(&format!("/element/{id}/value"), json!({ "text": text }))
             .await;
     }
 
@@ -198,7 +221,28 @@ impl Browser {
 }
 
 impl Drop for Browser {
+    /// Ends the session (Chromium exits), in plain blocking HTTP: a drop cannot await.
     fn drop(&mut self) {
-        // The session ends with chromedriver (a Process, killed when dropped).
+        use std::io::{Read, Write};
+        let Ok(mut s) =
+            std::net::TcpStream::connect_timeout(&self.driver_addr, Duration::from_secs(2))
+        else {
+            return;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        let _ = write!(
+            s,
+            "DELETE /session/{} HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.session_id, self.driver_addr
+        );
+        // chromedriver answers once Chromium has quit; it may keep the connection open.
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
     }
 }

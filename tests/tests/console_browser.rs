@@ -304,6 +304,22 @@ async fn other_sites_and_rebound_names_are_refused_and_only_the_files_go_without
             .unwrap();
         assert_eq!(resp.status(), 403, "{header}: {value}");
     }
+    // A rebound page cannot read the metrics either; Prometheus, by any name, can.
+    let rebound = client
+        .get(open.admin_url("/metrics"))
+        .header("host", format!("evil.example:{port}"))
+        .header("sec-fetch-site", "same-origin")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), 403);
+    let scrape = client
+        .get(open.admin_url("/metrics"))
+        .header("host", format!("gw1.internal:{port}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(scrape.status(), 200);
     let listed: Value = client
         .get(open.admin_url("/keys"))
         .send()

@@ -106,12 +106,14 @@ pub fn lines_of(path: &Path, key_id: &str, max: usize) -> Vec<String> {
     };
     let len = file.metadata().map_or(0, |m| m.len());
     let start = len.saturating_sub(HISTORY_TAIL);
-    let mut text = String::new();
+    let mut bytes = Vec::new();
     if file.seek(SeekFrom::Start(start)).is_err()
-        || file.take(HISTORY_TAIL).read_to_string(&mut text).is_err()
+        || file.take(HISTORY_TAIL).read_to_end(&mut bytes).is_err()
     {
         return Vec::new();
     }
+    // The cut may fall inside a character: read leniently, the first line is dropped anyway.
+    let text = String::from_utf8_lossy(&bytes);
     // A cut first line is not a whole entry.
     let whole = if start > 0 {
         text.split_once('\n').map_or("", |(_, r)| r)

@@ -70,9 +70,18 @@ impl NotifyAt {
         self.0 == 0
     }
 
-    /// The percentages, lowest first.
+    /// The percentages, lowest first: the set bits, found without looking at the others
+    /// (this runs on every admitted request of a plan with thresholds).
     pub fn percents(self) -> impl Iterator<Item = u32> {
-        (1..=100).filter(move |&p| self.has(p))
+        let mut bits = self.0;
+        std::iter::from_fn(move || {
+            if bits == 0 {
+                return None;
+            }
+            let p = bits.trailing_zeros();
+            bits &= bits - 1;
+            Some(p)
+        })
     }
 
     /// The percentages a count going from `before` to `after` units of `limit` crosses:

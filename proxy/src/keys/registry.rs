@@ -10,7 +10,7 @@
 //! | `<prefix>:{registry}:keys` | hash: key id → the key record as JSON (the keys file's fields: a hash, never the key) |
 //! | `<prefix>:{registry}:changes` | stream, trimmed to about 10,000 entries: one entry (`id`) per changed record |
 //! | `<prefix>:{registry}:meta` | hash: `id`, the registry's identity, created with it; nodes remember it |
-//! | `<prefix>:{registry}:audit` | stream, trimmed to about 100,000 entries: one entry (`key`, `line`) per key change, the audit line its maker wrote, so every node's console shows the fleet's history |
+//! | `<prefix>:{registry}:audit` | stream, trimmed to about 100,000 entries: one entry (`key`, `line`) per key change, the audit line its maker wrote, so every node's console shows the fleet's history; written by whoever may write records (the shipped ACL: `admin`, which `registry_admin_username` names; not the `gateway` user) |
 //!
 //! A change ([`Registry::modify`], used by the `keys` commands and the admin key API) raises each
 //! changed record's version, signs it with the fleet's key when the writer has one, and writes
@@ -45,6 +45,8 @@ const FEED_LENGTH: u64 = 10_000;
 const AUDIT_LENGTH: u64 = 100_000;
 /// How many of the newest audit entries a key's history is looked for in.
 const AUDIT_SCAN: usize = 10_000;
+/// An audit line is a few hundred bytes; a longer one was not written by a key service.
+const MAX_AUDIT_LINE: usize = 4096;
 
 /// Writes records and their feed entries, only if every record is still as the writer read it
 /// (compare-and-set: two writers changing one record never lose either change; the loser
@@ -234,7 +236,10 @@ impl Registry {
             .filter_map(|(_, fields)| {
                 let mine = fields.iter().any(|(k, v)| k == "key" && v == key_id);
                 let line = fields.into_iter().find(|(k, _)| k == "line")?.1;
-                mine.then_some(line)
+                // The entry's line must be about the key it is filed under.
+                let about = serde_json::from_str::<serde_json::Value>(&line)
+                    .is_ok_and(|v| v["key_id"] == key_id);
+                (mine && about && line.len() <= MAX_AUDIT_LINE).then_some(line)
             })
             .take(max)
             .collect())

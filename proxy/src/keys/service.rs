@@ -352,7 +352,10 @@ impl KeyService {
         };
         let local = crate::keys::audit::write(self.audit_log.as_deref(), &line)
             .map_err(|e| failed(format!("it could not be written to the audit log: {e}")));
-        local.and(fleet)
+        match (local, fleet) {
+            (Err(a), Err(b)) => Err(failed(format!("{}; and {}", a.reason, b.reason))),
+            (local, fleet) => local.and(fleet),
+        }
     }
 
     /// A key's history, newest first: the fleet's (the registry's) or this node's audit log.

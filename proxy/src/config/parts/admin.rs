@@ -48,7 +48,10 @@ const ADMIN_HOSTS: Setting<Vec<String>> = Setting::new(
                 return Err(format!("`{h}` is not a host name"));
             }
         }
-        Ok(hosts.into_iter().map(|h| h.to_ascii_lowercase()).collect())
+        Ok(hosts
+            .into_iter()
+            .map(|h| h.trim_end_matches('.').to_ascii_lowercase())
+            .collect())
     },
 )
 .flag("--admin-host", "NAME")

@@ -10,22 +10,32 @@
 //!   another site's page too). Tools that send neither (the `keys` commands, curl,
 //!   Prometheus) are not affected.
 //!
-//! `/healthz`, `/readyz` and `/metrics` skip the `Host` check only: supervisors and Prometheus
-//! reach them by whatever name they were given, and they carry no key.
+//! `/healthz`, `/readyz` and `/metrics` skip the `Host` check when the request is not a
+//! browser's (it has neither `Origin` nor `Sec-Fetch-Site`): supervisors and Prometheus reach
+//! them by whatever name they were given, and a rebound page still cannot read them. A browser
+//! following a link to the console's page (a `GET` navigation to its files, which hold no data)
+//! is let through from anywhere.
 
 use std::net::IpAddr;
 
 use http::request::Parts;
 
-/// Why a request was refused, for its 403.
-pub fn refuse(req: &Parts, hosts: &[String], probe: bool) -> Option<&'static str> {
+/// Why a request was refused, for its 403. `probe`: a health or metrics path; `page`: one of
+/// the console's files.
+pub fn refuse(req: &Parts, hosts: &[String], probe: bool, page: bool) -> Option<&'static str> {
     let header = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
+    let browser = header("origin").is_some() || header("sec-fetch-site").is_some();
+    let navigation =
+        page && req.method == http::Method::GET && header("sec-fetch-mode") == Some("navigate");
     let host = header("host").or_else(|| req.uri.authority().map(|a| a.as_str()));
-    if !probe && !host.is_some_and(|h| allowed_host(h, hosts)) {
+    if !(probe && !browser) && !host.is_some_and(|h| allowed_host(h, hosts)) {
         return Some(
             "the admin listener answers only to its addresses, localhost and the names in \
              admin_hosts (Host header)",
         );
+    }
+    if navigation {
+        return None;
     }
     if matches!(header("sec-fetch-site"), Some("cross-site" | "same-site")) {
         return Some("the admin listener takes no requests from other sites");
@@ -100,35 +110,44 @@ mod tests {
     #[test]
     fn other_sites_and_rebound_names_are_refused_and_tools_pass() {
         let none: Vec<String> = Vec::new();
-        assert!(refuse(&parts(&[("host", "127.0.0.1:9090")]), &none, false).is_none());
+        assert!(refuse(&parts(&[("host", "127.0.0.1:9090")]), &none, false, false).is_none());
         let same = [
             ("host", "127.0.0.1:9090"),
             ("origin", "http://127.0.0.1:9090"),
             ("sec-fetch-site", "same-origin"),
         ];
-        assert!(refuse(&parts(&same), &none, false).is_none());
+        assert!(refuse(&parts(&same), &none, false, false).is_none());
         let rebound = [
             ("host", "evil.example:9090"),
             ("origin", "http://evil.example:9090"),
         ];
-        assert!(refuse(&parts(&rebound), &none, false).is_some());
+        assert!(refuse(&parts(&rebound), &none, false, false).is_some());
         let cross = [
             ("host", "127.0.0.1:9090"),
             ("origin", "https://evil.example"),
         ];
-        assert!(refuse(&parts(&cross), &none, false).is_some());
+        assert!(refuse(&parts(&cross), &none, false, false).is_some());
         let fetch = [("host", "127.0.0.1:9090"), ("sec-fetch-site", "cross-site")];
-        assert!(refuse(&parts(&fetch), &none, false).is_some());
+        assert!(refuse(&parts(&fetch), &none, false, false).is_some());
         assert!(
-            refuse(&parts(&[]), &none, false).is_some(),
+            refuse(&parts(&[]), &none, false, false).is_some(),
             "no Host at all"
         );
-        // Probes skip the Host check, not the cross-site one.
-        assert!(refuse(&parts(&[("host", "gw9:9090")]), &none, true).is_none());
+        // Probes skip the Host check for tools, not for browsers (a rebound page cannot read
+        // them), and never the cross-site one.
+        assert!(refuse(&parts(&[("host", "gw9:9090")]), &none, true, false).is_none());
         assert!(
-            refuse(&parts(&rebound), &none, true).is_none(),
-            "same-origin by its own name"
+            refuse(&parts(&rebound), &none, true, false).is_some(),
+            "a rebound page"
         );
-        assert!(refuse(&parts(&fetch), &none, true).is_some());
+        assert!(refuse(&parts(&fetch), &none, true, false).is_some());
+        // A link followed to the console's page, from anywhere; never to data.
+        let link = [
+            ("host", "127.0.0.1:9090"),
+            ("sec-fetch-site", "cross-site"),
+            ("sec-fetch-mode", "navigate"),
+        ];
+        assert!(refuse(&parts(&link), &none, false, true).is_none());
+        assert!(refuse(&parts(&link), &none, false, false).is_some());
     }
 }

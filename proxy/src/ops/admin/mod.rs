@@ -76,16 +76,18 @@ impl ServeHttp for Admin {
         let method = session.req_header().method.clone();
         let path = session.req_header().uri.path().to_owned();
         let probe = matches!(path.as_str(), "/healthz" | "/readyz" | "/metrics");
-        if let Some(why) = guard::refuse(session.req_header(), &self.hosts, probe) {
+        let resolved = routes::resolve(&method, &path);
+        let page = matches!(resolved, Resolved::Route(Handler::Console, _));
+        if let Some(why) = guard::refuse(session.req_header(), &self.hosts, probe, page) {
             return error(403, ErrorCode::Forbidden, why);
         }
-        if let Resolved::Route(Handler::Console, _) = routes::resolve(&method, &path) {
+        if page {
             return crate::ops::console::file(&path).unwrap_or_else(crate::ops::console::redirect);
         }
         if let Some(refused) = self.unauthorized(session) {
             return refused;
         }
-        match routes::resolve(&method, &path) {
+        match resolved {
             Resolved::Route(handler, id) => self.handle(handler, id, session).await,
             Resolved::WrongMethod(allowed) => error(
                 405,

@@ -11,6 +11,7 @@ pub fn json_response(status: u16, body: Vec<u8>) -> Response<Vec<u8>> {
         .header("content-type", "application/json")
         .header("content-length", body.len())
         .header("cache-control", "no-store")
+        .header("x-content-type-options", "nosniff")
         .body(body)
         .unwrap_or_default()
 }

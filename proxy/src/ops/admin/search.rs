@@ -7,7 +7,8 @@
 //! memory rather than reading the keys file (or the registry) again; the page's usage is one
 //! store read per active key shown, at most `per_page`.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
 
 use http::Response;
 
@@ -16,14 +17,18 @@ use super::reply::{error, json_response};
 use super::Admin;
 use crate::base::clock::unix_now;
 use crate::http::responses::ErrorCode;
-use crate::keys::record::KeysFile;
+use crate::keys::index::KeyIndex;
+use crate::keys::record::{KeyRecord, KeysFile};
 
 const PER_PAGE: usize = 25;
 const MAX_PER_PAGE: usize = 100;
 
-/// The records as last read, and which index of the catalog they went with.
+/// The records as last read, and which index of the catalog they went with (held weakly: the
+/// index's allocation then cannot be reused by a newer one while it is remembered, so an
+/// address never stands for two versions). The async lock lets one reader read while the
+/// others wait for its result.
 #[derive(Default)]
-pub struct Records(Mutex<Option<(usize, Arc<KeysFile>)>>);
+pub struct Records(tokio::sync::Mutex<Option<(Weak<KeyIndex>, Arc<KeysFile>)>>);
 
 /// What a search asks.
 #[derive(Debug, PartialEq, Eq)]
@@ -67,6 +72,49 @@ fn parse(query: Option<&str>) -> Result<Ask, String> {
         }
     }
     Ok(ask)
+}
+
+/// One page of what a search found.
+struct Page {
+    page: usize,
+    per_page: usize,
+    records: Vec<(KeyRecord, String)>,
+}
+
+/// How many records match `ask`, and its page of them with their status. Status is worked out
+/// only where it is asked for or shown, so a pass over a million records allocates nothing
+/// per record.
+fn find(file: &KeysFile, ask: &Ask, banned: &HashMap<String, String>) -> (usize, Page) {
+    let now = unix_now();
+    let status_of = |k: &KeyRecord| k.status(banned.get(&k.id).map(String::as_str), now);
+    let matches = |k: &&KeyRecord| {
+        ask.plan.as_deref().is_none_or(|p| k.plan == p)
+            && (ask.q.is_empty()
+                || contains(&k.id, &ask.q)
+                || k.name.as_deref().is_some_and(|n| contains(n, &ask.q))
+                || k.customer.as_deref().is_some_and(|c| contains(c, &ask.q)))
+            && ask
+                .status
+                .as_deref()
+                .is_none_or(|want| status_of(k) == want)
+    };
+    let skip = (ask.page - 1).saturating_mul(ask.per_page);
+    let mut total = 0;
+    let mut records = Vec::new();
+    for k in file.keys.iter().filter(matches) {
+        if total >= skip && records.len() < ask.per_page {
+            records.push((k.clone(), status_of(k)));
+        }
+        total += 1;
+    }
+    (
+        total,
+        Page {
+            page: ask.page,
+            per_page: ask.per_page,
+            records,
+        },
+    )
 }
 
 /// Whether `hay` holds `needle` (already lowercase), in any case; without allocating for
@@ -118,17 +166,12 @@ fn decode(text: &str) -> String {
 impl Admin {
     /// The records in force, read again only when the keys changed.
     async fn records(&self) -> Result<Arc<KeysFile>, String> {
-        let version = Arc::as_ptr(&self.catalog.snapshot().keys) as usize;
-        let cached = self
-            .records
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .filter(|(v, _)| *v == version)
-            .map(|(_, file)| Arc::clone(file));
-        if let Some(file) = cached {
-            return Ok(file);
+        let index = Arc::clone(&self.catalog.snapshot().keys);
+        let mut cached = self.records.0.lock().await;
+        if let Some((seen, file)) = cached.as_ref() {
+            if Weak::ptr_eq(seen, &Arc::downgrade(&index)) {
+                return Ok(Arc::clone(file));
+            }
         }
         let keys = self.keys.clone();
         let file = tokio::task::spawn_blocking(move || keys.list())
@@ -136,11 +179,7 @@ impl Admin {
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
         let file = Arc::new(file);
-        *self
-            .records
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some((version, Arc::clone(&file)));
+        *cached = Some((Arc::downgrade(&index), Arc::clone(&file)));
         Ok(file)
     }
 
@@ -154,39 +193,24 @@ impl Admin {
             Err(e) => return error(503, ErrorCode::Internal, &e),
         };
         let bans = self.bans().await.ok();
-        let now = unix_now();
-        let status_of = |k: &crate::keys::record::KeyRecord| {
-            let ban = bans
-                .as_ref()
-                .and_then(|b| b.bans.iter().find(|b| b.key_id == k.id))
-                .map(|b| b.until_utc.as_str());
-            k.status(ban, now)
-        };
-        // Status is worked out only where it is asked for or shown: a pass over a million
-        // records allocates nothing per record.
-        let matches = |k: &&crate::keys::record::KeyRecord| {
-            ask.plan.as_deref().is_none_or(|p| k.plan == p)
-                && (ask.q.is_empty()
-                    || contains(&k.id, &ask.q)
-                    || k.name.as_deref().is_some_and(|n| contains(n, &ask.q))
-                    || k.customer.as_deref().is_some_and(|c| contains(c, &ask.q)))
-                && ask
-                    .status
-                    .as_deref()
-                    .is_none_or(|want| status_of(k) == want)
-        };
-        let skip = (ask.page - 1).saturating_mul(ask.per_page);
-        let mut total = 0;
-        let mut shown = Vec::new();
-        for k in file.keys.iter().filter(matches) {
-            if total >= skip && shown.len() < ask.per_page {
-                shown.push((k, status_of(k)));
-            }
-            total += 1;
-        }
+        let known = bans.is_some();
+        let banned: HashMap<String, String> = bans
+            .map(|b| {
+                b.bans
+                    .into_iter()
+                    .map(|b| (b.key_id, b.until_utc))
+                    .collect()
+            })
+            .unwrap_or_default();
+        // The pass over every record runs off the admin listener's thread.
+        let (total, page) =
+            match tokio::task::spawn_blocking(move || find(&file, &ask, &banned)).await {
+                Ok(found) => found,
+                Err(e) => return error(500, ErrorCode::Internal, &e.to_string()),
+            };
         let mut keys = Vec::new();
-        for (record, status) in shown {
-            let mut entry = record.to_json(&status, bans.is_some());
+        for (record, status) in page.records {
+            let mut entry = record.to_json(&status, known);
             if let Some((key, limits)) = self.active_key(&record.id) {
                 entry["usage"] = match self.store.usage(key.quota_id()).await {
                     Ok(u) => usage_json(&u, limits.as_ref()),
@@ -197,8 +221,8 @@ impl Admin {
         }
         let body = serde_json::json!({
             "total": total,
-            "page": ask.page,
-            "per_page": ask.per_page,
+            "page": page.page,
+            "per_page": page.per_page,
             "keys": keys,
         });
         json_response(200, body.to_string().into_bytes())

@@ -8,6 +8,9 @@ const TOKEN = "pet-gateway-admin-token";
 const REFRESH_MS = 3000;
 let timer = null;
 let lastOverview = null;
+/** Bumped by every navigation (and by a key shown once): a render that finishes after the
+ * page it was for was left draws nothing. */
+let routeGen = 0;
 
 // ---- small helpers -------------------------------------------------------------------------
 
@@ -93,12 +96,13 @@ function loginPage(why) {
   document.getElementById("token").focus();
 }
 
-async function guarded(render) {
+/** Runs a change or a render; a refused token opens the sign-in, an error is shown. */
+async function guarded(work) {
   try {
-    await render();
+    return await work();
   } catch (e) {
-    if (e instanceof NeedsToken) return loginPage(e.message);
-    show(el("h2", { text: "Something went wrong" }), el("p", { class: "error", role: "alert", text: e.message }));
+    if (e instanceof NeedsToken) { loginPage(e.message); return null; }
+    return [el("h2", { text: "Something went wrong" }), el("p", { class: "error", role: "alert", text: e.message })];
   }
 }
 
@@ -112,12 +116,14 @@ async function overviewPage() {
     if (!prev || o.now <= prev.now) return "…";
     return ((o[k] - prev[k]) / (o.now - prev.now)).toFixed(1);
   };
-  const card = (label, figure, extra) =>
-    el("div", { class: "card" }, el("div", { class: "muted" }, label), el("div", { class: "figure" }, figure), extra || "");
+  const card = (label, figure, ...extra) =>
+    el("div", { class: "card" }, el("div", { class: "muted" }, label), el("div", { class: "figure" }, figure), ...extra);
   const events = o.events || {};
   const pending = Object.entries(events.pending || {}).map(([k, v]) => `${k} ${v}`).join(", ") || "none";
   const reg = o.registry;
-  show(
+  const delivered = Object.entries(events.delivered_total || {}).map(([k, v]) => `${k} ${v}`).join(", ") || "none";
+  const failures = Object.entries(events.failures_total || {}).filter(([, v]) => v > 0).map(([k, v]) => `${k} ${v}`).join(", ") || "none";
+  return [
     el("h2", { text: "Overview" }),
     el("div", { class: "cards" },
       card("Requests per second", rate("requests_total")),
@@ -129,10 +135,12 @@ async function overviewPage() {
           .filter(([, n]) => n > 0).map(([k, n]) => `${k} ${n}`).join(", ") || "none"))),
       card("Key registry", reg ? (reg.ok ? "in step" : "not in step") : "keys file", reg ? el("div", { class: "muted" }, reg.says) : ""),
       card("Events pending", pending,
+        el("div", { class: "muted" }, `delivered ${delivered}`),
+        el("div", { class: "muted" }, `failed tries ${failures}`),
         el("div", { class: "muted" }, `dead-lettered ${events.dead_lettered_total || 0}, dropped ${events.dropped_total || 0}`)),
     ),
     el("p", { class: "muted" }, "Updated ", when(o.now), "; refreshed every few seconds."),
-  );
+  ];
 }
 
 const STATUSES = ["active", "banned", "expired", "revoked"];
@@ -187,7 +195,7 @@ async function keysPage(params) {
   const pager = el("p", { class: "muted" }, `${found.total} key(s), page ${page} of ${last} `,
     page > 1 ? el("a", { href: to(page - 1) }, "Previous") : "", " ",
     page < last ? el("a", { href: to(page + 1) }, "Next") : "");
-  show(el("h2", { text: "Keys" }), filters, issueForm(plans), table, pager);
+  return [el("h2", { text: "Keys" }), filters, issueForm(plans), table, pager];
 }
 
 function actions(k) {
@@ -198,10 +206,12 @@ function actions(k) {
 }
 
 async function change(what, k) {
-  const named = k.name ? `${k.id} (${k.name})` : k.id;
+  // Control and direction characters out of what a dialog shows.
+  const plain = (t) => String(t).replace(/[\u0000-\u001f\u007f-\u009f\u200e\u200f\u202a-\u202e\u2066-\u2069]/g, "");
+  const named = k.name ? `${k.id} (${plain(k.name)})` : k.id;
   if (what === "revoke" && !confirm(`Revoke key ${named}? Requests with it get 401 from now on.`)) return;
   if (what === "rotate" && !confirm(`Rotate key ${named}? The old key keeps working for 24 hours.`)) return;
-  await guarded(async () => {
+  const failed = await guarded(async () => {
     const r = await api("POST", `/keys/${encodeURIComponent(k.id)}/${what}`, {});
     if (what === "rotate" && r && r.key) {
       showKeyOnce(`Rotated ${k.id}: the new key is shown only now.`, r.key);
@@ -210,6 +220,7 @@ async function change(what, k) {
       await route();
     }
   });
+  if (failed) say(failed[1].textContent);
 }
 
 function issueForm(plans) {
@@ -219,10 +230,11 @@ function issueForm(plans) {
     const body = { plan: f.get("plan") };
     if (f.get("name")) body.name = f.get("name");
     if (f.get("customer")) body.customer = f.get("customer");
-    await guarded(async () => {
+    const failed = await guarded(async () => {
       const r = await api("POST", "/keys", body);
       showKeyOnce(`Issued ${r.id} on plan ${body.plan}: the key is shown only now.`, r.key);
     });
+    if (failed) say(failed[1].textContent);
   } },
   el("div", {}, el("label", { for: "issue-plan" }, "Plan"),
     el("select", { id: "issue-plan", name: "plan", required: true }, plans.map((p) => el("option", { value: p.name }, p.name)))),
@@ -233,6 +245,7 @@ function issueForm(plans) {
 
 function showKeyOnce(title, key) {
   stopRefresh();
+  routeGen += 1; // nothing drawn by a refresh in flight may replace the key
   const code = el("p", { class: "shown-key", id: "new-key" }, key);
   show(el("h2", { text: title }), code,
     el("p", {},
@@ -243,15 +256,23 @@ function showKeyOnce(title, key) {
     el("p", { class: "muted" }, "Store it now: the gateway keeps only its hash."));
 }
 
-async function keyPage(id) {
-  const [k, keys, history] = await Promise.all([
+async function keyPage(id, params, first) {
+  // One key's own record and its customer's other keys: a search, not the whole list.
+  const [k, found] = await Promise.all([
     api("GET", "/keys/" + encodeURIComponent(id)).catch((e) => ({ error: e.message })),
-    api("GET", "/keys"),
-    api("GET", "/keys/" + encodeURIComponent(id) + "/audit").catch((e) => ({ error: e.message }))]);
-  const record = keys.find((x) => x.id === id);
+    api("GET", "/key-search?per_page=100&q=" + encodeURIComponent(id))]);
+  const record = found.keys.find((x) => x.id === id);
   if (k.error && !record) {
-    show(el("h2", { text: "Key " + id }), el("p", { class: "error", role: "alert" }, k.error));
-    return;
+    return [el("h2", { text: "Key " + id }), el("p", { class: "error", role: "alert" }, k.error)];
+  }
+  let siblings = [];
+  if (record && record.customer) {
+    const same = await api("GET", "/key-search?per_page=100&q=" + encodeURIComponent(record.customer));
+    siblings = same.keys.filter((x) => x.customer === record.customer && x.id !== id);
+  }
+  // The history is read when the page opens, not at every refresh.
+  if (first || !keyPage.history || keyPage.history.id !== id) {
+    keyPage.history = { id, value: await api("GET", "/keys/" + encodeURIComponent(id) + "/audit").catch((e) => ({ error: e.message })) };
   }
   const usage = k.usage || {};
   const windows = (usage.windows || []).map((w) => el("tr", {},
@@ -260,9 +281,7 @@ async function keyPage(id) {
     el("td", {}, `${w.used} / ${w.limit}`),
     el("td", {}, String(w.remaining)),
     el("td", {}, when(w.reset))));
-  const siblings = record && record.customer
-    ? keys.filter((x) => x.customer === record.customer && x.id !== id) : [];
-  show(
+  return [
     el("h2", { text: "Key " + id }),
     el("dl", {},
       el("dt", {}, "Name"), el("dd", {}, (record && record.name) || ""),
@@ -284,8 +303,8 @@ async function keyPage(id) {
     siblings.length ? el("ul", {}, siblings.map((s) => el("li", {}, el("a", { href: "#/keys/" + encodeURIComponent(s.id) }, s.id), ` ${s.name || ""} (${s.plan}, ${s.status})`)))
       : el("p", { class: "muted" }, record && record.customer ? "None." : "The key has no customer."),
     el("h2", { text: "History" }),
-    historyTable(history),
-  );
+    historyTable(keyPage.history.value),
+  ];
 }
 
 function ownLimits(record) {
@@ -298,7 +317,7 @@ function ownLimits(record) {
 function historyTable(history) {
   if (history.error) return el("p", { class: "error" }, "The history cannot be read: " + history.error);
   const entries = history.entries || [];
-  if (!entries.length) return el("p", { class: "muted" }, "No recorded changes (set audit_log, or keys_source = \"store\" for the fleet's).");
+  if (!entries.length) return el("p", { class: "muted" }, "No change of this key among the recent ones kept (the fleet's last 10,000 with keys_source = \"store\", else this node's audit_log).");
   return el("div", { class: "table-wrap" }, el("table", { id: "history" },
     el("thead", {}, el("tr", {}, ["When", "Change", "By"].map((h) => el("th", { scope: "col" }, h)))),
     el("tbody", {}, entries.map((e) => el("tr", {},
@@ -308,30 +327,31 @@ function historyTable(history) {
 async function bansPage() {
   const b = await api("GET", "/bans");
   const bans = b.bans || [];
-  show(el("h2", { text: "Bans" }),
+  return [el("h2", { text: "Bans" }),
     bans.length ? el("div", { class: "table-wrap" }, el("table", {},
       el("thead", {}, el("tr", {}, ["Key", "Plan", "Until", ""].map((h) => el("th", { scope: "col" }, h)))),
       el("tbody", {}, bans.map((x) => el("tr", {},
         el("td", {}, el("a", { href: "#/keys/" + encodeURIComponent(x.key_id) }, x.key_id)),
         el("td", {}, x.plan), el("td", {}, when(x.until)),
         el("td", {}, el("button", { type: "button", onclick: () => lift(x.key_id) }, "Lift ban " + x.key_id)))))))
-      : el("p", { class: "muted" }, "No key is banned."));
+      : el("p", { class: "muted" }, "No key is banned.")];
 }
 
 async function lift(id) {
   if (!confirm(`Lift the ban of key ${id}?`)) return;
-  await guarded(async () => {
+  const failed = await guarded(async () => {
     await api("POST", `/bans/${encodeURIComponent(id)}/lift`, {});
     say("Ban lifted: " + id);
     await route();
   });
+  if (failed) say(failed[1].textContent);
 }
 
 async function topPage(params) {
   const window = params.get("window") === "month" ? "month" : "day";
   const t = await api("GET", `/usage/top?window=${window}&limit=20`);
   const entries = t.entries || [];
-  show(el("h2", { text: "Top consumers" }),
+  return [el("h2", { text: "Top consumers" }),
     el("p", {}, el("a", { href: "#/top?window=day", "aria-current": window === "day" ? "true" : null }, "Today"), " · ",
       el("a", { href: "#/top?window=month", "aria-current": window === "month" ? "true" : null }, "This month"),
       el("span", { class: "muted" }, " (UTC calendar periods)")),
@@ -342,57 +362,73 @@ async function topPage(params) {
         el("td", {}, e.key_id ? el("a", { href: "#/keys/" + encodeURIComponent(e.key_id) }, e.key_id) : "customer " + e.customer),
         el("td", {}, e.plan || ""), el("td", {}, String(e.used)),
         el("td", {}, e.limit === null || e.limit === undefined ? "" : String(e.limit)))))))
-      : el("p", { class: "muted" }, "Nothing spent yet in this period."));
+      : el("p", { class: "muted" }, "Nothing spent yet in this period.")];
 }
 
 async function plansPage() {
   const plans = await api("GET", "/plans");
-  show(el("h2", { text: "Plans" }), el("p", { class: "muted" }, "Plans are files edited by hand; this page only shows them."),
+  return [el("h2", { text: "Plans" }), el("p", { class: "muted" }, "Plans are files edited by hand; this page only shows them."),
     plans.map((p) => el("section", { class: "card", "aria-label": "Plan " + p.name },
       el("h3", {}, p.name),
       el("ul", {}, p.windows.map((w) => el("li", {}, `${w.name}: ${w.limit}${w.shadow ? " (shadow)" : ""}`))),
       Object.keys(p.costs).length ? el("p", {}, "Costs: " + Object.entries(p.costs).map(([o, c]) => `${o} ${c}`).join(", ")) : "",
-      p.notify_at.length ? el("p", {}, "Notify at: " + p.notify_at.map((n) => n + " %").join(", ")) : "")));
+      p.notify_at.length ? el("p", {}, "Notify at: " + p.notify_at.map((n) => n + " %").join(", ")) : ""))];
 }
 
 // ---- routing -------------------------------------------------------------------------------
 
 const PAGES = [
-  [/^#\/overview$/, () => overviewPage(), "overview", true],
-  [/^#\/keys\/(.+)$/, (m) => keyPage(decodeURIComponent(m[1])), "keys", true],
-  [/^#\/keys$/, (m, p) => keysPage(p), "keys", false],
+  [/^#\/overview$/, (m, p, first) => overviewPage(), "overview", true],
+  [/^#\/keys\/(.+)$/, (m, p, first) => keyPage(decodeURIComponent(m[1]), p, first), "keys", true],
+  [/^#\/keys$/, (m, p) => keysPage(p), "keys", true],
   [/^#\/bans$/, () => bansPage(), "bans", true],
   [/^#\/top$/, (m, p) => topPage(p), "top", true],
   [/^#\/plans$/, () => plansPage(), "plans", false],
 ];
 
 function stopRefresh() {
-  if (timer) clearInterval(timer);
+  if (timer) clearTimeout(timer);
   timer = null;
+}
+
+/** Whether the operator is at work inside the page (typing, or on a control): a refresh now
+ * would take the focus away. */
+function busy() {
+  const main = document.getElementById("main");
+  const a = document.activeElement;
+  return a && a !== main && main.contains(a);
 }
 
 async function route() {
   stopRefresh();
+  const gen = ++routeGen;
   const [path, query] = (location.hash || "#/overview").split("?");
   const params = new URLSearchParams(query || "");
   const found = PAGES.find(([re]) => re.test(path));
   if (!found) { location.hash = "#/overview"; return; }
   const [re, render, nav, live] = found;
   for (const a of document.querySelectorAll("nav a")) {
-    a.toggleAttribute("aria-current", a.id === "nav-" + nav);
     if (a.id === "nav-" + nav) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
   }
   document.getElementById("login").hidden = true;
   document.getElementById("main").hidden = false;
   document.getElementById("logout").hidden = !sessionStorage.getItem(TOKEN);
   document.title = `${nav[0].toUpperCase()}${nav.slice(1)} · pet-gateway console`;
-  await guarded(() => render(path.match(re), params));
-  if (live && !document.getElementById("main").hidden && !document.getElementById("new-key")) {
-    timer = setInterval(() => {
-      if (document.activeElement && ["INPUT", "SELECT"].includes(document.activeElement.tagName)) return;
-      guarded(() => render(path.match(re), params));
-    }, REFRESH_MS);
-  }
+  const draw = async (first) => {
+    const nodes = await guarded(() => render(path.match(re), params, first));
+    if (gen !== routeGen) return false; // the operator has moved on
+    if (nodes) show(...nodes);
+    return nodes !== null;
+  };
+  if (!(await draw(true)) || !live) return;
+  // The next refresh is planned when this one has finished: slow answers never pile up.
+  const again = async () => {
+    if (gen !== routeGen) return;
+    if (!busy() && !(await draw(false))) return;
+    if (gen === routeGen) timer = setTimeout(again, REFRESH_MS);
+  };
+  timer = setTimeout(again, REFRESH_MS);
 }
 
 document.addEventListener("DOMContentLoaded", () => {
@@ -404,6 +440,8 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   document.getElementById("logout").addEventListener("click", () => {
     sessionStorage.removeItem(TOKEN);
+    routeGen += 1;
+    document.getElementById("main").replaceChildren();
     loginPage("");
   });
   window.addEventListener("hashchange", route);
