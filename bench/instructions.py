@@ -10,12 +10,20 @@ divided by the requests is the figure: start-up, key loading and shutdown are ou
 
 Scenarios: the embedded store admitting, and refusing (429), and (with `--redis`) the Redis store
 admitting. Needs valgrind, nginx, curl and (for `--redis`) redis-server.
+
+Usage events (issue 24): `--metering` sets `metering_file`; `--notify-at` gives both plans
+`notify_at = [80, 100]`, so every admitted request also runs the threshold check (its limits are
+far away, so no notice is made: the check's cost, not a notice's); `--webhook` also sets
+`events_webhook_url` (a receiver of this script's answering 204), its secret file and spool. The
+webhook's work is in the gateway's background threads, which callgrind counts too.
 """
 
 import argparse
+import http.server
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -53,8 +61,27 @@ def dump(pid, out):
     raise SystemExit("callgrind wrote no dump within 30 s")
 
 
+class Receiver(http.server.BaseHTTPRequestHandler):
+    """The webhook's receiver for `--webhook`: takes every batch, answers 204."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *_):
+        pass
+
+
+def start_receiver():
+    """A receiver on a free port, in a daemon thread of this script; its URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}/hooks"
+
+
 def measure(bin_dir, work, static, plans, keys_file, redis_url, key, warmup, requests, log="warn",
-            metering=False):
+            metering=False, webhook=None):
     procs = bench.Procs()
     try:
         port, admin = bench.free_port(), bench.free_port()
@@ -66,6 +93,8 @@ def measure(bin_dir, work, static, plans, keys_file, redis_url, key, warmup, req
             f'key_prefix = "bench:{name}"\nthreads = 1\nupgrade_sock = "{work}/{name}.sock"\n'
             + (f'redis_url = "{redis_url}"\nstore_timeout_ms = 5000\n' if redis_url else "")
             + (f'metering_file = "{work}/metering.ndjson"\n' if metering else "")
+            + (f'events_webhook_url = "{webhook}"\nevents_webhook_secret_file = "{work}/webhook.secret"\n'
+               f'events_spool_dir = "{work}/spool"\n' if webhook else "")
             + "[ban]\nstrikes = 1000000000\n")
         command = [str(Path(bin_dir) / "pet-gateway"), "serve", "--config", str(cfg)]
         return counted(procs, work, name, command, port, key, warmup, requests, log)
@@ -112,6 +141,10 @@ def main():
                     help="only the pass-through row (pingora patches)")
     ap.add_argument("--metering", action="store_true",
                     help="the gateways write usage events (metering_file): their cost per request")
+    ap.add_argument("--notify-at", action="store_true",
+                    help="the plans say notify_at = [80, 100] (with --metering: the threshold check)")
+    ap.add_argument("--webhook", action="store_true",
+                    help="the gateways also post events to a receiver of this script's (answering 204)")
     ap.add_argument("--name", action="append",
                     help="a label for each --bin-dir, in order (default: the folders)")
     ap.add_argument("--chart", help="also draw the table as a PNG bar chart at this path")
@@ -131,8 +164,15 @@ def main():
                           "application/json; return 200 '[]'; } }")
         plans = work / "plans"
         plans.mkdir()
-        (plans / "unlimited.toml").write_text("requests_per_minute = 100000000\nrequests_per_day = 1000000000\n")
-        (plans / "tiny.toml").write_text("requests_per_minute = 1\nrequests_per_day = 1\n")
+        notify = "notify_at = [80, 100]\n" if args.notify_at else ""
+        (plans / "unlimited.toml").write_text(
+            notify + "requests_per_minute = 100000000\nrequests_per_day = 1000000000\n")
+        (plans / "tiny.toml").write_text(notify + "requests_per_minute = 1\nrequests_per_day = 1\n")
+        webhook = None
+        if args.webhook:
+            webhook = start_receiver()
+            (work / "webhook.secret").write_text("bench-" + "0" * 58 + "\n")
+            (work / "spool").mkdir()
         keys_file = work / "keys.toml"
         admitted = bench.write_keys(keys_file, "unlimited", 1, "admitted")[0]
         refused = bench.append_keys(keys_file, "tiny", 1, "refused")[0]
@@ -159,7 +199,7 @@ def main():
             print("| pingora pass-through | " + " | ".join(f"{f:,.0f}" for f in figures) + " |", flush=True)
         for label, url, key in rows:
             figures = [measure(d, work, static, plans, keys_file, url, key, args.warmup, args.requests,
-                               args.log, args.metering)
+                               args.log, args.metering, webhook)
                        for d in dirs]
             table.append((label, figures))
             print(f"| {label} | " + " | ".join(f"{f:,.0f}" for f in figures) + " |", flush=True)
