@@ -28,7 +28,9 @@ pub fn refuse(req: &Parts, hosts: &[String], probe: bool, page: bool) -> Option<
     let navigation =
         page && req.method == http::Method::GET && header("sec-fetch-mode") == Some("navigate");
     let host = header("host").or_else(|| req.uri.authority().map(|a| a.as_str()));
-    if !(probe && !browser) && !host.is_some_and(|h| allowed_host(h, hosts)) {
+    // Tools reach the probes by any name; browsers, and everything else, by an allowed one.
+    let host_checked = !probe || browser;
+    if host_checked && !host.is_some_and(|h| allowed_host(h, hosts)) {
         return Some(
             "the admin listener answers only to its addresses, localhost and the names in \
              admin_hosts (Host header)",
