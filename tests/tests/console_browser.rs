@@ -424,3 +424,66 @@ async fn key_search_finds_filters_and_pages_with_usage_in_one_call() {
     assert_eq!(search("per_page=0").await.status(), 400);
     assert_eq!(search("sort=name").await.status(), 400);
 }
+
+/// After a keys change the search never waits long for the records to be read again: it
+/// answers at once from those it had, marked stale, and soon from the new ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_search_answers_stale_while_the_records_are_read_again() {
+    use std::fmt::Write;
+    let f = Fixture::new(60, 1_000);
+    f.issue("free");
+    // Many more records, so that reading them takes a while.
+    let mut text = std::fs::read_to_string(&f.keys).unwrap();
+    for i in 0..60_000 {
+        let _ = write!(
+            text,
+            "\n[[key]]\nid = \"bulk_{i:06}\"\nplan = \"free\"\nsha256 = \"{i:064x}\"\n\
+             created_at = \"2026-01-01T00:00:00Z\"\n"
+        );
+    }
+    std::fs::write(&f.keys, text).unwrap();
+    let backend = f.backend();
+    let gw = console_gateway(&f, backend.addr, "");
+    let search = |q: String| {
+        let url = gw.admin_url(&format!("/key-search?{q}"));
+        async move {
+            let started = Instant::now();
+            let v: Value = reqwest::Client::new()
+                .get(url)
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            (v, started.elapsed())
+        }
+    };
+    let (first, _) = search("q=bulk_000001".into()).await;
+    assert_eq!(first["total"], 1);
+    assert_eq!(first["stale"], false);
+    let issued = admin(
+        &gw,
+        reqwest::Method::POST,
+        "/keys",
+        json!({"plan": "free", "name": "fresh-one"}),
+    )
+    .await;
+    assert!(issued["id"].is_string());
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (found, took) = search("q=fresh-one".into()).await;
+        assert!(took < Duration::from_secs(5), "a search waited {took:?}");
+        if found["stale"] == false {
+            assert_eq!(found["total"], 1, "the new key, once fresh: {found}");
+            break;
+        }
+        assert_eq!(
+            found["total"], 0,
+            "a stale answer is the records from before"
+        );
+        assert!(Instant::now() < until, "never fresh again");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

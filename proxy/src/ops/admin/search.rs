@@ -5,10 +5,16 @@
 //! The records are read once per version of the keys in force (the catalog's index changing
 //! is what says they changed) and kept, so a console polling every few seconds filters them in
 //! memory rather than reading the keys file (or the registry) again; the page's usage is one
-//! store read per active key shown, at most `per_page`.
+//! store read per active key shown, at most `per_page`. Reading them again after a change takes
+//! seconds at a million keys (bench/RESULTS.md): a search waits for it up to [`FRESH_WAIT`],
+//! then answers from the records it had, saying so (`"stale": true`), while the read goes on
+//! in the background; one read at a time.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use tokio::sync::watch;
 
 use http::Response;
 
@@ -23,12 +29,23 @@ use crate::keys::record::{KeyRecord, KeysFile};
 const PER_PAGE: usize = 25;
 const MAX_PER_PAGE: usize = 100;
 
-/// The records as last read, and which index of the catalog they went with (held weakly: the
-/// index's allocation then cannot be reused by a newer one while it is remembered, so an
-/// address never stands for two versions). The async lock lets one reader read while the
-/// others wait for its result.
+/// How long a search waits for the records of the keys now in force before it answers from
+/// older ones.
+const FRESH_WAIT: Duration = Duration::from_millis(500);
+
+/// The records as last read, and the read under way, each with the catalog's index they are
+/// of (held weakly: the index's allocation then cannot be reused by a newer one while it is
+/// remembered, so an address never stands for two versions).
 #[derive(Default)]
-pub struct Records(tokio::sync::Mutex<Option<(Weak<KeyIndex>, Arc<KeysFile>)>>);
+pub struct Records(Arc<Mutex<RecordsState>>);
+
+type Read = Option<Result<Arc<KeysFile>, String>>;
+
+#[derive(Default)]
+struct RecordsState {
+    read: Option<(Weak<KeyIndex>, Arc<KeysFile>)>,
+    reading: Option<(Weak<KeyIndex>, watch::Receiver<Read>)>,
+}
 
 /// What a search asks.
 #[derive(Debug, PartialEq, Eq)]
@@ -164,23 +181,81 @@ fn decode(text: &str) -> String {
 }
 
 impl Admin {
-    /// The records in force, read again only when the keys changed.
-    async fn records(&self) -> Result<Arc<KeysFile>, String> {
-        let index = Arc::clone(&self.catalog.snapshot().keys);
-        let mut cached = self.records.0.lock().await;
-        if let Some((seen, file)) = cached.as_ref() {
-            if Weak::ptr_eq(seen, &Arc::downgrade(&index)) {
-                return Ok(Arc::clone(file));
+    /// The records in force (and whether they are older than the keys in force), read again
+    /// only when the keys changed.
+    async fn records(&self) -> Result<(Arc<KeysFile>, bool), String> {
+        let index = Arc::downgrade(&self.catalog.snapshot().keys);
+        let (older, mut rx) = {
+            let mut state = self
+                .records
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some((seen, file)) = &state.read {
+                if Weak::ptr_eq(seen, &index) {
+                    return Ok((Arc::clone(file), false));
+                }
             }
+            let older = state.read.as_ref().map(|(_, f)| Arc::clone(f));
+            let under_way = state
+                .reading
+                .as_ref()
+                .filter(|(of, _)| Weak::ptr_eq(of, &index))
+                .map(|(_, rx)| rx.clone());
+            let rx = under_way.unwrap_or_else(|| {
+                let rx = self.read_records(index.clone());
+                state.reading = Some((index, rx.clone()));
+                rx
+            });
+            (older, rx)
+        };
+        let done = async {
+            rx.wait_for(Option::is_some)
+                .await
+                .ok()
+                .and_then(|v| v.clone())
+        };
+        let finished = match older {
+            Some(older) => match tokio::time::timeout(FRESH_WAIT, done).await {
+                Ok(finished) => finished,
+                Err(_) => return Ok((older, true)),
+            },
+            None => done.await,
+        };
+        match finished {
+            Some(Ok(file)) => Ok((file, false)),
+            Some(Err(e)) => Err(e),
+            None => Err("the key records could not be read".to_owned()),
         }
+    }
+
+    /// Reads the records in the background, keeping them when read.
+    fn read_records(&self, index: Weak<KeyIndex>) -> watch::Receiver<Read> {
+        let (tx, rx) = watch::channel(None);
         let keys = self.keys.clone();
-        let file = tokio::task::spawn_blocking(move || keys.list())
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
-        let file = Arc::new(file);
-        *cached = Some((Arc::downgrade(&index), Arc::clone(&file)));
-        Ok(file)
+        let state = Arc::clone(&self.records.0);
+        tokio::spawn(async move {
+            let read = tokio::task::spawn_blocking(move || keys.list())
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()))
+                .map(Arc::new);
+            {
+                let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Ok(file) = &read {
+                    state.read = Some((index.clone(), Arc::clone(file)));
+                }
+                if state
+                    .reading
+                    .as_ref()
+                    .is_some_and(|(of, _)| Weak::ptr_eq(of, &index))
+                {
+                    state.reading = None;
+                }
+            }
+            let _ = tx.send(Some(read));
+        });
+        rx
     }
 
     pub(super) async fn key_search(&self, query: Option<&str>) -> Response<Vec<u8>> {
@@ -188,7 +263,7 @@ impl Admin {
             Ok(a) => a,
             Err(why) => return error(400, ErrorCode::InvalidRequest, &why),
         };
-        let file = match self.records().await {
+        let (file, stale) = match self.records().await {
             Ok(f) => f,
             Err(e) => return error(503, ErrorCode::Internal, &e),
         };
@@ -220,6 +295,7 @@ impl Admin {
             keys.push(entry);
         }
         let body = serde_json::json!({
+            "stale": stale,
             "total": total,
             "page": page.page,
             "per_page": page.per_page,

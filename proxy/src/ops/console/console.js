@@ -195,7 +195,9 @@ async function keysPage(params) {
   const pager = el("p", { class: "muted" }, `${found.total} key(s), page ${page} of ${last} `,
     page > 1 ? el("a", { href: to(page - 1) }, "Previous") : "", " ",
     page < last ? el("a", { href: to(page + 1) }, "Next") : "");
-  return [el("h2", { text: "Keys" }), filters, issueForm(plans), table, pager];
+  const stale = found.stale ? el("p", { class: "muted", role: "status" },
+    "Showing the keys as they were a moment ago: the newest are being read.") : "";
+  return [el("h2", { text: "Keys" }), filters, issueForm(plans), stale, table, pager];
 }
 
 function actions(k) {
