@@ -47,6 +47,8 @@ fn by_label<C: Collector>(family: &C, label: &str) -> serde_json::Map<String, se
 
 impl Admin {
     pub(super) async fn overview(&self) -> Response<Vec<u8>> {
+        // The console opens here: have the key records ready for its keys page.
+        self.warm_records();
         let bans = self.store.bans().await;
         let store = if METRICS.store_fallback.get() > 0 {
             "fallback"

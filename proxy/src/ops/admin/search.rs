@@ -229,6 +229,29 @@ impl Admin {
         }
     }
 
+    /// Starts reading the records in the background if they are not those in force, without
+    /// waiting: the console's first page asks, so its keys page rarely waits at all.
+    pub(super) fn warm_records(&self) {
+        let index = Arc::downgrade(&self.catalog.snapshot().keys);
+        let mut state = self
+            .records
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let fresh = state
+            .read
+            .as_ref()
+            .is_some_and(|(seen, _)| Weak::ptr_eq(seen, &index));
+        let under_way = state
+            .reading
+            .as_ref()
+            .is_some_and(|(of, _)| Weak::ptr_eq(of, &index));
+        if !fresh && !under_way {
+            let rx = self.read_records(index.clone());
+            state.reading = Some((index, rx));
+        }
+    }
+
     /// Reads the records in the background, keeping them when read.
     fn read_records(&self, index: Weak<KeyIndex>) -> watch::Receiver<Read> {
         let (tx, rx) = watch::channel(None);
