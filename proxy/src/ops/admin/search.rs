@@ -1,6 +1,7 @@
-//! `GET /key-search?q=&status=&plan=&page=&per_page=`: one page of key records, found by id,
-//! name or customer and filtered by status and plan, each active one with its usage: what the
-//! console's keys page shows, in one admin call.
+//! `GET /key-search?q=&status=&plan=&id=&customer=&page=&per_page=`: one page of key records,
+//! found by id, name or customer (`q`, any part, any case) and filtered by status, plan, exact
+//! id and exact customer, each active one with its usage: what the console's keys page shows,
+//! in one admin call.
 //!
 //! The records are read once per version of the keys in force (the catalog's index changing
 //! is what says they changed) and kept, so a console polling every few seconds filters them in
@@ -10,7 +11,7 @@
 //! then answers from the records it had, saying so (`"stale": true`), while the read goes on
 //! in the background; one read at a time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -23,7 +24,9 @@ use super::reply::{error, json_response};
 use super::Admin;
 use crate::base::clock::unix_now;
 use crate::http::responses::ErrorCode;
-use crate::keys::index::KeyIndex;
+use crate::keys::catalog::Snapshot;
+use crate::keys::index::{KeyIndex, KeyInfo};
+use crate::keys::limits::Limits;
 use crate::keys::record::{KeyRecord, KeysFile};
 
 const PER_PAGE: usize = 25;
@@ -51,6 +54,9 @@ struct RecordsState {
 #[derive(Debug, PartialEq, Eq)]
 struct Ask {
     q: String,
+    /// Exactly this id (the console's key page), or exactly this customer's keys.
+    id: Option<String>,
+    customer: Option<String>,
     status: Option<String>,
     plan: Option<String>,
     page: usize,
@@ -60,6 +66,8 @@ struct Ask {
 fn parse(query: Option<&str>) -> Result<Ask, String> {
     let mut ask = Ask {
         q: String::new(),
+        id: None,
+        customer: None,
         status: None,
         plan: None,
         page: 1,
@@ -68,9 +76,11 @@ fn parse(query: Option<&str>) -> Result<Ask, String> {
     for (k, v) in form_pairs(query.unwrap_or_default()) {
         match k.as_str() {
             "q" => ask.q = v.to_lowercase(),
+            "id" if !v.is_empty() => ask.id = Some(v),
+            "customer" if !v.is_empty() => ask.customer = Some(v),
             "status" if !v.is_empty() => ask.status = Some(v),
             "plan" if !v.is_empty() => ask.plan = Some(v),
-            "status" | "plan" => {}
+            "id" | "customer" | "status" | "plan" => {}
             "page" => {
                 ask.page = v
                     .parse()
@@ -106,6 +116,11 @@ fn find(file: &KeysFile, ask: &Ask, banned: &HashMap<String, String>) -> (usize,
     let status_of = |k: &KeyRecord| k.status(banned.get(&k.id).map(String::as_str), now);
     let matches = |k: &&KeyRecord| {
         ask.plan.as_deref().is_none_or(|p| k.plan == p)
+            && ask.id.as_deref().is_none_or(|id| k.id == id)
+            && ask
+                .customer
+                .as_deref()
+                .is_none_or(|c| k.customer.as_deref() == Some(c))
             && (ask.q.is_empty()
                 || contains(&k.id, &ask.q)
                 || k.name.as_deref().is_some_and(|n| contains(n, &ask.q))
@@ -132,6 +147,24 @@ fn find(file: &KeysFile, ask: &Ask, banned: &HashMap<String, String>) -> (usize,
             records,
         },
     )
+}
+
+/// The page's keys that are in force and not expired, with their limits: one pass over the
+/// index (it is by hash, not by id), ending once each is found.
+fn active_keys(snapshot: &Snapshot, page: &Page) -> HashMap<String, (KeyInfo, Option<Limits>)> {
+    let mut wanted: HashSet<&str> = page.records.iter().map(|(r, _)| r.id.as_str()).collect();
+    let now = unix_now();
+    let mut found = HashMap::new();
+    for key in snapshot.keys.keys() {
+        if wanted.is_empty() {
+            break;
+        }
+        if wanted.remove(&*key.id) && !key.expired(now) {
+            let limits = snapshot.plans.get(&key.plan).map(|p| key.limits(&p.limits));
+            found.insert(key.id.to_string(), (key.clone(), limits));
+        }
+    }
+    found
 }
 
 /// Whether `hay` holds `needle` (already lowercase), in any case; without allocating for
@@ -185,7 +218,7 @@ impl Admin {
     /// only when the keys changed.
     async fn records(&self) -> Result<(Arc<KeysFile>, bool), String> {
         let index = Arc::downgrade(&self.catalog.snapshot().keys);
-        let (older, mut rx) = {
+        let (older, mut rx, of_these) = {
             let mut state = self
                 .records
                 .0
@@ -197,17 +230,8 @@ impl Admin {
                 }
             }
             let older = state.read.as_ref().map(|(_, f)| Arc::clone(f));
-            let under_way = state
-                .reading
-                .as_ref()
-                .filter(|(of, _)| Weak::ptr_eq(of, &index))
-                .map(|(_, rx)| rx.clone());
-            let rx = under_way.unwrap_or_else(|| {
-                let rx = self.read_records(index.clone());
-                state.reading = Some((index, rx.clone()));
-                rx
-            });
-            (older, rx)
+            let (rx, of_these) = self.read_under_way(&mut state, index);
+            (older, rx, of_these)
         };
         let done = async {
             rx.wait_for(Option::is_some)
@@ -215,17 +239,17 @@ impl Admin {
                 .ok()
                 .and_then(|v| v.clone())
         };
-        let finished = match older {
-            Some(older) => match tokio::time::timeout(FRESH_WAIT, done).await {
-                Ok(finished) => finished,
-                Err(_) => return Ok((older, true)),
-            },
+        let finished = match &older {
+            Some(_) => tokio::time::timeout(FRESH_WAIT, done).await.ok().flatten(),
             None => done.await,
         };
-        match finished {
-            Some(Ok(file)) => Ok((file, false)),
-            Some(Err(e)) => Err(e),
-            None => Err("the key records could not be read".to_owned()),
+        match (finished, older) {
+            // Read: of the keys in force, or else said to be old (the next call reads again).
+            (Some(Ok(file)), _) => Ok((file, !of_these)),
+            // Slow or failed: the records there are, said to be old.
+            (_, Some(older)) => Ok((older, true)),
+            (Some(Err(e)), None) => Err(e),
+            (None, None) => Err("the key records could not be read".to_owned()),
         }
     }
 
@@ -242,14 +266,28 @@ impl Admin {
             .read
             .as_ref()
             .is_some_and(|(seen, _)| Weak::ptr_eq(seen, &index));
-        let under_way = state
-            .reading
-            .as_ref()
-            .is_some_and(|(of, _)| Weak::ptr_eq(of, &index));
-        if !fresh && !under_way {
-            let rx = self.read_records(index.clone());
-            state.reading = Some((index, rx));
+        if !fresh {
+            self.read_under_way(&mut state, index);
         }
+    }
+
+    /// The read under way, or a new one of `index`, and whether it is of `index`: one read at
+    /// a time, however often the keys change while it runs (when it ends, the next call reads
+    /// the newest).
+    fn read_under_way(
+        &self,
+        state: &mut RecordsState,
+        index: Weak<KeyIndex>,
+    ) -> (watch::Receiver<Read>, bool) {
+        if let Some((of, rx)) = &state.reading {
+            // A read whose task is gone (its runtime stopping) is no read.
+            if rx.has_changed().is_ok() {
+                return (rx.clone(), Weak::ptr_eq(of, &index));
+            }
+        }
+        let rx = self.read_records(index.clone());
+        state.reading = Some((index, rx.clone()));
+        (rx, true)
     }
 
     /// Reads the records in the background, keeping them when read.
@@ -264,17 +302,12 @@ impl Admin {
                 .and_then(|r| r.map_err(|e| e.to_string()))
                 .map(Arc::new);
             {
+                // One read at a time, so this is the newest read: it replaces what was read.
                 let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
                 if let Ok(file) = &read {
-                    state.read = Some((index.clone(), Arc::clone(file)));
+                    state.read = Some((index, Arc::clone(file)));
                 }
-                if state
-                    .reading
-                    .as_ref()
-                    .is_some_and(|(of, _)| Weak::ptr_eq(of, &index))
-                {
-                    state.reading = None;
-                }
+                state.reading = None;
             }
             let _ = tx.send(Some(read));
         });
@@ -300,19 +333,39 @@ impl Admin {
                     .collect()
             })
             .unwrap_or_default();
-        // The pass over every record runs off the admin listener's thread.
-        let (total, page) =
-            match tokio::task::spawn_blocking(move || find(&file, &ask, &banned)).await {
-                Ok(found) => found,
-                Err(e) => return error(500, ErrorCode::Internal, &e.to_string()),
-            };
+        // The passes over every record and every key in force run off the admin listener's
+        // thread, which also answers the probes.
+        let snapshot = Arc::clone(&*self.catalog.snapshot());
+        let found = tokio::task::spawn_blocking(move || {
+            let (total, page) = find(&file, &ask, &banned);
+            let active = active_keys(&snapshot, &page);
+            (total, page, active)
+        });
+        let (total, page, mut active) = match found.await {
+            Ok(found) => found,
+            Err(e) => return error(500, ErrorCode::Internal, &e.to_string()),
+        };
         let mut keys = Vec::new();
+        // After one failed read the store is not asked again for this page: a store that is
+        // away costs a search one deadline, not one per key shown.
+        let mut failed: Option<String> = None;
         for (record, status) in page.records {
             let mut entry = record.to_json(&status, known);
-            if let Some((key, limits)) = self.active_key(&record.id) {
-                entry["usage"] = match self.store.usage(key.quota_id()).await {
+            if let Some((key, limits)) = active.remove(&record.id) {
+                let read = match &failed {
+                    Some(e) => Err(e.clone()),
+                    None => self
+                        .store
+                        .usage(key.quota_id())
+                        .await
+                        .map_err(|e| e.to_string()),
+                };
+                entry["usage"] = match read {
                     Ok(u) => usage_json(&u, limits.as_ref()),
-                    Err(e) => serde_json::json!({ "error": e.to_string() }),
+                    Err(e) => {
+                        failed = Some(e.clone());
+                        serde_json::json!({ "error": e })
+                    }
                 };
             }
             keys.push(entry);
@@ -339,6 +392,9 @@ mod tests {
         assert_eq!(a.status.as_deref(), Some("active"));
         assert_eq!(a.plan, None);
         assert_eq!((a.page, a.per_page), (2, 50));
+        let exact = parse(Some("id=k_A%2B1&customer=Acme")).unwrap();
+        assert_eq!(exact.id.as_deref(), Some("k_A+1"));
+        assert_eq!(exact.customer.as_deref(), Some("Acme"));
         assert_eq!(parse(None).unwrap().per_page, PER_PAGE);
         assert!(parse(Some("page=0")).is_err());
         assert!(parse(Some("per_page=101")).is_err());
