@@ -122,6 +122,41 @@ async fn a_key_issued_on_the_page_works_and_revoked_there_is_refused_within_a_se
     }
 }
 
+/// A rotation from the page shows the successor's key once, and that key works at the
+/// gateway; "Back to keys" then draws the keys page again, though the hash already named it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_rotated_on_the_page_shows_its_successor_once_and_it_works() {
+    let f = Fixture::new(60, 1_000);
+    let old = f.issue("free");
+    let old_id = e2e::first_key_id(&f.keys);
+    let backend = f.backend();
+    let gw = console_gateway(&f, backend.addr, "");
+    let browser = Browser::start(1280).await;
+    signed_in(&browser, &gw, "keys").await;
+    browser.wait_text("main tbody", &old_id).await;
+    browser.click("main tbody button").await;
+    let asked = browser.accept().await;
+    assert!(
+        asked.contains("Rotate") && asked.contains(&old_id),
+        "{asked}"
+    );
+    let shown = browser.wait_text("main h2", "Rotated").await;
+    let key = browser.text_of("#new-key").await;
+    assert!(
+        !key.is_empty() && key != old,
+        "the successor's key: {shown}"
+    );
+    assert_eq!(status_with(&gw, &key).await, 200, "the shown key works");
+    assert_eq!(
+        status_with(&gw, &old).await,
+        200,
+        "the old one, for its overlap"
+    );
+    browser.click("#back-to-keys").await;
+    browser.wait_text("main h2", "Keys").await;
+    browser.wait_text("main tbody", &old_id).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ban_shows_on_the_bans_page_and_lifting_it_there_admits_the_key_again() {
     // A one-second window, so that a lifted key has room again a second later.
@@ -314,22 +349,31 @@ async fn other_sites_and_rebound_names_are_refused_and_only_the_files_go_without
             .unwrap();
         assert_eq!(resp.status(), 403, "{header}: {value}");
     }
-    // A rebound page cannot read the metrics either; Prometheus, by any name, can.
-    let rebound = client
-        .get(open.admin_url("/metrics"))
-        .header("host", format!("evil.example:{port}"))
-        .header("sec-fetch-site", "same-origin")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(rebound.status(), 403);
-    let scrape = client
-        .get(open.admin_url("/metrics"))
-        .header("host", format!("gw1.internal:{port}"))
-        .send()
-        .await
-        .unwrap();
+    // A rebound page cannot read the probes either: over plain http its same-origin GET
+    // carries neither Origin nor Sec-Fetch-Site, only its own name.
+    for path in ["/metrics", "/readyz", "/healthz"] {
+        let rebound = client
+            .get(open.admin_url(path))
+            .header("host", format!("evil.example:{port}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(rebound.status(), 403, "{path}");
+    }
+    // Prometheus by an address, or by a name listed in admin_hosts.
+    let scrape = client.get(open.admin_url("/metrics")).send().await.unwrap();
     assert_eq!(scrape.status(), 200);
+    let mut named = f.spec(backend.addr);
+    named.extra = "admin_hosts = [\"gw1.internal\"]\n".to_owned();
+    let named = f.gateway(&named);
+    e2e::wait_for_listener(named.admin, Duration::from_secs(10));
+    let scrape = client
+        .get(named.admin_url("/metrics"))
+        .header("host", format!("gw1.internal:{}", named.admin.port()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(scrape.status(), 200, "a listed name");
     let listed: Value = client
         .get(open.admin_url("/keys"))
         .send()
@@ -408,6 +452,16 @@ async fn key_search_finds_filters_and_pages_with_usage_in_one_call() {
     assert_eq!(named["total"], 10, "svc-00 … svc-09");
     let acme: Value = search("q=acme").await.json().await.unwrap();
     assert_eq!(acme["total"], 4);
+    let exact: Value = search("customer=acme").await.json().await.unwrap();
+    assert_eq!(exact["total"], 4);
+    assert_eq!(
+        search("customer=acm").await.json::<Value>().await.unwrap()["total"],
+        0
+    );
+    let one_id = acme["keys"][0]["id"].as_str().unwrap();
+    let by_id: Value = search(&format!("id={one_id}")).await.json().await.unwrap();
+    assert_eq!(by_id["total"], 1);
+    assert_eq!(by_id["keys"][0]["id"], one_id);
     let used: Value = search("q=").await.json().await.unwrap();
     let with_usage = used["keys"]
         .as_array()

@@ -40,7 +40,7 @@ const ADMIN_HOSTS: Setting<Vec<String>> = Setting::new(
     |v| {
         let hosts = v.texts()?;
         for h in &hosts {
-            let ok = !h.is_empty()
+            let ok = !h.trim_end_matches('.').is_empty()
                 && h.len() <= 253
                 && h.bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');

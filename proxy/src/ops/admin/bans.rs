@@ -58,25 +58,31 @@ impl Admin {
         if active.is_empty() {
             return Ok(Bans { bans: Vec::new() });
         }
-        let snapshot = self.catalog.snapshot();
-        let wanted: std::collections::HashMap<&str, u64> = active
-            .iter()
-            .map(|b| (b.key_id.as_str(), b.until))
-            .collect();
-        let mut bans: Vec<BanEntry> = snapshot
-            .keys
-            .keys()
-            .filter_map(|k| {
-                // Bans are kept under the quota's id (a rotated key's successor shares it).
-                wanted.get(&**k.quota_id()).map(|&until| BanEntry {
-                    key_id: k.id.to_string(),
-                    plan: k.plan.to_string(),
-                    until,
-                    until_utc: rfc3339(until),
+        let snapshot = std::sync::Arc::clone(&*self.catalog.snapshot());
+        // A pass over every key in force: off the admin listener's one thread, which also
+        // answers the probes.
+        tokio::task::spawn_blocking(move || {
+            let wanted: std::collections::HashMap<&str, u64> = active
+                .iter()
+                .map(|b| (b.key_id.as_str(), b.until))
+                .collect();
+            let mut bans: Vec<BanEntry> = snapshot
+                .keys
+                .keys()
+                .filter_map(|k| {
+                    // Bans are kept under the quota's id (a rotated key's successor shares it).
+                    wanted.get(&**k.quota_id()).map(|&until| BanEntry {
+                        key_id: k.id.to_string(),
+                        plan: k.plan.to_string(),
+                        until,
+                        until_utc: rfc3339(until),
+                    })
                 })
-            })
-            .collect();
-        bans.sort_by(|a, b| a.key_id.cmp(&b.key_id));
-        Ok(Bans { bans })
+                .collect();
+            bans.sort_by(|a, b| a.key_id.cmp(&b.key_id));
+            Bans { bans }
+        })
+        .await
+        .map_err(|e| e.to_string())
     }
 }

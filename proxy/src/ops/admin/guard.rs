@@ -10,27 +10,24 @@
 //!   another site's page too). Tools that send neither (the `keys` commands, curl,
 //!   Prometheus) are not affected.
 //!
-//! `/healthz`, `/readyz` and `/metrics` skip the `Host` check when the request is not a
-//! browser's (it has neither `Origin` nor `Sec-Fetch-Site`): supervisors and Prometheus reach
-//! them by whatever name they were given, and a rebound page still cannot read them. A browser
-//! following a link to the console's page (a `GET` navigation to its files, which hold no data)
-//! is let through from anywhere.
+//! The `Host` check holds for every path, `/healthz`, `/readyz` and `/metrics` too: a rebound
+//! page over plain http sends neither `Origin` (a same-origin `GET`) nor `Sec-Fetch-Site` (only
+//! sent to https and localhost), so nothing but the name tells it from a tool. Supervisors and
+//! Prometheus reach the listener by an IP address or `localhost`, or by a name listed in
+//! `admin_hosts`. A browser following a link to the console's page (a `GET` navigation to its
+//! files, which hold no data) is let through from anywhere.
 
 use std::net::IpAddr;
 
 use http::request::Parts;
 
-/// Why a request was refused, for its 403. `probe`: a health or metrics path; `page`: one of
-/// the console's files.
-pub fn refuse(req: &Parts, hosts: &[String], probe: bool, page: bool) -> Option<&'static str> {
+/// Why a request was refused, for its 403. `page`: one of the console's files.
+pub fn refuse(req: &Parts, hosts: &[String], page: bool) -> Option<&'static str> {
     let header = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
-    let browser = header("origin").is_some() || header("sec-fetch-site").is_some();
     let navigation =
         page && req.method == http::Method::GET && header("sec-fetch-mode") == Some("navigate");
     let host = header("host").or_else(|| req.uri.authority().map(|a| a.as_str()));
-    // Tools reach the probes by any name; browsers, and everything else, by an allowed one.
-    let host_checked = !probe || browser;
-    if host_checked && !host.is_some_and(|h| allowed_host(h, hosts)) {
+    if !host.is_some_and(|h| allowed_host(h, hosts)) {
         return Some(
             "the admin listener answers only to its addresses, localhost and the names in \
              admin_hosts (Host header)",
@@ -112,44 +109,42 @@ mod tests {
     #[test]
     fn other_sites_and_rebound_names_are_refused_and_tools_pass() {
         let none: Vec<String> = Vec::new();
-        assert!(refuse(&parts(&[("host", "127.0.0.1:9090")]), &none, false, false).is_none());
+        assert!(refuse(&parts(&[("host", "127.0.0.1:9090")]), &none, false).is_none());
         let same = [
             ("host", "127.0.0.1:9090"),
             ("origin", "http://127.0.0.1:9090"),
             ("sec-fetch-site", "same-origin"),
         ];
-        assert!(refuse(&parts(&same), &none, false, false).is_none());
+        assert!(refuse(&parts(&same), &none, false).is_none());
         let rebound = [
             ("host", "evil.example:9090"),
             ("origin", "http://evil.example:9090"),
         ];
-        assert!(refuse(&parts(&rebound), &none, false, false).is_some());
+        assert!(refuse(&parts(&rebound), &none, false).is_some());
         let cross = [
             ("host", "127.0.0.1:9090"),
             ("origin", "https://evil.example"),
         ];
-        assert!(refuse(&parts(&cross), &none, false, false).is_some());
+        assert!(refuse(&parts(&cross), &none, false).is_some());
         let fetch = [("host", "127.0.0.1:9090"), ("sec-fetch-site", "cross-site")];
-        assert!(refuse(&parts(&fetch), &none, false, false).is_some());
+        assert!(refuse(&parts(&fetch), &none, false).is_some());
         assert!(
-            refuse(&parts(&[]), &none, false, false).is_some(),
+            refuse(&parts(&[]), &none, false).is_some(),
             "no Host at all"
         );
-        // Probes skip the Host check for tools, not for browsers (a rebound page cannot read
-        // them), and never the cross-site one.
-        assert!(refuse(&parts(&[("host", "gw9:9090")]), &none, true, false).is_none());
-        assert!(
-            refuse(&parts(&rebound), &none, true, false).is_some(),
-            "a rebound page"
-        );
-        assert!(refuse(&parts(&fetch), &none, true, false).is_some());
+        // A rebound page's plain GET (no Origin, no Sec-Fetch-Site over http) is refused by
+        // its name alone; a tool by an unlisted name too, by a listed one not.
+        let plain = parts(&[("host", "evil.example:9090")]);
+        assert!(refuse(&plain, &none, false).is_some(), "a rebound page");
+        let listed = vec!["gw9".to_owned()];
+        assert!(refuse(&parts(&[("host", "gw9:9090")]), &listed, false).is_none());
         // A link followed to the console's page, from anywhere; never to data.
         let link = [
             ("host", "127.0.0.1:9090"),
             ("sec-fetch-site", "cross-site"),
             ("sec-fetch-mode", "navigate"),
         ];
-        assert!(refuse(&parts(&link), &none, false, true).is_none());
-        assert!(refuse(&parts(&link), &none, false, false).is_some());
+        assert!(refuse(&parts(&link), &none, true).is_none());
+        assert!(refuse(&parts(&link), &none, false).is_some());
     }
 }

@@ -215,8 +215,11 @@ async function change(what, k) {
   if (what === "rotate" && !confirm(`Rotate key ${named}? The old key keeps working for 24 hours.`)) return;
   const failed = await guarded(async () => {
     const r = await api("POST", `/keys/${encodeURIComponent(k.id)}/${what}`, {});
-    if (what === "rotate" && r && r.key) {
-      showKeyOnce(`Rotated ${k.id}: the new key is shown only now.`, r.key);
+    // A rotation answers {"old": record, "new": record with its key}: the successor's key is
+    // shown once, here, or never.
+    const successor = what === "rotate" && r && r.new;
+    if (successor && successor.key) {
+      showKeyOnce(`Rotated ${k.id} to ${successor.id}: the new key is shown only now.`, successor.key);
     } else {
       say(`${what} done: ${k.id}`);
       await route();
@@ -254,7 +257,11 @@ function showKeyOnce(title, key) {
       el("button", { type: "button", id: "copy-key", onclick: async () => {
         try { await navigator.clipboard.writeText(key); say("Copied."); } catch (_) { say("Select the key and copy it."); }
       } }, "Copy key"), " ",
-      el("a", { href: "#/keys" }, "Back to keys")),
+      // The hash may already be #/keys (issued from there): no hashchange would fire.
+      el("a", { href: "#/keys", id: "back-to-keys", onclick: (ev) => {
+        ev.preventDefault();
+        if (location.hash === "#/keys") route(); else location.hash = "#/keys";
+      } }, "Back to keys")),
     el("p", { class: "muted" }, "Store it now: the gateway keeps only its hash."));
 }
 
@@ -262,15 +269,16 @@ async function keyPage(id, params, first) {
   // One key's own record and its customer's other keys: a search, not the whole list.
   const [k, found] = await Promise.all([
     api("GET", "/keys/" + encodeURIComponent(id)).catch((e) => ({ error: e.message })),
-    api("GET", "/key-search?per_page=100&q=" + encodeURIComponent(id))]);
+    api("GET", "/key-search?per_page=1&id=" + encodeURIComponent(id))]);
   const record = found.keys.find((x) => x.id === id);
   if (k.error && !record) {
     return [el("h2", { text: "Key " + id }), el("p", { class: "error", role: "alert" }, k.error)];
   }
   let siblings = [];
   if (record && record.customer) {
-    const same = await api("GET", "/key-search?per_page=100&q=" + encodeURIComponent(record.customer));
-    siblings = same.keys.filter((x) => x.customer === record.customer && x.id !== id);
+    const same = await api("GET", "/key-search?per_page=100&customer=" + encodeURIComponent(record.customer));
+    siblings = same.keys.filter((x) => x.id !== id);
+    if (same.total > same.keys.length) siblings.more = same.total - same.keys.length;
   }
   // The history is read when the page opens, not at every refresh.
   if (first || !keyPage.history || keyPage.history.id !== id) {
@@ -302,7 +310,8 @@ async function keyPage(id, params, first) {
       el("tbody", {}, windows))) : el("p", { class: "muted" }, k.usage_error || "No usage: the key is not active."),
     record && (record.status === "active" || record.status === "banned") ? el("p", {}, actions(record)) : "",
     el("h2", { text: "The customer's other keys" }),
-    siblings.length ? el("ul", {}, siblings.map((s) => el("li", {}, el("a", { href: "#/keys/" + encodeURIComponent(s.id) }, s.id), ` ${s.name || ""} (${s.plan}, ${s.status})`)))
+    siblings.length ? el("ul", {}, siblings.map((s) => el("li", {}, el("a", { href: "#/keys/" + encodeURIComponent(s.id) }, s.id), ` ${s.name || ""} (${s.plan}, ${s.status})`)),
+      siblings.more ? el("li", { class: "muted" }, `and ${siblings.more} more`) : "")
       : el("p", { class: "muted" }, record && record.customer ? "None." : "The key has no customer."),
     el("h2", { text: "History" }),
     historyTable(keyPage.history.value),
@@ -446,6 +455,13 @@ document.addEventListener("DOMContentLoaded", () => {
     document.getElementById("main").replaceChildren();
     loginPage("");
   });
+  // A link to the page the hash already names (after a key shown once, say) fires no
+  // hashchange: draw the page again.
+  for (const a of document.querySelectorAll("nav a")) {
+    a.addEventListener("click", (ev) => {
+      if (location.hash === a.getAttribute("href")) { ev.preventDefault(); route(); }
+    });
+  }
   window.addEventListener("hashchange", route);
   route();
 });
