@@ -13,15 +13,19 @@ impl SmallDisk {
     /// Mounts a `bytes`-sized tmpfs at `path` (created). Needs root, as CI and the test command
     /// run; panics with the reason otherwise.
     pub fn mount(path: &Path, bytes: u64) -> SmallDisk {
+        SmallDisk::mount_with(path, &format!("size={bytes},mode=0700"))
+    }
+
+    /// A disk nothing can be written to, not even by root (the unwritable-folder seam, which
+    /// file modes cannot give a test run as root).
+    pub fn mount_read_only(path: &Path) -> SmallDisk {
+        SmallDisk::mount_with(path, "size=65536,mode=0755,ro")
+    }
+
+    fn mount_with(path: &Path, options: &str) -> SmallDisk {
         std::fs::create_dir_all(path).expect("the mount point");
         let out = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={bytes},mode=0700"),
-                "tmpfs",
-            ])
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
             .arg(path)
             .output()
             .expect("mount runs");

@@ -365,9 +365,10 @@ async fn three_nodes_report_each_threshold_of_the_day_once() {
     }
 }
 
-/// Keys that end in three days and in twelve hours (rotations' predecessors): three nodes on one
-/// Redis report the seven-day notice of the first and the one-day notice of the second, each
-/// once, with ids derived from the key, the notice and the end.
+/// Keys that end in six and a half days, in three days and in twelve hours (rotations'
+/// predecessors): three nodes on one Redis report the seven-day notice of the first and the
+/// one-day notice of the last, each once, with ids derived from the key, the notice and the
+/// end; the key with three days left is not told "seven days" (its one-day notice is ahead).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_nodes_report_each_keys_expiry_notice_once() {
     let f = Fixture::new(1_000, 10_000);
@@ -388,6 +389,7 @@ async fn three_nodes_report_each_keys_expiry_notice_once() {
         assert!(out.status.success(), "{out:?}");
         id
     };
+    let in_a_week = rotate("156h");
     let in_three_days = rotate("3d");
     let in_twelve_hours = rotate("12h");
     let backend = f.backend();
@@ -421,7 +423,11 @@ async fn three_nodes_report_each_keys_expiry_notice_once() {
         })
         .collect();
     notices.sort();
-    let mut want = vec![(in_three_days.clone(), 7), (in_twelve_hours.clone(), 1)];
+    assert!(
+        notices.iter().all(|(k, _, _)| *k != in_three_days),
+        "{notices:?}"
+    );
+    let mut want = vec![(in_a_week.clone(), 7), (in_twelve_hours.clone(), 1)];
     want.sort();
     let got: Vec<(String, u64)> = notices.iter().map(|(k, d, _)| (k.clone(), *d)).collect();
     assert_eq!(got, want, "{notices:?}");

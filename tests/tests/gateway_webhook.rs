@@ -409,3 +409,124 @@ async fn a_receiver_that_is_down_gets_the_batch_once_it_is_up() {
     assert_eq!(receiver.received.lock().unwrap().bad_signatures, 0);
     stop(gateway);
 }
+
+/// A spool folder that cannot be written (a read-only disk: file modes do not stop root, who
+/// runs the tests) is refused by `check` and at start-up, naming the setting; so is a bad
+/// webhook URL at start-up, before anything is served.
+#[test]
+fn an_unwritable_spool_and_a_bad_url_are_refused_by_check_and_at_start() {
+    let f = Fixture::new(5, 1_000);
+    let (spool, secret) = spool_and_secret(&f);
+    let upstream: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let read_only = e2e::SmallDisk::mount_read_only(&f.dir.path().join("ro"));
+    let cases = [
+        (
+            hooked(
+                &f,
+                upstream,
+                "http://127.0.0.1:9/hooks",
+                &read_only.path,
+                &secret,
+            ),
+            "events_spool_dir",
+            "cannot be written",
+        ),
+        (
+            hooked(&f, upstream, "not a url", &spool, &secret),
+            "events_webhook_url",
+            "not a URL",
+        ),
+    ];
+    for (spec, setting, why) in cases {
+        let config = e2e::write_gateway_config(f.dir.path(), &spec);
+        let out = gateway_cli(&["check", "--config", &config.to_string_lossy()]);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "check, {setting}: {text}");
+        assert!(
+            text.contains(setting) && text.contains(why),
+            "check: {text}"
+        );
+        let (code, log) = GatewayProcess::start_refused(f.dir.path(), &spec);
+        assert_ne!(code, Some(0), "serve, {setting}: {log}");
+        assert!(log.contains(setting) && log.contains(why), "serve: {log}");
+    }
+}
+
+/// `serve --upgrade`: the old process delivers the spool while it runs; at its stop it spools
+/// the minute in progress, and the new process, which waited for the spool's lock, takes over
+/// and delivers it once the old one has exited. Nothing is lost or posted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_hands_the_spool_to_the_new_process_once_the_old_one_exits() {
+    let f = Fixture::new(5, 1_000);
+    let key = f.issue("free");
+    let key_id = first_key_id(&f.keys);
+    let backend = f.backend();
+    let receiver = WebhookReceiver::start(SECRET, 0, 200);
+    let (spool, secret) = spool_and_secret(&f);
+    let spec = hooked(&f, backend.addr, &receiver.url(), &spool, &secret);
+    let old = f.gateway(&spec);
+    let old_pid = old.process.pid();
+    let client = reqwest::Client::new();
+    for _ in 0..3 {
+        let r = client
+            .get(old.url("/v1/pets"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let new = old.start_upgrade();
+    assert!(
+        !new.log_text().contains("delivering the spool's events"),
+        "the new process waits while the old one holds the spool"
+    );
+    old.process.signal(3); // SIGQUIT: hand the sockets over, then stop
+    let old_log = old.log.clone();
+    let code = tokio::task::spawn_blocking(move || {
+        Process::wait_exit(old.process, Duration::from_secs(30))
+    })
+    .await
+    .unwrap();
+    let text = std::fs::read_to_string(&old_log).unwrap_or_default();
+    assert_eq!(code, Some(0), "the old process exits cleanly: {text}");
+    let delivered = receiver.wait_for(Duration::from_secs(30), |r| {
+        usage_sum(&by_id(r), &key_id, "admitted") == 3
+    });
+    assert!(
+        delivered,
+        "the old process's last minute arrives; new: {}",
+        new.log_text()
+    );
+    let got = receiver.received.lock().unwrap();
+    let usage: Vec<&Value> = got
+        .events
+        .iter()
+        .filter(|e| e["type"] == "pet.usage.v1" && e["data"]["key_id"] == key_id.as_str())
+        .collect();
+    assert!(
+        usage.iter().all(|e| e["id"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("node-a.{old_pid}."))),
+        "the events are the old process's: {usage:?}"
+    );
+    assert_eq!(
+        usage.len(),
+        by_id(&got)
+            .values()
+            .filter(|e| e["type"] == "pet.usage.v1")
+            .count()
+    );
+    assert_eq!(got.bad_signatures, 0);
+    drop(got);
+    assert!(
+        new.log_text().contains("delivering the spool's events"),
+        "the new process took the spool over"
+    );
+    stop(new);
+}

@@ -6,6 +6,43 @@ use serde::Serialize;
 
 use crate::base::clock::rfc3339;
 
+/// Every type the gateway makes: a delivered event is counted under its type only when it is
+/// one of these (a metric's labels stay a fixed set), and a spooled line of any other is not
+/// the gateway's.
+pub const TYPES: [&str; 7] = [
+    "pet.usage.v1",
+    "pet.quota.threshold.v1",
+    "pet.key.issued.v1",
+    "pet.key.revoked.v1",
+    "pet.key.rotated.v1",
+    "pet.key.banned.v1",
+    "pet.key.expiring.v1",
+];
+
+/// The type of one line if it is a CloudEvent as the gateway writes them (spec version 1.0, a
+/// type of [`TYPES`], a `pet-gateway/` source, an id), else why not.
+pub fn gateway_event(line: &[u8]) -> Result<&'static str, String> {
+    #[derive(serde::Deserialize)]
+    struct Head<'a> {
+        specversion: &'a str,
+        #[serde(rename = "type")]
+        kind: &'a str,
+        #[serde(borrow)]
+        source: std::borrow::Cow<'a, str>,
+        #[serde(borrow)]
+        id: std::borrow::Cow<'a, str>,
+    }
+    let head: Head = serde_json::from_slice(line).map_err(|e| format!("not an event: {e}"))?;
+    let kind = TYPES
+        .iter()
+        .find(|t| **t == head.kind)
+        .ok_or_else(|| format!("not a type of the gateway's: {:?}", head.kind))?;
+    if head.specversion != "1.0" || !head.source.starts_with("pet-gateway/") || head.id.is_empty() {
+        return Err("not a CloudEvent of the gateway's (specversion, source or id)".to_owned());
+    }
+    Ok(kind)
+}
+
 /// Where this process's events come from, and their ids.
 pub struct Origin {
     /// `pet-gateway/<environment>/<node>`.

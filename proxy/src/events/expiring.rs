@@ -71,14 +71,16 @@ impl ExpiryWatch {
     }
 }
 
-/// Which notice is due for a key expiring at `at`: 1 in its last day, 7 in its last week
-/// before that; none before its last week or once it has expired.
+/// Which notice is due for a key expiring at `at`: 1 in its last day; 7 from seven days
+/// before to six (a day to catch up in, for a fleet that was down at the mark), so a key given
+/// an end under six days away gets only the notice still ahead, never a "seven days" notice
+/// that is not true; none before, between, or once it has expired.
 fn days_due(at: u64, now: u64) -> Option<u64> {
     if now >= at {
         None
     } else if at - now <= DAY {
         Some(1)
-    } else if at - now <= 7 * DAY {
+    } else if at - now <= 7 * DAY && at - now > 6 * DAY {
         Some(7)
     } else {
         None
@@ -130,7 +132,17 @@ mod tests {
         let at = 1_795_000_000;
         assert_eq!(days_due(at, at - 8 * DAY), None);
         assert_eq!(days_due(at, at - 7 * DAY), Some(7));
-        assert_eq!(days_due(at, at - 2 * DAY), Some(7));
+        assert_eq!(days_due(at, at - 6 * DAY - 1), Some(7));
+        assert_eq!(
+            days_due(at, at - 6 * DAY),
+            None,
+            "past its day to catch up in"
+        );
+        assert_eq!(
+            days_due(at, at - 3 * DAY),
+            None,
+            "not seven days: no such notice"
+        );
         assert_eq!(days_due(at, at - DAY), Some(1));
         assert_eq!(days_due(at, at - 1), Some(1));
         assert_eq!(days_due(at, at), None);

@@ -102,13 +102,31 @@ fn same_file(path: &Path, file: &File) -> bool {
 /// An exclusive `flock` on a file, released when dropped.
 struct Flock<'a>(&'a File);
 
+/// How long an append waits for another process's lock before it fails (its events are kept
+/// and tried again the next round): a process that holds the lock for good (stopped by a
+/// debugger, or on a hung disk) must not hold this one's thread, and its memory, with it.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl<'a> Flock<'a> {
     fn exclusive(file: &'a File) -> std::io::Result<Flock<'a>> {
-        // SAFETY: a valid open descriptor; flock takes no pointers.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(std::io::Error::last_os_error());
+        let until = std::time::Instant::now() + LOCK_WAIT;
+        loop {
+            // SAFETY: a valid open descriptor; flock takes no pointers.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Ok(Flock(file));
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::WouldBlock {
+                return Err(e);
+            }
+            if std::time::Instant::now() >= until {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::WouldBlock,
+                    format!("another process has held the file's lock for {LOCK_WAIT:?}"),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        Ok(Flock(file))
     }
 }
 
@@ -153,6 +171,24 @@ mod tests {
             std::fs::read_to_string(dir.path().join("taken")).unwrap(),
             "one\n"
         );
+    }
+
+    #[test]
+    fn a_lock_held_for_good_elsewhere_fails_the_append_rather_than_hanging_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("m.ndjson");
+        let mut f = DailyFile::new(&base);
+        f.append(DAY, b"one\n").unwrap();
+        let other = File::open(DailyFile::path_for(&base, DAY)).unwrap();
+        let held = Flock::exclusive(&other).unwrap();
+        let started = std::time::Instant::now();
+        let e = f.append(DAY, b"two\n").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}");
+        assert!(started.elapsed() < LOCK_WAIT * 3, "{:?}", started.elapsed());
+        drop(held);
+        f.append(DAY, b"two\n").unwrap();
+        let text = std::fs::read_to_string(DailyFile::path_for(&base, DAY)).unwrap();
+        assert_eq!(text, "one\ntwo\n");
     }
 
     #[test]

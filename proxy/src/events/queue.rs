@@ -2,7 +2,9 @@
 //! how they are handed over: in pieces the sink takes whole, each leaving the queue once the
 //! sink has it synced. A failed append keeps the rest for the next round, up to
 //! [`MAX_PENDING`] bytes; past that new events are dropped and counted, so a disk that stays
-//! full costs memory up to a bound and never a request.
+//! full costs memory up to a bound and never a request. A sink that takes what it is given
+//! never drops: a round larger than [`WRITE_AT`] (a minute of very many keys, or a stop) is
+//! written as it is made rather than held whole first.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -18,6 +20,9 @@ use crate::base::metrics::METRICS;
 pub const MAX_PENDING: usize = 64 * 1024 * 1024;
 /// The most bytes one append hands the metering file.
 const PIECE: usize = 1024 * 1024;
+/// Waiting bytes past which a push writes what waits first (unless the sink's last write
+/// failed: then the round's retry, and the [`MAX_PENDING`] bound, take over).
+pub const WRITE_AT: usize = 8 * 1024 * 1024;
 
 /// An event made and not yet taken: its type, the UTC day whose file takes it, the line.
 pub struct Waiting {
@@ -43,6 +48,8 @@ pub struct Queue {
     out: Box<dyn Output>,
     pending: VecDeque<Arc<Waiting>>,
     bytes: usize,
+    /// The last write failed: pushes no longer write (the next round tries again).
+    failing: bool,
 }
 
 impl Queue {
@@ -51,6 +58,7 @@ impl Queue {
             out,
             pending: VecDeque::new(),
             bytes: 0,
+            failing: false,
         }
     }
 
@@ -64,6 +72,9 @@ impl Queue {
 
     pub fn push(&mut self, event: Arc<Waiting>) {
         let name = self.out.name();
+        if self.bytes + event.line.len() > WRITE_AT && !self.failing {
+            self.write();
+        }
         if self.bytes + event.line.len() > MAX_PENDING {
             METRICS.events_dropped.with_label_values(&[name]).inc();
             return;
@@ -114,6 +125,7 @@ impl Queue {
             self.pending.drain(..n);
             self.bytes -= bytes;
         }
+        self.failing = !ok;
         self.gauge();
         ok
     }
@@ -194,5 +206,84 @@ impl Output for SpoolOutput {
 
     fn append(&mut self, events: &[Arc<Waiting>], lines: &[u8]) -> std::io::Result<()> {
         self.0.write(lines, events.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    /// Takes every piece while `up`, counting the events it took.
+    struct Counting {
+        up: Arc<AtomicBool>,
+        took: Arc<AtomicUsize>,
+    }
+
+    impl Output for Counting {
+        fn name(&self) -> &'static str {
+            "test"
+        }
+        fn describe(&self) -> &'static str {
+            "a test sink"
+        }
+        fn joins(&self, _: &Waiting, _: &Waiting, events: usize, _: usize) -> bool {
+            events < 1000
+        }
+        fn append(&mut self, events: &[Arc<Waiting>], _: &[u8]) -> std::io::Result<()> {
+            if !self.up.load(Ordering::Relaxed) {
+                return Err(std::io::Error::other("down"));
+            }
+            self.took.fetch_add(events.len(), Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    fn queue(up: bool) -> (Queue, Arc<AtomicBool>, Arc<AtomicUsize>) {
+        let (up, took) = (Arc::new(AtomicBool::new(up)), Arc::new(AtomicUsize::new(0)));
+        let out = Counting {
+            up: Arc::clone(&up),
+            took: Arc::clone(&took),
+        };
+        (Queue::new(Box::new(out)), up, took)
+    }
+
+    fn event() -> Arc<Waiting> {
+        Arc::new(Waiting {
+            kind: "pet.usage.v1",
+            day: 0,
+            line: "x".repeat(4095) + "\n",
+        })
+    }
+
+    /// Twice the bound in one round: a sink that takes it loses nothing.
+    const ROUND: usize = 2 * MAX_PENDING / 4096;
+
+    #[test]
+    fn a_round_larger_than_the_bound_is_written_whole_to_a_healthy_sink() {
+        let (mut q, _, took) = queue(true);
+        for _ in 0..ROUND {
+            q.push(event());
+        }
+        assert!(q.bytes <= WRITE_AT, "written as it was made: {}", q.bytes);
+        q.write();
+        assert_eq!(took.load(Ordering::Relaxed), ROUND, "nothing dropped");
+    }
+
+    #[test]
+    fn a_failing_sink_keeps_up_to_the_bound_and_is_tried_again() {
+        let (mut q, up, took) = queue(false);
+        for _ in 0..ROUND {
+            q.push(event());
+        }
+        assert_eq!(
+            q.len(),
+            MAX_PENDING / 4096,
+            "kept up to the bound, the rest dropped"
+        );
+        up.store(true, Ordering::Relaxed);
+        assert!(q.write());
+        assert_eq!(took.load(Ordering::Relaxed), MAX_PENDING / 4096);
+        assert!(q.is_empty());
     }
 }

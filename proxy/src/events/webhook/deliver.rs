@@ -15,6 +15,7 @@ use super::spool::{Segment, Spool};
 use super::Webhook;
 use crate::base::clock::{unix_now, unix_now_ms};
 use crate::base::metrics::METRICS;
+use crate::events::cloud::gateway_event;
 
 /// How long a batch is retried before it goes to the dead letters.
 pub const RETRY_FOR: Duration = Duration::from_secs(24 * 3600);
@@ -148,12 +149,15 @@ impl Delivery {
 
     /// One segment: false when it stays (the receiver failed; wait before the next try).
     fn one(&mut self, seg: &Segment) -> bool {
-        let lines = match Spool::read(seg) {
-            Ok(l) => l,
+        // Only the gateway's own events are signed: a line written into the spool by anyone
+        // else (it is a folder others may write, for the keys commands) goes nowhere.
+        let read = Spool::read(seg).and_then(|l| Ok((kinds(&l)?, l)));
+        let (kinds, lines) = match read {
+            Ok(read) => read,
             // Gone already (another holder before this one, or an operator): nothing to do.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return true,
             Err(e) => {
-                tracing::error!(error = %e, segment = %seg.path.display(), "a spooled batch cannot be read; set aside as .unreadable");
+                tracing::error!(error = %e, segment = %seg.path.display(), "a spooled batch cannot be read, or holds what is not the gateway's events; set aside as .unreadable");
                 if self.spool.set_aside(seg).is_err() {
                     self.failed();
                     return false;
@@ -168,7 +172,12 @@ impl Delivery {
         match self.send(&lines) {
             Outcome::Delivered => {
                 self.failures = 0;
-                count_delivered(&lines);
+                for kind in kinds {
+                    METRICS
+                        .events_delivered
+                        .with_label_values(&["webhook", kind])
+                        .inc();
+                }
                 if let Err(e) = std::fs::remove_file(&seg.path) {
                     // It will be posted again (a receiver drops the duplicates by id), after a
                     // wait rather than every second.
@@ -281,19 +290,22 @@ pub fn batch_body(lines: &[u8]) -> Vec<u8> {
     body
 }
 
-/// Counts a delivered batch's events by type (the envelope's `"type":"…"`).
-fn count_delivered(lines: &[u8]) {
-    for line in lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-        let text = String::from_utf8_lossy(line);
-        let kind = text
-            .split_once("\"type\":\"")
-            .and_then(|(_, rest)| rest.split_once('"'))
-            .map_or("unknown", |(k, _)| k);
-        METRICS
-            .events_delivered
-            .with_label_values(&["webhook", kind])
-            .inc();
-    }
+/// The type of each of a batch's lines, or an error naming the first that is not one of the
+/// gateway's events.
+fn kinds(lines: &[u8]) -> std::io::Result<Vec<&'static str>> {
+    lines
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .enumerate()
+        .map(|(i, line)| {
+            gateway_event(line).map_err(|why| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("line {}: {why}", i + 1),
+                )
+            })
+        })
+        .collect()
 }
 
 impl Drop for DeliveryHandle {
@@ -317,6 +329,8 @@ impl Drop for DeliveryHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const USAGE_LINE: &[u8] = b"{\"specversion\":\"1.0\",\"id\":\"n.1.2.3\",\"source\":\"pet-gateway/production/n\",\"type\":\"pet.usage.v1\",\"data\":{}}\n";
 
     #[test]
     fn statuses_are_delivered_retried_or_rejected() {
@@ -350,10 +364,55 @@ mod tests {
     }
 
     #[test]
+    fn only_the_gateways_events_are_posted() {
+        let ok = br#"{"specversion":"1.0","id":"n.1.2.3","source":"pet-gateway/production/n","type":"pet.usage.v1","time":"2026-11-25T10:00:00Z","data":{}}"#;
+        let mut batch = ok.to_vec();
+        batch.push(b'\n');
+        assert_eq!(kinds(&batch).unwrap(), vec!["pet.usage.v1"]);
+        for bad in [
+            &b"not json"[..],
+            br#"{"specversion":"1.0","id":"x","source":"pet-gateway/p/n","type":"com.evil.v1"}"#,
+            br#"{"specversion":"1.0","id":"x","source":"elsewhere/p/n","type":"pet.usage.v1"}"#,
+            br#"{"specversion":"0.3","id":"x","source":"pet-gateway/p/n","type":"pet.usage.v1"}"#,
+        ] {
+            let mut lines = batch.clone();
+            lines.extend_from_slice(bad);
+            lines.push(b'\n');
+            let e = kinds(&lines).unwrap_err();
+            assert!(e.to_string().starts_with("line 2:"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_forged_batch_in_the_spool_is_set_aside_unsent() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::new(dir.path(), 1 << 20);
+        spool
+            .write(b"{\"type\":\"anything\",\"amount\":1}\n", 1)
+            .unwrap();
+        let seg = spool.segments().unwrap().remove(0);
+        // A receiver that would take anything: nothing may reach it.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let mut d = Delivery {
+            spool,
+            url: WebhookUrl::parse(&format!("http://{}/", listener.local_addr().unwrap())).unwrap(),
+            tls: None,
+            secret: b"s".to_vec(),
+            lock: None,
+            failures: 0,
+            next_try: Instant::now(),
+        };
+        assert!(d.one(&seg), "set aside, the next batch goes on");
+        assert!(d.spool.segments().unwrap().is_empty());
+        assert!(listener.accept().is_err(), "nothing was posted");
+    }
+
+    #[test]
     fn a_batch_older_than_the_retries_goes_to_the_dead_letters_after_a_failed_try() {
         let dir = tempfile::tempdir().unwrap();
         let mut spool = Spool::new(dir.path(), 1 << 20);
-        spool.write(b"{\"type\":\"pet.usage.v1\"}\n", 1).unwrap();
+        spool.write(USAGE_LINE, 1).unwrap();
         let seg = spool.segments().unwrap().remove(0);
         let old = Segment {
             created_ms: seg.created_ms - RETRY_FOR.as_millis() as u64 - 1,
@@ -372,6 +431,6 @@ mod tests {
         assert!(d.one(&old));
         assert!(d.spool.segments().unwrap().is_empty());
         let dead = std::fs::read_to_string(dir.path().join(super::super::spool::DEAD_LETTER));
-        assert_eq!(dead.unwrap(), "{\"type\":\"pet.usage.v1\"}\n");
+        assert_eq!(dead.unwrap().as_bytes(), USAGE_LINE);
     }
 }

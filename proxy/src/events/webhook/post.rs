@@ -229,7 +229,16 @@ fn exchange<S: Read + Write>(
     let mut buf = [0u8; 1024];
     loop {
         if let Some(end) = got.windows(2).position(|w| w == b"\r\n") {
-            return status(&got[..end]);
+            let code = status(&got[..end])?;
+            if !(100..200).contains(&code) {
+                return Ok(code);
+            }
+            // An interim answer (`100 Continue`, `103 Early Hints`): the final one follows
+            // its empty line.
+            if let Some(head) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                got.drain(..head + 4);
+                continue;
+            }
         }
         if got.len() > HEAD_LIMIT {
             return Err(PostError::Garbage("no status line".to_owned()));
@@ -312,6 +321,23 @@ mod tests {
             signature(b"secret", 1_795_000_000, b"[]"),
             "t=1795000000,v1=e241347105de642f130c7162977237f9bcf28f1f1d72a4686be4c7335bbf7d80"
         );
+    }
+
+    #[test]
+    fn an_interim_answer_is_passed_over_for_the_final_one() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url =
+            WebhookUrl::parse(&format!("http://{}/", listener.local_addr().unwrap())).unwrap();
+        let receiver = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).unwrap();
+            s.write_all(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\nHTTP/1.1 422 Unprocessable\r\nContent-Length: 0\r\n\r\n")
+                .unwrap();
+        });
+        assert_eq!(post(&url, None, b"s", 1_795_000_000, b"[]").unwrap(), 422);
+        receiver.join().unwrap();
     }
 
     #[test]

@@ -183,10 +183,13 @@ impl Spool {
 
     /// The spool's lock, when no other process holds it: only its holder delivers.
     pub fn try_lock(&self) -> std::io::Result<Option<File>> {
+        // Not through a link: whoever may write the folder must not point the gateway's
+        // open (and create) elsewhere.
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(self.dir.join(LOCK))?;
         // SAFETY: a valid open descriptor; flock takes no pointers.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
