@@ -182,6 +182,112 @@ async fn three_nodes_usage_adds_up_to_the_stores_count() {
     assert_eq!(sum(&got, &key_id, "refused"), 80);
 }
 
+/// Two keys of one customer, driven at once from three nodes: they spend one quota, and the
+/// sum of every node's events for the customer is the store's count of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_nodes_usage_of_a_customer_adds_up_to_the_stores_count() {
+    let f = Fixture::new(40, 1_000);
+    let issue = || {
+        let (keys, plans) = (f.keys.to_string_lossy(), f.plans.to_string_lossy());
+        let out = e2e::gateway_cli(&[
+            "keys",
+            "issue",
+            "--keys-file",
+            &keys,
+            "--plans-dir",
+            &plans,
+            "--plan",
+            "free",
+            "--customer",
+            "acme",
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        stdout.lines().last().expect("the key").trim().to_owned()
+    };
+    let (one, two) = (issue(), issue());
+    let backend = f.backend();
+    let redis = RedisServer::start();
+    let metering = metering_folder(&f);
+    let gateways = three_nodes(&f, backend.addr, &redis, &metering, 1_000_000);
+    fresh_minute(Duration::from_secs(15));
+    let (a, b) = tokio::join!(burst(&gateways, &one, 60), burst(&gateways, &two, 60));
+    let admitted = a.get(&200).copied().unwrap_or(0) + b.get(&200).copied().unwrap_or(0);
+    assert_eq!(admitted, 40, "one quota of 40 for both keys: {a:?} {b:?}");
+    let status: Value = reqwest::Client::new()
+        .get(gateways[1].url("/v1/rate_limit"))
+        .bearer_auth(&two)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let minute = &status["minute"];
+    let counted = minute["limit"].as_u64().unwrap() - minute["remaining"].as_u64().unwrap();
+    for g in gateways {
+        stop(g);
+    }
+    let got = events(&metering);
+    let of_acme = |field: &str| -> u64 {
+        got.iter()
+            .filter(|e| e["type"] == "pet.usage.v1" && e["data"]["customer"] == "acme")
+            .map(|e| e["data"][field].as_u64().expect("a count"))
+            .sum()
+    };
+    assert_eq!(
+        of_acme("cost"),
+        counted,
+        "the store's count of the customer's minute"
+    );
+    assert_eq!(of_acme("admitted"), 40);
+    assert_eq!(of_acme("refused"), 80);
+    let keys: std::collections::HashSet<&str> = got
+        .iter()
+        .filter(|e| e["data"]["customer"] == "acme")
+        .map(|e| e["data"]["key_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys.len(), 2, "each key's own events: {keys:?}");
+}
+
+/// `notify_at` outside 1-100, or a percentage given twice, stops `check` and `serve`, naming
+/// the plan file and the field.
+#[test]
+fn bad_notify_at_values_are_refused_by_check_and_at_start_naming_the_field() {
+    let f = Fixture::new(5, 1_000);
+    let metering = metering_folder(&f);
+    let spec = metered(&f, "127.0.0.1:9".parse().unwrap(), &metering, "");
+    let config = e2e::write_gateway_config(f.dir.path(), &spec);
+    for (list, why) in [
+        ("[80, 80]", "80 is given twice"),
+        ("[0, 100]", "0 is not a whole percentage from 1 to 100"),
+        ("[101]", "101 is not a whole percentage from 1 to 100"),
+        ("[\"80\"]", "is not a whole percentage"),
+    ] {
+        std::fs::write(
+            f.plans.join("free.toml"),
+            format!("requests_per_minute = 5\nrequests_per_day = 1000\nnotify_at = {list}\n"),
+        )
+        .unwrap();
+        let out = e2e::gateway_cli(&["check", "--config", &config.to_string_lossy()]);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "check, {list}: {text}");
+        for part in ["free.toml", "notify_at", why] {
+            assert!(text.contains(part), "check, {list}: {part}: {text}");
+        }
+        let (code, log) = GatewayProcess::start_refused(f.dir.path(), &spec);
+        assert_ne!(code, Some(0), "serve, {list}: {log}");
+        assert!(
+            log.contains("notify_at") && log.contains(why),
+            "serve, {list}: {log}"
+        );
+    }
+}
+
 #[test]
 fn a_metering_file_in_a_missing_folder_is_refused_at_start_naming_the_setting() {
     let f = Fixture::new(5, 1_000);
