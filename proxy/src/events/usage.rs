@@ -1,6 +1,6 @@
 //! Usage as the store decided it, counted in memory per quota holder, operation and minute:
 //! the request path's only part of metering. Sharded, so that proxy threads rarely meet on a
-//! lock, and taken whole by the pump once a minute has ended.
+//! lock, with a map per minute that the pump takes whole once the minute has ended.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -76,11 +76,15 @@ pub struct Notice {
     pub data: serde_json::Value,
 }
 
+/// A shard's slots, a map per minute (usually one or two): the pump takes a minute's map whole,
+/// so the lock a request waits on is held for a move, never a pass over the slots.
+type Minutes = Vec<(u64, HashMap<Slot, Counts>)>;
+
 /// The counts of every slot not yet taken, and the notices not yet written.
 pub struct Meter {
     notices: Mutex<Vec<Notice>>,
     hasher: std::hash::RandomState,
-    shards: Vec<Mutex<HashMap<Slot, Counts>>>,
+    shards: Vec<Mutex<Minutes>>,
     /// The latest store clock a decision came with: minutes are released by it, not by this
     /// node's clock, which may differ from the store's.
     store_now: AtomicU64,
@@ -91,7 +95,7 @@ impl Default for Meter {
         Meter {
             notices: Mutex::new(Vec::new()),
             hasher: std::hash::RandomState::new(),
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Vec::new())).collect(),
             store_now: AtomicU64::new(0),
         }
     }
@@ -122,10 +126,19 @@ impl Meter {
         }
         // By key id: one key's slots stay on one shard.
         let shard = self.hasher.hash_one(&slot.key_id) as usize % SHARDS;
-        let mut map = self.shards[shard]
+        let mut minutes = self.shards[shard]
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let c = map.entry(slot).or_default();
+        let at = match minutes.iter().position(|(m, _)| *m == slot.minute) {
+            Some(at) => at,
+            None => {
+                // Sized like the minute before, so a busy minute does not grow by rehashing.
+                let size = minutes.iter().map(|(_, m)| m.len()).max().unwrap_or(0);
+                minutes.push((slot.minute, HashMap::with_capacity(size)));
+                minutes.len() - 1
+            }
+        };
+        let c = minutes[at].1.entry(slot).or_default();
         if admitted {
             c.admitted += 1;
             c.cost += cost;
@@ -156,14 +169,21 @@ impl Meter {
     pub fn take_before(&self, before: u64) -> Vec<(Slot, Counts)> {
         let mut out = Vec::new();
         for shard in &self.shards {
-            let mut map = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            if map.keys().all(|s| s.minute >= before) {
-                continue;
+            let ended: Minutes = {
+                let mut minutes = shard.lock().unwrap_or_else(PoisonError::into_inner);
+                if minutes.iter().all(|(m, _)| *m >= before) {
+                    continue;
+                }
+                let (ended, open) = std::mem::take(&mut *minutes)
+                    .into_iter()
+                    .partition(|(m, _)| *m < before);
+                *minutes = open;
+                ended
+            };
+            // The slots are read with the lock released.
+            for (_, map) in ended {
+                out.extend(map);
             }
-            let (ended, open): (HashMap<_, _>, HashMap<_, _>) =
-                map.drain().partition(|(s, _)| s.minute < before);
-            *map = open;
-            out.extend(ended);
         }
         // The file reads in the order of the minutes.
         out.sort_by_key(|(slot, _)| slot.minute);
