@@ -18,6 +18,11 @@ fn console_gateway(f: &Fixture, upstream: std::net::SocketAddr, extra: &str) -> 
     f.gateway(&spec)
 }
 
+/// Where the screenshots go, for a person to look at.
+fn shots() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/console-screenshots")
+}
+
 /// Opens the console and signs in with the token.
 async fn signed_in(browser: &Browser, gw: &GatewayProcess, page: &str) {
     browser
@@ -65,6 +70,9 @@ async fn a_wrong_token_is_refused_with_a_message_and_the_right_one_signs_in() {
         .await;
     browser.click("#login-form button[type=submit]").await;
     browser.wait_text("#login-error", "refused").await;
+    browser
+        .screenshot(&shots().join("sign-in-refused-1280.png"))
+        .await;
     let label = browser.text_of("label[for=token]").await;
     assert_eq!(label, "Admin token");
     browser.type_into("#token", TOKEN).await;
@@ -146,6 +154,9 @@ async fn a_key_rotated_on_the_page_shows_its_successor_once_and_it_works() {
         !key.is_empty() && key != old,
         "the successor's key: {shown}"
     );
+    browser
+        .screenshot(&shots().join("key-shown-once-1280.png"))
+        .await;
     assert_eq!(status_with(&gw, &key).await, 200, "the shown key works");
     assert_eq!(
         status_with(&gw, &old).await,
@@ -260,7 +271,7 @@ async fn every_page_reads_at_both_widths_and_is_reached_by_keyboard() {
     let backend = f.backend();
     let gw = console_gateway(&f, backend.addr, "");
     assert_eq!(status_with(&gw, &key).await, 200);
-    let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/console-screenshots");
+    let shots = shots();
     let pages = [
         ("overview", "Overview".to_owned()),
         ("keys", "Keys".to_owned()),
