@@ -12,6 +12,7 @@ use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::base::clock::civil_from_days;
 
@@ -19,6 +20,8 @@ pub struct DailyFile {
     base: PathBuf,
     /// The day and file open now.
     open: Option<(u64, File)>,
+    /// How long an append waits for another process's lock ([`LOCK_WAIT`]).
+    lock_wait: Duration,
 }
 
 impl DailyFile {
@@ -26,6 +29,7 @@ impl DailyFile {
         DailyFile {
             base: base.to_owned(),
             open: None,
+            lock_wait: LOCK_WAIT,
         }
     }
 
@@ -60,7 +64,7 @@ impl DailyFile {
         let Some((_, file)) = self.open.as_ref() else {
             return Ok(());
         };
-        let _lock = Flock::exclusive(file)?;
+        let _lock = Flock::exclusive(file, self.lock_wait)?;
         let before = file.metadata()?.len();
         let mut out: &File = file;
         let written = out.write_all(lines).and_then(|()| file.sync_data());
@@ -104,12 +108,14 @@ struct Flock<'a>(&'a File);
 
 /// How long an append waits for another process's lock before it fails (its events are kept
 /// and tried again the next round): a process that holds the lock for good (stopped by a
-/// debugger, or on a hung disk) must not hold this one's thread, and its memory, with it.
-const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// debugger, or on a hung disk) must not hold this one's thread, and its memory, with it. Long
+/// enough for another writer's largest round (64 pieces of 1 MiB, each synced).
+const LOCK_WAIT: Duration = Duration::from_secs(30);
 
 impl<'a> Flock<'a> {
-    fn exclusive(file: &'a File) -> std::io::Result<Flock<'a>> {
-        let until = std::time::Instant::now() + LOCK_WAIT;
+    /// Polled every millisecond: a blocking `flock` cannot be given a deadline.
+    fn exclusive(file: &'a File, wait: Duration) -> std::io::Result<Flock<'a>> {
+        let until = Instant::now() + wait;
         loop {
             // SAFETY: a valid open descriptor; flock takes no pointers.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
@@ -119,13 +125,13 @@ impl<'a> Flock<'a> {
             if e.kind() != std::io::ErrorKind::WouldBlock {
                 return Err(e);
             }
-            if std::time::Instant::now() >= until {
+            if Instant::now() >= until {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::WouldBlock,
-                    format!("another process has held the file's lock for {LOCK_WAIT:?}"),
+                    format!("another process has held the file's lock for {wait:?}"),
                 ));
             }
-            std::thread::sleep(std::time::Duration::from_millis(10));
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }
@@ -178,13 +184,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().join("m.ndjson");
         let mut f = DailyFile::new(&base);
+        f.lock_wait = Duration::from_millis(300);
         f.append(DAY, b"one\n").unwrap();
         let other = File::open(DailyFile::path_for(&base, DAY)).unwrap();
-        let held = Flock::exclusive(&other).unwrap();
-        let started = std::time::Instant::now();
+        let held = Flock::exclusive(&other, LOCK_WAIT).unwrap();
+        let started = Instant::now();
         let e = f.append(DAY, b"two\n").unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}");
-        assert!(started.elapsed() < LOCK_WAIT * 3, "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
         drop(held);
         f.append(DAY, b"two\n").unwrap();
         let text = std::fs::read_to_string(DailyFile::path_for(&base, DAY)).unwrap();

@@ -99,6 +99,9 @@ impl Pump {
         } else {
             clock.saturating_sub(60 + GRACE) / 60 * 60 + 60
         };
+        for sink in &mut self.sinks {
+            sink.new_round();
+        }
         for notice in self.meter.take_notices() {
             let event = line_with_id(
                 &self.origin,

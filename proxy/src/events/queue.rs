@@ -48,7 +48,7 @@ pub struct Queue {
     out: Box<dyn Output>,
     pending: VecDeque<Arc<Waiting>>,
     bytes: usize,
-    /// The last write failed: pushes no longer write (the next round tries again).
+    /// The last write failed: pushes no longer write until the next round.
     failing: bool,
 }
 
@@ -68,6 +68,11 @@ impl Queue {
 
     pub fn is_empty(&self) -> bool {
         self.pending.is_empty()
+    }
+
+    /// A new round: pushes may write again (the sink may have recovered since it failed).
+    pub fn new_round(&mut self) {
+        self.failing = false;
     }
 
     pub fn push(&mut self, event: Arc<Waiting>) {
@@ -285,5 +290,26 @@ mod tests {
         assert!(q.write());
         assert_eq!(took.load(Ordering::Relaxed), MAX_PENDING / 4096);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_sink_that_failed_and_recovered_takes_the_next_large_round_whole() {
+        let (mut q, up, took) = queue(false);
+        for _ in 0..(WRITE_AT / 4096 + 1) {
+            q.push(event());
+        }
+        assert!(q.failing, "its write failed");
+        up.store(true, Ordering::Relaxed);
+        q.new_round();
+        let kept = q.len();
+        for _ in 0..ROUND {
+            q.push(event());
+        }
+        q.write();
+        assert_eq!(
+            took.load(Ordering::Relaxed),
+            kept + ROUND,
+            "nothing dropped"
+        );
     }
 }

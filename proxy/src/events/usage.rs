@@ -132,8 +132,13 @@ impl Meter {
         let at = match minutes.iter().position(|(m, _)| *m == slot.minute) {
             Some(at) => at,
             None => {
-                // Sized like the minute before, so a busy minute does not grow by rehashing.
-                let size = minutes.iter().map(|(_, m)| m.len()).max().unwrap_or(0);
+                // A new minute is sized like the one before, so a busy minute does not grow by
+                // rehashing; a late decision of an older one (taken already) starts small.
+                let newest = minutes.iter().all(|(m, _)| *m < slot.minute);
+                let size = match minutes.iter().map(|(_, m)| m.len()).max() {
+                    Some(size) if newest => size,
+                    _ => 0,
+                };
                 minutes.push((slot.minute, HashMap::with_capacity(size)));
                 minutes.len() - 1
             }

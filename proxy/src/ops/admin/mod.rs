@@ -75,9 +75,10 @@ impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let method = session.req_header().method.clone();
         let path = session.req_header().uri.path().to_owned();
+        let probe = matches!(path.as_str(), "/healthz" | "/readyz" | "/metrics");
         let resolved = routes::resolve(&method, &path);
         let page = matches!(resolved, Resolved::Route(Handler::Console, _));
-        if let Some(why) = guard::refuse(session.req_header(), &self.hosts, page) {
+        if let Some(why) = guard::refuse(session.req_header(), &self.hosts, probe, page) {
             return error(403, ErrorCode::Forbidden, why);
         }
         if page {

@@ -28,6 +28,7 @@ use crate::keys::catalog::Snapshot;
 use crate::keys::index::{KeyIndex, KeyInfo};
 use crate::keys::limits::Limits;
 use crate::keys::record::{KeyRecord, KeysFile};
+use crate::quota::store::StoreError;
 
 const PER_PAGE: usize = 25;
 const MAX_PER_PAGE: usize = 100;
@@ -35,6 +36,8 @@ const MAX_PER_PAGE: usize = 100;
 /// How long a search waits for the records of the keys now in force before it answers from
 /// older ones.
 const FRESH_WAIT: Duration = Duration::from_millis(500);
+/// How long the first search waits for the records (none are kept yet) before its 503.
+const FIRST_WAIT: Duration = Duration::from_secs(30);
 
 /// The records as last read, and the read under way, each with the catalog's index they are
 /// of (held weakly: the index's allocation then cannot be reused by a newer one while it is
@@ -239,17 +242,23 @@ impl Admin {
                 .ok()
                 .and_then(|v| v.clone())
         };
-        let finished = match &older {
-            Some(_) => tokio::time::timeout(FRESH_WAIT, done).await.ok().flatten(),
-            None => done.await,
+        // With nothing read yet there is nothing else to answer with: wait longer, not for ever
+        // (a keys file on a disk that hangs).
+        let wait = if older.is_some() {
+            FRESH_WAIT
+        } else {
+            FIRST_WAIT
         };
+        let finished = tokio::time::timeout(wait, done).await.ok().flatten();
         match (finished, older) {
             // Read: of the keys in force, or else said to be old (the next call reads again).
             (Some(Ok(file)), _) => Ok((file, !of_these)),
             // Slow or failed: the records there are, said to be old.
             (_, Some(older)) => Ok((older, true)),
             (Some(Err(e)), None) => Err(e),
-            (None, None) => Err("the key records could not be read".to_owned()),
+            (None, None) => Err(format!(
+                "the key records could not be read within {FIRST_WAIT:?}; the read goes on"
+            )),
         }
     }
 
@@ -346,26 +355,25 @@ impl Admin {
             Err(e) => return error(500, ErrorCode::Internal, &e.to_string()),
         };
         let mut keys = Vec::new();
-        // After one failed read the store is not asked again for this page: a store that is
-        // away costs a search one deadline, not one per key shown.
-        let mut failed: Option<String> = None;
+        // After the store timed out or could not be reached, it is not asked again for this
+        // page: a store that is away costs a search one deadline, not one per key shown.
+        let mut away: Option<String> = None;
         for (record, status) in page.records {
             let mut entry = record.to_json(&status, known);
             if let Some((key, limits)) = active.remove(&record.id) {
-                let read = match &failed {
+                let read = match &away {
                     Some(e) => Err(e.clone()),
-                    None => self
-                        .store
-                        .usage(key.quota_id())
-                        .await
-                        .map_err(|e| e.to_string()),
+                    None => self.store.usage(key.quota_id()).await.map_err(|e| {
+                        let text = e.to_string();
+                        if matches!(e, StoreError::Timeout(_) | StoreError::Unavailable(_)) {
+                            away = Some(text.clone());
+                        }
+                        text
+                    }),
                 };
                 entry["usage"] = match read {
                     Ok(u) => usage_json(&u, limits.as_ref()),
-                    Err(e) => {
-                        failed = Some(e.clone());
-                        serde_json::json!({ "error": e })
-                    }
+                    Err(e) => serde_json::json!({ "error": e }),
                 };
             }
             keys.push(entry);

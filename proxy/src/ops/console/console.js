@@ -278,7 +278,8 @@ async function keyPage(id, params, first) {
   if (record && record.customer) {
     const same = await api("GET", "/key-search?per_page=100&customer=" + encodeURIComponent(record.customer));
     siblings = same.keys.filter((x) => x.id !== id);
-    if (same.total > same.keys.length) siblings.more = same.total - same.keys.length;
+    // The total counts this key too, shown here or not.
+    siblings.more = Math.max(0, same.total - 1 - siblings.length);
   }
   // The history is read when the page opens, not at every refresh.
   if (first || !keyPage.history || keyPage.history.id !== id) {
