@@ -299,6 +299,28 @@ async fn every_page_reads_at_both_widths_and_is_reached_by_keyboard() {
                 spill.as_i64().unwrap_or(0) <= 1,
                 "{page} at {width}px spills by {spill}"
             );
+            // Every control is reached by Tab and named for a screen reader: a field by its
+            // label, a button or link by its text.
+            let unnamed = browser
+                .run(
+                    "const shown = [...document.querySelectorAll('button, a[href], input, select')]\
+                       .filter((e) => e.offsetParent !== null);\
+                     return [shown.length, shown\
+                       .filter((e) => e.tabIndex < 0 || !((e.labels && e.labels.length) \
+                         || e.getAttribute('aria-label') || e.textContent.trim()))\
+                       .map((e) => e.outerHTML.slice(0, 80))];",
+                    json!([]),
+                )
+                .await;
+            assert!(
+                unnamed[0].as_u64().unwrap_or(0) >= 5,
+                "{page}: the nav's links at least"
+            );
+            assert_eq!(
+                unnamed[1],
+                json!([]),
+                "{page} at {width}px: controls without a name"
+            );
             let file = format!("{}-{width}.png", page.replace('/', "-"));
             browser.screenshot(&shots.join(file)).await;
         }
