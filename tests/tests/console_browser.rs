@@ -204,7 +204,14 @@ async fn a_ban_shows_on_the_bans_page_and_lifting_it_there_admits_the_key_again(
     }
     assert!(banned, "the key kept sending after its 429s and was banned");
     let browser = Browser::start(1280).await;
-    signed_in(&browser, &gw, "bans").await;
+    // The keys page's status filter finds it ("banned until …"), with its actions.
+    signed_in(&browser, &gw, "keys?status=banned").await;
+    let row = browser.wait_text("main tbody", &key_id).await;
+    assert!(
+        row.contains("banned until") && row.contains("Revoke"),
+        "{row}"
+    );
+    browser.goto(&gw.admin_url("/console/#/bans")).await;
     browser.wait_text("main tbody", &key_id).await;
     browser.click("main tbody button").await;
     let asked = browser.accept().await;

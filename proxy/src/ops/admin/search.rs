@@ -131,7 +131,7 @@ fn find(file: &KeysFile, ask: &Ask, banned: &HashMap<String, String>) -> (usize,
             && ask
                 .status
                 .as_deref()
-                .is_none_or(|want| status_of(k) == want)
+                .is_none_or(|want| status_word(&status_of(k)) == want)
     };
     let skip = (ask.page - 1).saturating_mul(ask.per_page);
     let mut total = 0;
@@ -150,6 +150,12 @@ fn find(file: &KeysFile, ask: &Ask, banned: &HashMap<String, String>) -> (usize,
             records,
         },
     )
+}
+
+/// A status's first word, what `status=` matches: `banned until …` is `banned`, `active until
+/// …` `active`, `rotated until …` `rotated`.
+fn status_word(status: &str) -> &str {
+    status.split(' ').next().unwrap_or(status)
 }
 
 /// The page's keys that are in force and not expired, with their limits: one pass over the
@@ -408,6 +414,8 @@ mod tests {
         assert!(parse(Some("per_page=101")).is_err());
         assert!(parse(Some("sort=name")).is_err());
         assert_eq!(decode("%3Cimg%3E+x%"), "<img> x%");
+        assert_eq!(status_word("banned until 2026-11-26T10:00:00Z"), "banned");
+        assert_eq!(status_word("active"), "active");
         assert_eq!(decode("%é%4"), "%é%4", "no panic on a cut escape");
         assert!(
             contains("Key_ABC", "abc") && contains("Ünïcode Co", "ünï") && !contains("ab", "abc")

@@ -143,7 +143,12 @@ async function overviewPage() {
   ];
 }
 
-const STATUSES = ["active", "banned", "expired", "revoked"];
+const STATUSES = ["active", "rotated", "banned", "expired", "revoked"];
+
+/** A record's status word: `banned until …`, `active until …` and `rotated until …` say when. */
+const statusWord = (status) => String(status || "").split(" ")[0];
+/** Whether a key with this status still works, so it can be rotated, reset or revoked. */
+const inForce = (status) => ["active", "rotated", "banned"].includes(statusWord(status));
 
 async function keysPage(params) {
   const ask = new URLSearchParams();
@@ -181,7 +186,7 @@ async function keysPage(params) {
     el("td", {}, k.plan),
     el("td", {}, k.status),
     el("td", {}, usageOf(k)),
-    el("td", {}, k.status === "active" || k.status === "banned" ? actions(k) : "")));
+    el("td", {}, inForce(k.status) ? actions(k) : "")));
   const filtered = q || status || plan;
   const table = found.keys.length
     ? el("div", { class: "table-wrap" }, el("table", {},
@@ -309,7 +314,7 @@ async function keyPage(id, params, first) {
     windows.length ? el("div", { class: "table-wrap" }, el("table", {},
       el("thead", {}, el("tr", {}, ["Window", "Usage", "Used", "Remaining", "Resets"].map((h) => el("th", { scope: "col" }, h)))),
       el("tbody", {}, windows))) : el("p", { class: "muted" }, k.usage_error || "No usage: the key is not active."),
-    record && (record.status === "active" || record.status === "banned") ? el("p", {}, actions(record)) : "",
+    record && inForce(record.status) ? el("p", {}, actions(record)) : "",
     el("h2", { text: "The customer's other keys" }),
     siblings.length ? el("ul", {}, siblings.map((s) => el("li", {}, el("a", { href: "#/keys/" + encodeURIComponent(s.id) }, s.id), ` ${s.name || ""} (${s.plan}, ${s.status})`)),
       siblings.more ? el("li", { class: "muted" }, `and ${siblings.more} more`) : "")
