@@ -286,7 +286,7 @@ fn no_key_material_in_logs_or_metrics() {
     }
     let metrics = exchange(
         s.gw.admin,
-        b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
         quiet,
     );
     assert!(metrics.contains("pet_gateway_requests_total"));
