@@ -40,14 +40,22 @@ impl Browser {
             .build()
             .expect("an HTTP client");
         let profile = tempfile::tempdir().expect("a profile folder");
+        let mut options = json!({
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                     "--disable-dev-shm-usage", format!("--window-size={width},900"),
+                     format!("--user-data-dir={}", profile.path().display())],
+        });
+        // Headless Chromium keeps a window at least 500 pixels wide: a phone's width is a
+        // viewport of that width, emulated (what a phone's browser lays out in).
+        if width < 500 {
+            options["mobileEmulation"] = json!({
+                "deviceMetrics": {"width": width, "height": 844, "pixelRatio": 1.0},
+            });
+        }
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
-            "goog:chromeOptions": {
-                "binary": "/usr/bin/chromium",
-                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
-                         "--disable-dev-shm-usage", format!("--window-size={width},900"),
-                         format!("--user-data-dir={}", profile.path().display())],
-            },
+            "goog:chromeOptions": options,
         }}});
         let base = format!("http://{addr}");
         let created: Value = http

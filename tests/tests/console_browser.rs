@@ -290,6 +290,12 @@ async fn every_page_reads_at_both_widths_and_is_reached_by_keyboard() {
     for width in [390u32, 1280] {
         let browser = Browser::start(width).await;
         signed_in(&browser, &gw, "overview").await;
+        let laid_out = browser.run("return window.innerWidth;", json!([])).await;
+        assert_eq!(
+            laid_out,
+            json!(width),
+            "the page is laid out {width} pixels wide"
+        );
         for (page, title) in &pages {
             browser
                 .goto(&gw.admin_url(&format!("/console/#/{page}")))
@@ -328,7 +334,12 @@ async fn every_page_reads_at_both_widths_and_is_reached_by_keyboard() {
                 json!([]),
                 "{page} at {width}px: controls without a name"
             );
-            let file = format!("{}-{width}.png", page.replace('/', "-"));
+            let name = if page.starts_with("keys/") {
+                "key"
+            } else {
+                page
+            };
+            let file = format!("{name}-{width}.png");
             browser.screenshot(&shots.join(file)).await;
         }
         // The keyboard alone: focus the Bans link by Tab from the top, Enter follows it.

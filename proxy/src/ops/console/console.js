@@ -60,6 +60,13 @@ function say(message) {
 function show(...nodes) {
   const main = document.getElementById("main");
   main.replaceChildren(...nodes);
+  // Each cell names its column, for the narrow layout where a row is a card of its cells.
+  for (const table of main.querySelectorAll("table")) {
+    const heads = [...table.querySelectorAll("thead th")].map((th) => th.textContent);
+    for (const row of table.querySelectorAll("tbody tr")) {
+      [...row.children].forEach((cell, i) => { if (heads[i]) cell.dataset.label = heads[i]; });
+    }
+  }
 }
 
 // ---- the admin API -------------------------------------------------------------------------
@@ -177,12 +184,12 @@ async function keysPage(params) {
     if (!k.usage) return "";
     if (k.usage.error) return el("span", { class: "muted" }, "unknown");
     const w = (k.usage.windows || []).filter((x) => !x.shadow);
-    return w.map((x) => el("div", {}, el("span", { class: "muted" }, `${x.name} ${x.used}/${x.limit}`), bar(x.used, x.limit)));
+    return el("div", {}, w.map((x) => el("div", {}, el("span", { class: "muted" }, `${x.name} ${x.used}/${x.limit}`), bar(x.used, x.limit))));
   };
   const rows = found.keys.map((k) => el("tr", {},
     el("td", {}, el("a", { href: "#/keys/" + encodeURIComponent(k.id) }, k.id)),
     el("td", {}, k.name || ""),
-    el("td", { class: "wide" }, k.customer || ""),
+    el("td", {}, k.customer || ""),
     el("td", {}, k.plan),
     el("td", {}, k.status),
     el("td", {}, usageOf(k)),
@@ -191,7 +198,7 @@ async function keysPage(params) {
   const table = found.keys.length
     ? el("div", { class: "table-wrap" }, el("table", {},
       el("thead", {}, el("tr", {}, ["Id", "Name", "Customer", "Plan", "Status", "Usage", "Actions"].map((h) =>
-        el("th", { scope: "col", class: h === "Customer" ? "wide" : null }, h)))),
+        el("th", { scope: "col" }, h)))),
       el("tbody", {}, rows)))
     : el("p", { class: "muted" }, filtered ? "No key matches." : "No keys yet: issue one below.");
   const page = found.page;
