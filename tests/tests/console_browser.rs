@@ -279,13 +279,18 @@ async fn every_page_reads_at_both_widths_and_is_reached_by_keyboard() {
     let gw = console_gateway(&f, backend.addr, "");
     assert_eq!(status_with(&gw, &key).await, 200);
     let shots = shots();
+    // Each page's title, and what its content shows: the key, its plan, its windows.
     let pages = [
-        ("overview", "Overview".to_owned()),
-        ("keys", "Keys".to_owned()),
-        (&*format!("keys/{key_id}"), format!("Key {key_id}")),
-        ("bans", "Bans".to_owned()),
-        ("top", "Top consumers".to_owned()),
-        ("plans", "Plans".to_owned()),
+        ("overview", "Overview".to_owned(), "Quota store"),
+        ("keys", "Keys".to_owned(), key_id.as_str()),
+        (
+            &*format!("keys/{key_id}"),
+            format!("Key {key_id}"),
+            "minute",
+        ),
+        ("bans", "Bans".to_owned(), "No key is banned"),
+        ("top", "Top consumers".to_owned(), key_id.as_str()),
+        ("plans", "Plans".to_owned(), "minute: 60"),
     ];
     for width in [390u32, 1280] {
         let browser = Browser::start(width).await;
@@ -296,11 +301,16 @@ async fn every_page_reads_at_both_widths_and_is_reached_by_keyboard() {
             json!(width),
             "the page is laid out {width} pixels wide"
         );
-        for (page, title) in &pages {
+        for (page, title, shows) in &pages {
             browser
                 .goto(&gw.admin_url(&format!("/console/#/{page}")))
                 .await;
             browser.wait_text("main h2", title).await;
+            let text = browser.wait_text("main", shows).await;
+            assert!(
+                !text.contains("[object"),
+                "{page}: a list drawn as text: {text}"
+            );
             tokio::time::sleep(Duration::from_millis(300)).await;
             let spill = browser
                 .run(

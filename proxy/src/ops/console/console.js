@@ -59,7 +59,9 @@ function say(message) {
 
 function show(...nodes) {
   const main = document.getElementById("main");
-  main.replaceChildren(...nodes);
+  // A page may return lists among its nodes (one section a plan): replaceChildren would
+  // write a list as the text "[object HTMLElement]".
+  main.replaceChildren(...nodes.flat(Infinity).filter((n) => n !== null && n !== undefined && n !== ""));
   // Each cell names its column, for the narrow layout where a row is a card of its cells.
   for (const table of main.querySelectorAll("table")) {
     const heads = [...table.querySelectorAll("thead th")].map((th) => th.textContent);
