@@ -30,23 +30,42 @@ pub fn gateway_cli(args: &[&str]) -> std::process::Output {
 
 /// Issues a key through the real CLI and returns it (the last line of its output).
 pub fn issue_key(keys_file: &Path, plans_dir: &Path, plan: &str) -> String {
-    let out = gateway_cli(&[
+    issue_key_with(keys_file, plans_dir, plan, &[]).1
+}
+
+/// The same with further flags of `keys issue` (`--customer acme`): the key's id and the key.
+pub fn issue_key_with(
+    keys_file: &Path,
+    plans_dir: &Path,
+    plan: &str,
+    more: &[&str],
+) -> (String, String) {
+    let (keys, plans) = (keys_file.to_string_lossy(), plans_dir.to_string_lossy());
+    let mut args = vec![
         "keys",
         "issue",
         "--keys-file",
-        &keys_file.to_string_lossy(),
+        &keys,
         "--plans-dir",
-        &plans_dir.to_string_lossy(),
+        &plans,
         "--plan",
         plan,
-    ]);
+    ];
+    args.extend_from_slice(more);
+    let out = gateway_cli(&args);
     assert!(
         out.status.success(),
         "keys issue failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    stdout.lines().last().expect("a key line").trim().to_owned()
+    let id = stdout
+        .split_whitespace()
+        .nth(1)
+        .expect("`issued <id> ...`")
+        .to_owned();
+    let key = stdout.lines().last().expect("a key line").trim().to_owned();
+    (id, key)
 }
 
 /// How to start one gateway process; written to a config file the gateway reads.
@@ -357,6 +376,11 @@ impl Fixture {
     /// Issues a key on `plan` through the real CLI.
     pub fn issue(&self, plan: &str) -> String {
         issue_key(&self.keys, &self.plans, plan)
+    }
+
+    /// A key of `plan` issued with further flags (`--customer acme`): its id and the key.
+    pub fn issue_with(&self, plan: &str, more: &[&str]) -> (String, String) {
+        issue_key_with(&self.keys, &self.plans, plan, more)
     }
 
     /// A `pet-backend` with its database in this fixture's directory.

@@ -77,6 +77,21 @@ fn stop(gateway: GatewayProcess) {
     assert_eq!(code, Some(0), "the gateway stops cleanly; its log:\n{text}");
 }
 
+/// The store's own count of `key`'s quota in this minute, as `GET /v1/rate_limit` reads it.
+async fn minute_counted(gateway: &GatewayProcess, key: &str) -> u64 {
+    let status: Value = reqwest::Client::new()
+        .get(gateway.url("/v1/rate_limit"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let minute = &status["minute"];
+    minute["limit"].as_u64().unwrap() - minute["remaining"].as_u64().unwrap()
+}
+
 fn sum(events: &[Value], key_id: &str, field: &str) -> u64 {
     events
         .iter()
@@ -155,18 +170,7 @@ async fn three_nodes_usage_adds_up_to_the_stores_count() {
             logs.join("\n---\n")
         );
     }
-    // The store's own count of the minute, as GET /v1/rate_limit reads it.
-    let status: Value = reqwest::Client::new()
-        .get(gateways[0].url("/v1/rate_limit"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let minute = &status["minute"];
-    let counted = minute["limit"].as_u64().unwrap() - minute["remaining"].as_u64().unwrap();
+    let counted = minute_counted(&gateways[0], &key).await;
     for g in gateways {
         stop(g);
     }
@@ -187,24 +191,7 @@ async fn three_nodes_usage_adds_up_to_the_stores_count() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_nodes_usage_of_a_customer_adds_up_to_the_stores_count() {
     let f = Fixture::new(40, 1_000);
-    let issue = || {
-        let (keys, plans) = (f.keys.to_string_lossy(), f.plans.to_string_lossy());
-        let out = e2e::gateway_cli(&[
-            "keys",
-            "issue",
-            "--keys-file",
-            &keys,
-            "--plans-dir",
-            &plans,
-            "--plan",
-            "free",
-            "--customer",
-            "acme",
-        ]);
-        assert!(out.status.success(), "{out:?}");
-        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-        stdout.lines().last().expect("the key").trim().to_owned()
-    };
+    let issue = || f.issue_with("free", &["--customer", "acme"]).1;
     let (one, two) = (issue(), issue());
     let backend = f.backend();
     let redis = RedisServer::start();
@@ -214,17 +201,7 @@ async fn three_nodes_usage_of_a_customer_adds_up_to_the_stores_count() {
     let (a, b) = tokio::join!(burst(&gateways, &one, 60), burst(&gateways, &two, 60));
     let admitted = a.get(&200).copied().unwrap_or(0) + b.get(&200).copied().unwrap_or(0);
     assert_eq!(admitted, 40, "one quota of 40 for both keys: {a:?} {b:?}");
-    let status: Value = reqwest::Client::new()
-        .get(gateways[1].url("/v1/rate_limit"))
-        .bearer_auth(&two)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let minute = &status["minute"];
-    let counted = minute["limit"].as_u64().unwrap() - minute["remaining"].as_u64().unwrap();
+    let counted = minute_counted(&gateways[1], &two).await;
     for g in gateways {
         stop(g);
     }

@@ -43,6 +43,18 @@ fn hooked(
     spec
 }
 
+/// `pet-gateway check` on `spec`'s config: whether it passed, and what it said.
+fn check(f: &Fixture, spec: &GatewaySpec) -> (bool, String) {
+    let config = e2e::write_gateway_config(f.dir.path(), spec);
+    let out = gateway_cli(&["check", "--config", &config.to_string_lossy()]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
 fn stop(gateway: GatewayProcess) {
     gateway.process.signal(15);
     let log = gateway.log.clone();
@@ -298,14 +310,8 @@ fn bad_webhook_settings_are_refused_by_check_naming_the_setting() {
         ),
     ];
     for (spec, setting, why) in cases {
-        let config = e2e::write_gateway_config(f.dir.path(), &spec);
-        let out = gateway_cli(&["check", "--config", &config.to_string_lossy()]);
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(!out.status.success(), "{setting}: {text}");
+        let (passed, text) = check(&f, &spec);
+        assert!(!passed, "{setting}: {text}");
         assert!(text.contains(setting), "{setting}: {text}");
         assert!(text.contains(why), "{setting}: {text}");
     }
@@ -314,10 +320,8 @@ fn bad_webhook_settings_are_refused_by_check_naming_the_setting() {
         "events_webhook_url = \"{ok_url}\"\nevents_spool_dir = \"{}\"\n",
         spool.display()
     );
-    let config = e2e::write_gateway_config(f.dir.path(), &no_secret);
-    let out = gateway_cli(&["check", "--config", &config.to_string_lossy()]);
-    let text = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success());
+    let (passed, text) = check(&f, &no_secret);
+    assert!(!passed);
     assert!(text.contains("PET_GATEWAY_EVENTS_WEBHOOK_SECRET"), "{text}");
 }
 
@@ -438,14 +442,8 @@ fn an_unwritable_spool_and_a_bad_url_are_refused_by_check_and_at_start() {
         ),
     ];
     for (spec, setting, why) in cases {
-        let config = e2e::write_gateway_config(f.dir.path(), &spec);
-        let out = gateway_cli(&["check", "--config", &config.to_string_lossy()]);
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(!out.status.success(), "check, {setting}: {text}");
+        let (passed, text) = check(&f, &spec);
+        assert!(!passed, "check, {setting}: {text}");
         assert!(
             text.contains(setting) && text.contains(why),
             "check: {text}"

@@ -9,28 +9,7 @@ use serde_json::Value;
 
 /// Issues a key on the fixture's `free` plan with `more` flags: its id and the key.
 fn issue(f: &Fixture, more: &[&str]) -> (String, String) {
-    let (keys, plans) = (f.keys.to_string_lossy(), f.plans.to_string_lossy());
-    let mut args = vec![
-        "keys",
-        "issue",
-        "--keys-file",
-        &keys,
-        "--plans-dir",
-        &plans,
-        "--plan",
-        "free",
-    ];
-    args.extend_from_slice(more);
-    let out = gateway_cli(&args);
-    assert!(out.status.success(), "{out:?}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let id = stdout
-        .split_whitespace()
-        .nth(1)
-        .expect("`issued <id> ...`")
-        .to_owned();
-    let key = stdout.lines().last().expect("the key").trim().to_owned();
-    (id, key)
+    f.issue_with("free", more)
 }
 
 /// Sends `n` requests with `key`; each must be admitted.
