@@ -6,18 +6,20 @@ use serde::Serialize;
 
 use crate::base::clock::rfc3339;
 
+/// The gateway's event types, each named once here: its producers use them, and the spool's
+/// check and the delivered-events metric know the set.
+pub const USAGE: &str = "pet.usage.v1";
+pub const THRESHOLD: &str = "pet.quota.threshold.v1";
+pub const ISSUED: &str = "pet.key.issued.v1";
+pub const REVOKED: &str = "pet.key.revoked.v1";
+pub const ROTATED: &str = "pet.key.rotated.v1";
+pub const BANNED: &str = "pet.key.banned.v1";
+pub const EXPIRING: &str = "pet.key.expiring.v1";
+
 /// Every type the gateway makes: a delivered event is counted under its type only when it is
 /// one of these (a metric's labels stay a fixed set), and a spooled line of any other is not
 /// the gateway's.
-pub const TYPES: [&str; 7] = [
-    "pet.usage.v1",
-    "pet.quota.threshold.v1",
-    "pet.key.issued.v1",
-    "pet.key.revoked.v1",
-    "pet.key.rotated.v1",
-    "pet.key.banned.v1",
-    "pet.key.expiring.v1",
-];
+pub const TYPES: [&str; 7] = [USAGE, THRESHOLD, ISSUED, REVOKED, ROTATED, BANNED, EXPIRING];
 
 /// The type of one line if it is a CloudEvent as the gateway writes them (spec version 1.0, a
 /// type of [`TYPES`], a `pet-gateway/` source, an id), else why not.

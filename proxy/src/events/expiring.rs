@@ -11,13 +11,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::cloud::EXPIRING;
 use super::usage::{Meter, Notice};
 use crate::base::clock::{rfc3339, unix_now};
 use crate::keys::catalog::Catalog;
 use crate::keys::index::KeyInfo;
 use crate::quota::store::QuotaStore;
 
-pub const EXPIRING: &str = "pet.key.expiring.v1";
 const DAY: u64 = 86_400;
 /// How often the keys are looked through.
 pub const EVERY: Duration = Duration::from_secs(60);

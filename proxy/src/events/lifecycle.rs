@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use super::cloud::{line_with_id, Origin};
+use super::cloud::{line_with_id, Origin, BANNED, ISSUED, REVOKED, ROTATED};
 use super::file_sink::DailyFile;
 use super::usage::Notice;
 use super::webhook::spool::Spool;
@@ -17,8 +17,6 @@ use crate::base::clock::{rfc3339, unix_now};
 use crate::keys::index::KeyInfo;
 use crate::keys::record::KeyRecord;
 use crate::keys::service::ChangeSink;
-
-pub const BANNED: &str = "pet.key.banned.v1";
 
 /// The notice of `key`'s ban, started at `now` and lasting until `until` (store clock).
 pub fn banned(key: &KeyInfo, now: u64, until: u64) -> Notice {
@@ -73,9 +71,9 @@ impl ChangeSink for KeyChanges {
         successor: Option<&KeyRecord>,
     ) -> Result<(), String> {
         let kind = match change {
-            "issued" => "pet.key.issued.v1",
-            "revoked" => "pet.key.revoked.v1",
-            _ => "pet.key.rotated.v1",
+            "issued" => ISSUED,
+            "revoked" => REVOKED,
+            _ => ROTATED,
         };
         let mut data = serde_json::json!({
             "key_id": record.id,

@@ -10,12 +10,11 @@
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::cloud::{line, line_with_id, Origin};
+use super::cloud::{line, line_with_id, Origin, USAGE};
 use super::queue::{Queue, Waiting};
 use super::usage::Meter;
 use crate::base::clock::unix_now;
 
-const USAGE: &str = "pet.usage.v1";
 /// How long after its end a minute is taken: decisions of it may still be arriving.
 const GRACE: u64 = 10;
 /// How far this node's clock may run ahead of the store's before it releases minutes itself.

@@ -8,13 +8,13 @@
 //! Its id is derived from the holder, the window instance and the percentage, so a receiver
 //! also keeps one if the count were ever zeroed (`keys reset-usage`) and crossed again.
 
+use super::cloud::THRESHOLD;
 use super::usage::Notice;
 use crate::base::clock::rfc3339;
 use crate::keys::index::KeyInfo;
 use crate::keys::plans::NotifyAt;
 use crate::quota::rules::RateView;
 
-pub const THRESHOLD: &str = "pet.quota.threshold.v1";
 /// Thresholds are for the windows a business bills or warns by, not the per-second ones.
 const SHORTEST: u64 = 86_400;
 
