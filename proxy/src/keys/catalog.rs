@@ -13,7 +13,8 @@ use std::time::SystemTime;
 use arc_swap::ArcSwap;
 
 use crate::base::metrics::METRICS;
-use crate::keys::index::KeyIndex;
+use crate::keys::index::{KeyIndex, KeyInfo};
+use crate::keys::limits::Limits;
 use crate::keys::plans::{PlanError, Plans};
 use crate::keys::record::{KeysError, KeysFile};
 
@@ -33,6 +34,11 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// The limits `key` is held to: its plan's, with its own; none when its plan is missing.
+    pub fn limits_of(&self, key: &KeyInfo) -> Option<Limits> {
+        self.plans.get(&key.plan).map(|p| key.limits(&p.limits))
+    }
+
     pub fn load(keys_file: &Path, plans_dir: &Path) -> Result<Snapshot, CatalogError> {
         let plans = Plans::load_dir(plans_dir)?;
         let keys = load_keys(keys_file, &plans)?;

@@ -284,7 +284,7 @@ impl Admin {
             .by_id(id)
             .filter(|k| !k.expired(crate::base::clock::unix_now()))
             .cloned()?;
-        let limits = snapshot.plans.get(&key.plan).map(|p| key.limits(&p.limits));
+        let limits = snapshot.limits_of(&key);
         Some((key, limits))
     }
 }

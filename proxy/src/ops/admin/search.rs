@@ -158,22 +158,17 @@ fn status_word(status: &str) -> &str {
     status.split(' ').next().unwrap_or(status)
 }
 
-/// The page's keys that are in force and not expired, with their limits: one pass over the
-/// index (it is by hash, not by id), ending once each is found.
+/// The page's keys that are in force and not expired, with their limits.
 fn active_keys(snapshot: &Snapshot, page: &Page) -> HashMap<String, (KeyInfo, Option<Limits>)> {
-    let mut wanted: HashSet<&str> = page.records.iter().map(|(r, _)| r.id.as_str()).collect();
+    let ids: HashSet<&str> = page.records.iter().map(|(r, _)| r.id.as_str()).collect();
     let now = unix_now();
-    let mut found = HashMap::new();
-    for key in snapshot.keys.keys() {
-        if wanted.is_empty() {
-            break;
-        }
-        if wanted.remove(&*key.id) && !key.expired(now) {
-            let limits = snapshot.plans.get(&key.plan).map(|p| key.limits(&p.limits));
-            found.insert(key.id.to_string(), (key.clone(), limits));
-        }
-    }
-    found
+    snapshot
+        .keys
+        .by_ids(&ids)
+        .into_values()
+        .filter(|key| !key.expired(now))
+        .map(|key| (key.id.to_string(), (key.clone(), snapshot.limits_of(key))))
+        .collect()
 }
 
 /// Whether `hay` holds `needle` (already lowercase), in any case; without allocating for

@@ -3,7 +3,7 @@
 //! first. One read of the store's top consumers' index (`QuotaStore::top`), whatever the number
 //! of keys; each key's plan and limit come from the keys and plans in force.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 
 use http::Response;
 use serde::{Deserialize, Serialize};
@@ -81,29 +81,16 @@ impl Admin {
         }
     }
 
-    /// The ranked holders with each key's plan and limit: one pass over the keys in force,
-    /// ending once every ranked key is found (a key no longer in force has neither).
+    /// The ranked holders with each key's plan and limit (a key no longer in force has
+    /// neither).
     fn top_entries(&self, window: TopWindow, ranked: Vec<(String, u64)>) -> Vec<TopEntry> {
         let snapshot = self.catalog.snapshot();
-        let mut wanted: HashMap<&str, (String, Option<u64>)> = ranked
+        let ids: HashSet<&str> = ranked
             .iter()
-            .filter(|(holder, _)| customer_of(holder).is_none())
-            .map(|(holder, _)| (holder.as_str(), (String::new(), None)))
+            .map(|(holder, _)| holder.as_str())
+            .filter(|holder| customer_of(holder).is_none())
             .collect();
-        let mut missing = wanted.len();
-        for key in snapshot.keys.keys() {
-            if missing == 0 {
-                break;
-            }
-            if let Some(found) = wanted.get_mut(&*key.id) {
-                let limits = snapshot.plans.get(&key.plan).map(|p| key.limits(&p.limits));
-                *found = (
-                    key.plan.to_string(),
-                    limits.and_then(|l| l.enforced_limit(window.every())),
-                );
-                missing -= 1;
-            }
-        }
+        let keys = snapshot.keys.by_ids(&ids);
         ranked
             .iter()
             .map(|(holder, used)| match customer_of(holder) {
@@ -115,13 +102,15 @@ impl Admin {
                     limit: None,
                 },
                 None => {
-                    let (plan, limit) = wanted.remove(holder.as_str()).unwrap_or_default();
+                    let key = keys.get(holder.as_str());
                     TopEntry {
                         key_id: Some(holder.clone()),
                         customer: None,
-                        plan: (!plan.is_empty()).then_some(plan),
+                        plan: key.map(|k| k.plan.to_string()),
                         used: *used,
-                        limit,
+                        limit: key
+                            .and_then(|k| snapshot.limits_of(k))
+                            .and_then(|l| l.enforced_limit(window.every())),
                     }
                 }
             })
