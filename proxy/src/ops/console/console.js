@@ -271,11 +271,7 @@ function showKeyOnce(title, key) {
       el("button", { type: "button", id: "copy-key", onclick: async () => {
         try { await navigator.clipboard.writeText(key); say("Copied."); } catch (_) { say("Select the key and copy it."); }
       } }, "Copy key"), " ",
-      // The hash may already be #/keys (issued from there): no hashchange would fire.
-      el("a", { href: "#/keys", id: "back-to-keys", onclick: (ev) => {
-        ev.preventDefault();
-        if (location.hash === "#/keys") route(); else location.hash = "#/keys";
-      } }, "Back to keys")),
+      el("a", { href: "#/keys", id: "back-to-keys" }, "Back to keys")),
     el("p", { class: "muted" }, "Store it now: the gateway keeps only its hash."));
 }
 
@@ -470,13 +466,12 @@ document.addEventListener("DOMContentLoaded", () => {
     document.getElementById("main").replaceChildren();
     loginPage("");
   });
-  // A link to the page the hash already names (after a key shown once, say) fires no
-  // hashchange: draw the page again.
-  for (const a of document.querySelectorAll("nav a")) {
-    a.addEventListener("click", (ev) => {
-      if (location.hash === a.getAttribute("href")) { ev.preventDefault(); route(); }
-    });
-  }
+  // A link to the page the hash already names (the nav's, or "Back to keys" after a key
+  // shown once) fires no hashchange: draw the page again.
+  document.addEventListener("click", (ev) => {
+    const a = ev.target instanceof Element ? ev.target.closest('a[href^="#/"]') : null;
+    if (a && location.hash === a.getAttribute("href")) { ev.preventDefault(); route(); }
+  });
   window.addEventListener("hashchange", route);
   route();
 });
