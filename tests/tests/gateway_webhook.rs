@@ -468,6 +468,9 @@ async fn an_upgrade_hands_the_spool_to_the_new_process_once_the_old_one_exits() 
     let spec = hooked(&f, backend.addr, &receiver.url(), &spool, &secret);
     let old = f.gateway(&spec);
     let old_pid = old.process.pid();
+    // Within one minute, so the old process writes its usage only at its stop (to the spool,
+    // after its own delivery has ended): only the new process can deliver it.
+    fresh_minute(Duration::from_secs(20));
     let client = reqwest::Client::new();
     for _ in 0..3 {
         let r = client
@@ -522,9 +525,12 @@ async fn an_upgrade_hands_the_spool_to_the_new_process_once_the_old_one_exits() 
     );
     assert_eq!(got.bad_signatures, 0);
     drop(got);
-    assert!(
-        new.log_text().contains("delivering the spool's events"),
-        "the new process took the spool over"
-    );
+    // Its log line may reach the file a moment after the delivery itself.
+    e2e::eventually(
+        Duration::from_secs(10),
+        "the new process took the spool over",
+        || new.log_text().contains("delivering the spool's events"),
+    )
+    .await;
     stop(new);
 }
