@@ -503,28 +503,29 @@ async fn an_upgrade_hands_the_spool_to_the_new_process_once_the_old_one_exits() 
         "the old process's last minute arrives; new: {}",
         new.log_text()
     );
-    let got = receiver.received.lock().unwrap();
-    let usage: Vec<&Value> = got
-        .events
-        .iter()
-        .filter(|e| e["type"] == "pet.usage.v1" && e["data"]["key_id"] == key_id.as_str())
-        .collect();
-    assert!(
-        usage.iter().all(|e| e["id"]
-            .as_str()
-            .unwrap()
-            .starts_with(&format!("node-a.{old_pid}."))),
-        "the events are the old process's: {usage:?}"
-    );
-    assert_eq!(
-        usage.len(),
-        by_id(&got)
-            .values()
-            .filter(|e| e["type"] == "pet.usage.v1")
-            .count()
-    );
-    assert_eq!(got.bad_signatures, 0);
-    drop(got);
+    {
+        let got = receiver.received.lock().unwrap();
+        let usage: Vec<&Value> = got
+            .events
+            .iter()
+            .filter(|e| e["type"] == "pet.usage.v1" && e["data"]["key_id"] == key_id.as_str())
+            .collect();
+        assert!(
+            usage.iter().all(|e| e["id"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("node-a.{old_pid}."))),
+            "the events are the old process's: {usage:?}"
+        );
+        assert_eq!(
+            usage.len(),
+            by_id(&got)
+                .values()
+                .filter(|e| e["type"] == "pet.usage.v1")
+                .count()
+        );
+        assert_eq!(got.bad_signatures, 0);
+    }
     // Its log line may reach the file a moment after the delivery itself.
     e2e::eventually(
         Duration::from_secs(10),
