@@ -100,7 +100,7 @@ pub fn redis_cli() -> Command {
 /// ports, created with `redis-cli --cluster create`. A short node timeout makes failovers quick.
 pub struct RedisCluster {
     pub nodes: Vec<(SocketAddr, Option<Process>)>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl RedisCluster {
@@ -121,9 +121,16 @@ impl RedisCluster {
                     // Sync replicas at once (the default waits 5 s to batch them): a replica
                     // that never synced cannot take over.
                     .args(["--repl-diskless-sync-delay", "0"])
-                    .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
+                    // Promote a replica however long ago it last heard from its master: on a
+                    // loaded test machine the default (ten node timeouts) can rule out the only
+                    // replica, and the slot then stays without a master.
+                    .args(["--cluster-replica-validity-factor", "0"])
+                    .args(["--save", "", "--appendonly", "no", "--loglevel", "notice"])
                     .arg("--dir")
                     .arg(dir.path())
+                    // Each node's log, read back by `describe` when a test fails.
+                    .arg("--logfile")
+                    .arg(dir.path().join(format!("node-{port}.log")))
                     .stdout(Stdio::null()),
             );
             nodes.push((addr, Some(process)));
@@ -145,7 +152,7 @@ impl RedisCluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let cluster = RedisCluster { nodes, _dir: dir };
+        let cluster = RedisCluster { nodes, dir };
         cluster.wait_ok(Duration::from_secs(20));
         cluster
     }
@@ -223,6 +230,48 @@ impl RedisCluster {
             }
         }
         None
+    }
+
+    /// Waits until a master other than `old` serves `key`'s slot and the cluster is whole again,
+    /// panicking with every node's view and log when it does not happen within `timeout`.
+    pub fn wait_failover(&self, key: &str, old: SocketAddr, timeout: Duration) -> SocketAddr {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.master_of(key) {
+                Some(new) if new != old => {
+                    self.wait_ok(Duration::from_secs(20));
+                    return new;
+                }
+                _ => {}
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no replica took over from {old} within {timeout:?}\n{}",
+                self.describe()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Every live node's `cluster nodes` and the tail of every node's log (a killed node's too):
+    /// what a failed cluster test prints so the next reader can see why.
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        for (addr, process) in &self.nodes {
+            if process.is_some() {
+                out += &format!("--- {addr}: cluster nodes\n");
+                out += &self.cli(*addr, &["cluster", "nodes"]);
+            }
+            let log = self.dir.path().join(format!("node-{}.log", addr.port()));
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(30).collect();
+            out += &format!("--- {addr}: last lines of its log\n");
+            for line in tail.into_iter().rev() {
+                out += line;
+                out.push('\n');
+            }
+        }
+        out
     }
 
     /// SIGKILLs the node at `addr`.
