@@ -216,6 +216,16 @@ impl Config {
                 ));
             }
         }
+        if let Some(webhook) = &self.events_webhook {
+            if !webhook.url.https && !is_loopback(&webhook.url.host) {
+                warnings.push(format!(
+                    "events_webhook_url `{}` is plain http to another machine: the events (key \
+                     ids, customers, usage) cross the network readable by anyone on the path; \
+                     the signature proves who sent them, not that nobody read them; use https://",
+                    webhook.url.text
+                ));
+            }
+        }
         if self.environment != "production" {
             return warnings;
         }
@@ -474,6 +484,38 @@ upstream_keepalive_pool_size = 16
                 .port(),
             7002
         );
+    }
+
+    #[test]
+    fn a_plain_http_webhook_off_this_machine_is_warned_about() {
+        let dir = tempfile::tempdir().unwrap();
+        let warn = |url: &str| {
+            let path = write(
+                dir.path(),
+                &format!(
+                    "events_webhook_url = \"{url}\"\nevents_webhook_secret_file = \"/tmp/secret\"\n\
+                     events_spool_dir = \"/tmp/spool\"\n"
+                ),
+            );
+            Config::load(Some(&path), &Env::default(), &Overrides::default())
+                .unwrap()
+                .warnings()
+        };
+        let w = warn("http://billing.example.com/events?token=x");
+        assert!(
+            w.len() == 1
+                && w[0].contains("`http://billing.example.com/events`")
+                && w[0].contains("https://"),
+            "{w:?}"
+        );
+        for quiet in [
+            "https://billing.example.com/events",
+            "http://127.0.0.1:9000/events",
+            "http://localhost/events",
+            "http://[::1]:9000/",
+        ] {
+            assert!(warn(quiet).is_empty(), "{quiet}: {:?}", warn(quiet));
+        }
     }
 
     #[test]
