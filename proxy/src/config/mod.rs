@@ -278,10 +278,11 @@ fn redis_host(url: &str) -> Option<String> {
 }
 
 fn is_loopback(host: &str) -> bool {
+    let host = host.strip_suffix('.').unwrap_or(host);
     host.eq_ignore_ascii_case("localhost")
         || host
             .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+            .is_ok_and(|ip| ip.to_canonical().is_loopback())
 }
 
 #[cfg(test)]
@@ -513,6 +514,8 @@ upstream_keepalive_pool_size = 16
             "http://127.0.0.1:9000/events",
             "http://localhost/events",
             "http://[::1]:9000/",
+            "http://LOCALHOST./events",
+            "http://[::ffff:127.0.0.1]:9000/",
         ] {
             assert!(warn(quiet).is_empty(), "{quiet}: {:?}", warn(quiet));
         }
@@ -1059,6 +1062,20 @@ upstream_keepalive_pool_size = 16
         assert!(!report.contains("pw1"), "{report}");
         assert!(
             report.contains("redis://gw:***@10.0.0.1,redis://gw:***@10.0.0.2"),
+            "{report}"
+        );
+        let webhook = Env::from_pairs([
+            (
+                "PET_GATEWAY_EVENTS_WEBHOOK_URL",
+                "https://billing.example.com/in?token=tk-4711",
+            ),
+            ("PET_GATEWAY_EVENTS_WEBHOOK_SECRET", "0123456789abcdef"),
+            ("PET_GATEWAY_EVENTS_SPOOL_DIR", "/tmp/spool"),
+        ]);
+        let report = settings_report(None, &webhook, &Overrides::default()).unwrap();
+        assert!(!report.contains("tk-4711"), "{report}");
+        assert!(
+            report.contains("https://billing.example.com/in?(hidden)"),
             "{report}"
         );
     }

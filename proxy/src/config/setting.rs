@@ -259,12 +259,16 @@ impl Row {
     }
 
     /// For `check`'s report, which people paste into tickets: a secret is never shown, nor the
-    /// password a Redis URL may carry.
+    /// password a Redis URL may carry, nor a URL's query (where a webhook receiver may take a
+    /// token).
     fn shown(&self, value: &Value) -> String {
         if self.secret {
             return "(set)".to_owned();
         }
-        let shown = value.render();
+        let mut shown = value.render();
+        if let Some(query) = shown.find('?').filter(|_| shown.contains("://")) {
+            shown.replace_range(query.., "?(hidden)");
+        }
         if !shown.contains('@') {
             return shown;
         }
