@@ -103,6 +103,11 @@ pub struct RedisCluster {
     dir: tempfile::TempDir,
 }
 
+/// How long a node may go unanswered before the others count it as failing: short, for quick
+/// failovers, but not so short that a node starved of CPU on a loaded test machine is taken for
+/// dead, or that one slow master makes an election round (two node timeouts) miss its votes.
+const NODE_TIMEOUT_MS: &str = "2000";
+
 impl RedisCluster {
     pub fn start(masters: usize, replicas: usize) -> RedisCluster {
         let dir = tempfile::tempdir().expect("cluster dir");
@@ -110,38 +115,45 @@ impl RedisCluster {
         for _ in 0..masters * (1 + replicas) {
             let addr = free_addr();
             let port = addr.port().to_string();
+            // A bus port of its own rather than the default port + 10,000, which may be taken
+            // (or, past 55535, not a port at all).
+            let bus_port = free_addr().port().to_string();
             let process = Process::spawn(
                 "redis-server (cluster)",
                 Command::new(redis_server_path())
                     .args(["--port", &port, "--bind", "127.0.0.1"])
-                    .args(["--cluster-enabled", "yes"])
+                    .args(["--cluster-enabled", "yes", "--cluster-port", &bus_port])
                     .arg("--cluster-config-file")
                     .arg(dir.path().join(format!("nodes-{port}.conf")))
-                    .args(["--cluster-node-timeout", "1000"])
+                    .args(["--cluster-node-timeout", NODE_TIMEOUT_MS])
                     // Sync replicas at once (the default waits 5 s to batch them): a replica
                     // that never synced cannot take over.
                     .args(["--repl-diskless-sync-delay", "0"])
-                    // Promote a replica however long ago it last heard from its master: on a
-                    // loaded test machine the default (ten node timeouts) can rule out the only
-                    // replica, and the slot then stays without a master.
+                    // Promote a replica however long ago it last heard from its master: by
+                    // default a replica rules itself out some ten node timeouts after its master
+                    // went silent, so a takeover delayed that long by failed election rounds
+                    // would never come.
                     .args(["--cluster-replica-validity-factor", "0"])
                     .args(["--save", "", "--appendonly", "no", "--loglevel", "notice"])
                     .arg("--dir")
                     .arg(dir.path())
                     // Each node's log, read back by `describe` when a test fails.
                     .arg("--logfile")
-                    .arg(dir.path().join(format!("node-{port}.log")))
+                    .arg(Self::log_path(dir.path(), addr))
                     .stdout(Stdio::null()),
             );
             nodes.push((addr, Some(process)));
         }
-        for (addr, _) in &nodes {
-            wait_for_listener(*addr, Duration::from_secs(10));
+        let cluster = RedisCluster { nodes, dir };
+        for (addr, _) in &cluster.nodes {
+            if !listens_within(*addr, Duration::from_secs(10)) {
+                panic!("a cluster node did not start\n{}", cluster.describe());
+            }
         }
         let out = redis_cli()
             .arg("--cluster")
             .arg("create")
-            .args(nodes.iter().map(|(a, _)| a.to_string()))
+            .args(cluster.nodes.iter().map(|(a, _)| a.to_string()))
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
@@ -152,9 +164,12 @@ impl RedisCluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let cluster = RedisCluster { nodes, dir };
         cluster.wait_ok(Duration::from_secs(20));
         cluster
+    }
+
+    fn log_path(dir: &std::path::Path, addr: SocketAddr) -> PathBuf {
+        dir.join(format!("node-{}.log", addr.port()))
     }
 
     /// Waits until every live node reports `cluster_state:ok` and every live replica is in sync
@@ -178,7 +193,8 @@ impl RedisCluster {
             }
             assert!(
                 Instant::now() < deadline,
-                "cluster not ok within {timeout:?}"
+                "cluster not ok within {timeout:?}\n{}",
+                self.describe()
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -200,36 +216,20 @@ impl RedisCluster {
         format!("redis+cluster://{}", nodes.join(","))
     }
 
-    /// The address of the master serving `key`'s slot, if one does (not during a failover).
+    /// The address of the master serving `key`'s slot, as the first live node that answers
+    /// sees it; none during a failover, or when no node answers.
     pub fn master_of(&self, key: &str) -> Option<SocketAddr> {
-        let (first, _) = self
-            .nodes
+        self.nodes
             .iter()
-            .find(|(_, p)| p.is_some())
-            .expect("a live node");
-        let slot: u16 = self
-            .cli(*first, &["cluster", "keyslot", key])
-            .trim()
-            .parse()
-            .expect("slot number");
-        for line in self.cli(*first, &["cluster", "nodes"]).lines() {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
-                continue;
-            }
-            let serves = fields[8..].iter().any(|range| match range.split_once('-') {
-                Some((a, b)) => {
-                    a.parse::<u16>().is_ok_and(|a| a <= slot)
-                        && b.parse::<u16>().is_ok_and(|b| slot <= b)
-                }
-                None => range.parse::<u16>() == Ok(slot),
-            });
-            if serves {
-                let host_port = fields[1].split('@').next().expect("address");
-                return Some(host_port.parse().expect("node address"));
-            }
-        }
-        None
+            .filter(|(_, p)| p.is_some())
+            .find_map(|(addr, _)| {
+                let slot: u16 = self
+                    .cli(*addr, &["cluster", "keyslot", key])
+                    .trim()
+                    .parse()
+                    .ok()?;
+                master_of_slot(&self.cli(*addr, &["cluster", "nodes"]), slot)
+            })
     }
 
     /// Waits until a master other than `old` serves `key`'s slot and the cluster is whole again,
@@ -253,20 +253,53 @@ impl RedisCluster {
         }
     }
 
-    /// Every live node's `cluster nodes` and the tail of every node's log (a killed node's too):
-    /// what a failed cluster test prints so the next reader can see why.
+    /// Every live node's view of the cluster and of its replication, and what every node (a
+    /// killed one's too) logged about failures and elections: what a failed cluster test
+    /// prints so the next reader can see why.
     pub fn describe(&self) -> String {
+        const TOLD: [&str; 10] = [
+            "FAIL",
+            "fail",
+            "lection",
+            "epoch",
+            "Epoch",
+            "vote",
+            "Cluster state",
+            "promot",
+            "ailover",
+            "# ",
+        ];
         let mut out = String::new();
         for (addr, process) in &self.nodes {
             if process.is_some() {
-                out += &format!("--- {addr}: cluster nodes\n");
+                out += &format!("--- {addr}: cluster nodes, cluster info, info replication\n");
                 out += &self.cli(*addr, &["cluster", "nodes"]);
+                for (section, args) in [
+                    ("cluster", ["cluster", "info"]),
+                    ("info", ["info", "replication"]),
+                ] {
+                    let text = self.cli(*addr, &args);
+                    let lines: Vec<&str> = text
+                        .lines()
+                        .filter(|l| {
+                            section == "info"
+                                || l.starts_with("cluster_state")
+                                || l.contains("epoch")
+                        })
+                        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                        .collect();
+                    out += &lines.join(" ");
+                    out.push('\n');
+                }
             }
-            let log = self.dir.path().join(format!("node-{}.log", addr.port()));
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(30).collect();
-            out += &format!("--- {addr}: last lines of its log\n");
-            for line in tail.into_iter().rev() {
+            let text =
+                std::fs::read_to_string(Self::log_path(self.dir.path(), *addr)).unwrap_or_default();
+            let told: Vec<&str> = text
+                .lines()
+                .filter(|l| TOLD.iter().any(|t| l.contains(t)))
+                .collect();
+            out += &format!("--- {addr}: its log on failures and elections\n");
+            for line in &told[told.len().saturating_sub(40)..] {
                 out += line;
                 out.push('\n');
             }
@@ -284,6 +317,45 @@ impl RedisCluster {
         if let Some(p) = node.1.take() {
             p.kill_hard();
         }
+    }
+}
+
+/// Who serves `slot` in a `cluster nodes` listing: the master, not failing or possibly failing,
+/// with an address, whose ranges hold it.
+fn master_of_slot(listing: &str, slot: u16) -> Option<SocketAddr> {
+    listing.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let flags = *fields.get(2)?;
+        if fields.len() < 9
+            || !flags.split(',').any(|f| f == "master")
+            || flags.contains("fail")
+            || flags.contains("noaddr")
+        {
+            return None;
+        }
+        let serves = fields[8..].iter().any(|range| match range.split_once('-') {
+            Some((a, b)) => {
+                a.parse::<u16>().is_ok_and(|a| a <= slot)
+                    && b.parse::<u16>().is_ok_and(|b| slot <= b)
+            }
+            None => range.parse::<u16>() == Ok(slot),
+        });
+        let host_port = fields[1].split('@').next()?;
+        serves.then(|| host_port.parse().ok()).flatten()
+    })
+}
+
+/// Whether something accepts connections on `addr` within `timeout`.
+fn listens_within(addr: SocketAddr, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
