@@ -33,14 +33,22 @@ pub fn free_addr() -> SocketAddr {
 
 /// Waits until something accepts connections on `addr`.
 pub fn wait_for_listener(addr: SocketAddr, timeout: Duration) {
+    assert!(
+        listens_within(addr, timeout),
+        "nothing listens on {addr} after {timeout:?}"
+    );
+}
+
+/// Whether something accepts connections on `addr` within `timeout`.
+pub fn listens_within(addr: SocketAddr, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "nothing listens on {addr} after {timeout:?}"
-        );
+        if Instant::now() >= deadline {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
+    true
 }
 
 /// A child process that is killed (SIGKILL) and reaped when dropped.

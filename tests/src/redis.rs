@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::process::{free_addr, wait_for_listener, Process};
+use crate::process::{free_addr, listens_within, wait_for_listener, Process};
 
 /// A private `redis-server` on a free loopback port, with persistence off; killed on drop.
 pub struct RedisServer {
@@ -343,20 +343,6 @@ fn master_of_slot(listing: &str, slot: u16) -> Option<SocketAddr> {
         let host_port = fields[1].split('@').next()?;
         serves.then(|| host_port.parse().ok()).flatten()
     })
-}
-
-/// Whether something accepts connections on `addr` within `timeout`.
-fn listens_within(addr: SocketAddr, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Redis exactly as `deploy/redis/redis.conf` ships it (AOF on, no eviction, ACL users written by
