@@ -194,6 +194,23 @@ impl GatewayProcess {
             .unwrap_or_else(|| panic!("no {name} in /metrics"))
     }
 
+    /// Waits until the unlabelled metric `name` reads `want`: for what the gateway counts a
+    /// moment after the change a test can see (a fsync, a reload, then the count).
+    pub async fn metric_reaches(&self, name: &str, want: f64, within: Duration) {
+        let started = Instant::now();
+        loop {
+            let now = self.metric(name).await;
+            if now == want {
+                return;
+            }
+            assert!(
+                started.elapsed() < within,
+                "{name} is {now}, not {want}, after {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

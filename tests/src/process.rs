@@ -2,9 +2,11 @@
 //! loopback ports, and child processes that are killed when the test lets go of them, so a
 //! failing test never leaves a server behind.
 
+use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Path of a binary of this workspace, built by the same `cargo test`/`cargo nextest` run
@@ -25,10 +27,20 @@ pub fn bin_path(name: &str) -> PathBuf {
     path
 }
 
-/// A loopback address nobody listens on at the moment of asking.
+/// A loopback address nobody listens on at the moment of asking, and never handed out before
+/// by this test process: the kernel may give a port just released again, so two picks in a
+/// row (a gateway's public and admin ports, a cluster's nodes) could otherwise collide.
 pub fn free_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
-    l.local_addr().expect("local address of a bound socket")
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    for _ in 0..1_000 {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
+        let addr = l.local_addr().expect("local address of a bound socket");
+        let mut given = GIVEN.lock().unwrap_or_else(PoisonError::into_inner);
+        if given.insert(addr.port()) {
+            return addr;
+        }
+    }
+    panic!("no loopback port this test has not been given already, after 1,000 picks");
 }
 
 /// Waits until something accepts connections on `addr`.

@@ -6,7 +6,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use e2e::{fresh_minute, header, Backend, Fixture, GatewayProcess, GatewaySpec, RedisServer};
+use e2e::{
+    eventually, fresh_minute, header, Backend, Fixture, GatewayProcess, GatewaySpec, RedisServer,
+};
 use serde_json::Value;
 
 /// Five nodes on one Redis, one worker thread each, deciding exactly even when loaded.
@@ -253,7 +255,10 @@ async fn a_shadow_window_is_counted_and_reported_but_never_refuses_or_shows() {
     let n: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
     // The 10 s window may have turned over between the four requests: 1 or 2 past its limit.
     assert!((1.0..=2.0).contains(&n), "{line}");
-    assert!(gw.log_text().contains("shadow"), "the access log says so");
+    eventually(Duration::from_secs(5), "the access log says so", || {
+        gw.log_text().contains("shadow")
+    })
+    .await;
     // The operator sees it, marked shadow.
     let id = e2e::first_key_id(&f.keys);
     let shown: Value = reqwest::get(gw.admin_url(&format!("/keys/{id}")))
