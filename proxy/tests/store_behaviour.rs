@@ -1038,6 +1038,54 @@ async fn redis_state_of_the_previous_version_is_carried_over() {
     );
 }
 
+/// Redis only: a state key holding another type (a stray write) starts again, logged, rather than
+/// fail the script, which in a batch would fail every other quota's decision sent with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_state_key_of_another_type_starts_again_and_fails_nothing_beside_it() {
+    fresh_minute(Duration::from_secs(10));
+    let server = RedisServer::start();
+    let store =
+        Arc::new(RedisStore::new(&server.url(), "pet:prod", Duration::from_millis(500)).unwrap());
+    assert_eq!(
+        server
+            .cli(&["RPUSH", "pet:prod:windows:{stray}", "x"])
+            .trim(),
+        "1"
+    );
+    assert_eq!(
+        server
+            .cli(&["HSET", "pet:prod:state:{old}", "f", "v"])
+            .trim(),
+        "1"
+    );
+    let limits = md(100, 1_000);
+    // Sent together, so that the batch carries the stray key's decision beside the others.
+    let decisions: Vec<_> = ["stray", "fine", "old", "stray"]
+        .into_iter()
+        .map(|id| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move { store.acquire(&Arc::from(id), limits, 1, &NO_BANS()).await })
+        })
+        .collect();
+    let mut counts = Vec::new();
+    for d in decisions {
+        let v = d.await.unwrap().expect("decided");
+        assert_eq!(v.outcome, Outcome::Admitted);
+        counts.push(v.counts[0]);
+    }
+    counts.sort_unstable();
+    assert_eq!(
+        counts,
+        [1, 1, 1, 2],
+        "each quota counted from zero, the stray one twice"
+    );
+    assert_eq!(
+        server.cli(&["TYPE", "pet:prod:windows:{stray}"]).trim(),
+        "string"
+    );
+    assert_eq!(store.usage("old").await.unwrap().count(Every::MINUTE), 1);
+}
+
 /// Redis only: a ban longer than the state's 32-bit times can hold ends where the state says, in
 /// the answer as in storage (never a ban that looks ended, or a different end on the next call).
 #[tokio::test]

@@ -71,8 +71,20 @@ local SW, SC, BU, LV, LU, RD, RC, LA, EX = 5, 6, 7, 8, 9, 10, 11, 12, 13
 local MAX = 4294967295
 local FORMATS = {}
 for n = 0, 6 do FORMATS[n] = '<IIIIIIIII' .. string.rep('III', n) end
+-- A GET that reads a key of another type (a stray write, an old tool) as no state, logged, rather
+-- than fail the script: in a batch that would fail every other quota's decision with it. The
+-- state's `SET` then replaces it.
+local function get_string(key)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' and v.err then
+    redis.log(redis.LOG_WARNING, 'pet-gateway: quota state ' .. key .. ' is not a string (' ..
+      v.err .. '); it starts again')
+    return nil
+  end
+  return v
+end
 local function load(key)
-  local v = redis.call('GET', key)
+  local v = get_string(key)
   if v then
     local n = (#v - 36) / 12
     if FORMATS[n] then
@@ -81,7 +93,7 @@ local function load(key)
     redis.log(redis.LOG_WARNING, 'pet-gateway: quota state ' .. key .. ' is unreadable (' ..
       #v .. ' bytes); it starts again')
   end
-  local old = redis.call('GET', (string.gsub(key, ':windows:{', ':state:{', 1)))
+  local old = get_string((string.gsub(key, ':windows:{', ':state:{', 1)))
   if old and #old == 48 then
     local mw, mc, dw, dc, sw, sc, bu, lv, lu, rd, rc, la = struct.unpack('<IIIIIIIIIIII', old)
     return {2, 1, false, false, sw, sc, bu, lv, lu, rd, rc, la, 0, 60, mw, mc, 86400, dw, dc,
