@@ -325,6 +325,10 @@ async fn strikes_past_the_threshold_ban_until_the_ban_ends(subject: &Subject) {
     // The ban ends by itself.
     subject.wait(Duration::from_millis(2_100)).await;
     assert_eq!(store.ban_of("bad").await.unwrap(), None);
+    assert!(
+        store.bans().await.unwrap().is_empty(),
+        "an ended ban is not listed"
+    );
     assert_ne!(outcome(store, "bad", limits, &ban).await, Outcome::Banned);
 }
 
@@ -357,6 +361,18 @@ async fn the_second_ban_is_longer(subject: &Subject) {
         .unwrap();
     assert_eq!(second.outcome, Outcome::Banned);
     assert_eq!(second.ban_until - second.now, 40);
+    let listed: Vec<(String, u64)> = store
+        .bans()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| (b.key_id, b.until))
+        .collect();
+    assert_eq!(
+        listed,
+        [("esc".to_owned(), second.ban_until)],
+        "the list has the new end"
+    );
 }
 
 async fn lifting_a_ban_ends_it_now(subject: &Subject) {

@@ -22,6 +22,11 @@ const SHARDS: usize = 64;
 struct Shard {
     keys: PackedStates,
     swept_minute: u64,
+    /// The shard's bans, key id to end, kept beside the states so that listing them (the
+    /// console's overview asks every few seconds) walks the bans, not every key: a walk of a
+    /// million states held each shard's lock against requests for milliseconds. Ended ones go
+    /// at the shard's sweep; readers skip them until then.
+    bans: HashMap<Arc<str>, u64>,
 }
 
 pub struct MemoryStore {
@@ -88,10 +93,15 @@ impl MemoryStore {
         if shard.swept_minute != minute {
             shard.swept_minute = minute;
             shard.keys.retain(|s| !s.is_idle(now));
+            shard.bans.retain(|_, until| *until > now);
         }
-        shard
+        let verdict = shard
             .keys
-            .update(key_id, |state| state.acquire(now, limits, cost, ban))
+            .update(key_id, |state| state.acquire(now, limits, cost, ban));
+        if verdict.ban_started {
+            shard.bans.insert(Arc::clone(key_id), verdict.ban_until);
+        }
+        verdict
     }
 
     /// Drops every state with nothing left that can matter at `now`.
@@ -100,6 +110,7 @@ impl MemoryStore {
             let mut shard = lock(shard);
             shard.keys.retain(|s| !s.is_idle(now));
             shard.keys.shrink_to_fit();
+            shard.bans.retain(|_, until| *until > now);
         }
     }
 }
@@ -125,6 +136,7 @@ impl QuotaStore for MemoryStore {
     async fn lift_ban(&self, key_id: &str) -> Result<bool, StoreError> {
         let now = self.clock.now();
         let mut shard = lock(self.shard(key_id));
+        shard.bans.remove(key_id);
         Ok(shard.keys.update_existing(key_id, |state| {
             if u64::from(state.ban_until) <= now {
                 return false;
@@ -152,14 +164,17 @@ impl QuotaStore for MemoryStore {
         let now = self.clock.now();
         let mut bans = Vec::new();
         for shard in self.shards.iter() {
-            lock(shard).keys.each(|id, s| {
-                if u64::from(s.ban_until) > now {
-                    bans.push(Ban {
+            let shard = lock(shard);
+            bans.extend(
+                shard
+                    .bans
+                    .iter()
+                    .filter(|(_, &until)| until > now)
+                    .map(|(id, &until)| Ban {
                         key_id: id.to_string(),
-                        until: s.ban_until.into(),
-                    });
-                }
-            });
+                        until,
+                    }),
+            );
         }
         Ok(bans)
     }

@@ -96,13 +96,6 @@ impl PackedStates {
         out
     }
 
-    /// Every key and its state, for listing bans.
-    pub(super) fn each(&self, mut f: impl FnMut(&Arc<str>, &KeyState)) {
-        for (key, entry) in &self.keys {
-            f(key, &self.unpack(entry));
-        }
-    }
-
     /// Keeps the keys whose state `keep` says to, and gives back the runs of the others.
     pub(super) fn retain(&mut self, mut keep: impl FnMut(&KeyState) -> bool) {
         let PackedStates {
