@@ -194,6 +194,27 @@ impl GatewayProcess {
             .unwrap_or_else(|| panic!("no {name} in /metrics"))
     }
 
+    /// The sum of every series of metric `name` (each label set), 0 when it has none yet: a
+    /// labelled counter appears only once counted.
+    pub async fn metric_sum(&self, name: &str) -> f64 {
+        let text = reqwest::get(self.admin_url("/metrics"))
+            .await
+            .expect("admin listener answers")
+            .text()
+            .await
+            .expect("a metrics body");
+        text.lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix(name)?;
+                let value = match rest.strip_prefix('{') {
+                    Some(labelled) => labelled.split_once("} ")?.1,
+                    None => rest.strip_prefix(' ')?,
+                };
+                value.trim().parse::<f64>().ok()
+            })
+            .sum()
+    }
+
     /// Waits until the unlabelled metric `name` reads `want`: for what the gateway counts a
     /// moment after the change a test can see (a fsync, a reload, then the count).
     pub async fn metric_reaches(&self, name: &str, want: f64, within: Duration) {
