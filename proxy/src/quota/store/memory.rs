@@ -24,9 +24,22 @@ struct Shard {
     swept_minute: u64,
     /// The shard's bans, key id to end, kept beside the states so that listing them (the
     /// console's overview asks every few seconds) walks the bans, not every key: a walk of a
-    /// million states held each shard's lock against requests for milliseconds. Ended ones go
-    /// at the shard's sweep; readers skip them until then.
+    /// million states held each shard's lock against requests for milliseconds. An entry goes
+    /// with its ban (lifted, or another one started) or its state (swept once idle), not with
+    /// the time: a clock stepped back would bring back a ban the time had ended. Readers skip
+    /// the ended ones.
     bans: HashMap<Arc<str>, u64>,
+}
+
+impl Shard {
+    /// Keeps the entries whose state still holds that very ban.
+    fn prune_bans(&mut self) {
+        let keys = &self.keys;
+        self.bans.retain(|id, until| {
+            keys.get(id)
+                .is_some_and(|s| u64::from(s.ban_until) == *until)
+        });
+    }
 }
 
 pub struct MemoryStore {
@@ -93,7 +106,7 @@ impl MemoryStore {
         if shard.swept_minute != minute {
             shard.swept_minute = minute;
             shard.keys.retain(|s| !s.is_idle(now));
-            shard.bans.retain(|_, until| *until > now);
+            shard.prune_bans();
         }
         let verdict = shard
             .keys
@@ -110,7 +123,8 @@ impl MemoryStore {
             let mut shard = lock(shard);
             shard.keys.retain(|s| !s.is_idle(now));
             shard.keys.shrink_to_fit();
-            shard.bans.retain(|_, until| *until > now);
+            shard.prune_bans();
+            shard.bans.shrink_to_fit();
         }
     }
 }
@@ -241,5 +255,48 @@ impl QuotaStore for MemoryStore {
     ) -> Result<(u64, Vec<(String, u64)>), StoreError> {
         let index = window.every().index(self.clock.now());
         Ok((index, lock(&self.ranking).top(window, index, limit)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ban list follows the states, not the time: a clock stepped forward past a ban's end,
+    /// swept there, then stepped back still lists the ban the state holds (and `ban_of` shows).
+    #[tokio::test]
+    async fn a_ban_swept_past_its_end_is_listed_again_when_the_clock_steps_back() {
+        let start = 1_800_000_000;
+        let clock = Clock::manual(start);
+        let store = MemoryStore::with_clock(clock.clone());
+        let limits = Limits::minute_day(1, 100).unwrap();
+        let ban = BanPolicy {
+            strikes: 0,
+            durations: vec![600],
+            decay_secs: 3_600,
+        };
+        let id: Arc<str> = Arc::from("k");
+        store.acquire(&id, limits, 1, &ban).await.unwrap();
+        let banned = store.acquire(&id, limits, 1, &ban).await.unwrap();
+        assert!(banned.ban_started);
+        clock.set(start + 700);
+        store.sweep(start + 700);
+        assert!(
+            store.bans().await.unwrap().is_empty(),
+            "ended at start + 700"
+        );
+        clock.set(start + 10);
+        let listed: Vec<(String, u64)> = store
+            .bans()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|b| (b.key_id, b.until))
+            .collect();
+        assert_eq!(listed, [("k".to_owned(), banned.ban_until)]);
+        assert!(store.ban_of("k").await.unwrap().is_some());
+        // Lifted, it leaves the list at once.
+        assert!(store.lift_ban("k").await.unwrap());
+        assert!(store.bans().await.unwrap().is_empty());
     }
 }
