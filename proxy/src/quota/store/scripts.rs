@@ -73,10 +73,11 @@ local FORMATS = {}
 for n = 0, 6 do FORMATS[n] = '<IIIIIIIII' .. string.rep('III', n) end
 -- A GET that reads a key of another type (a stray write, an old tool) as no state, logged, rather
 -- than fail the script: in a batch that would fail every other quota's decision with it. The
--- state's `SET` then replaces it.
+-- state's `SET` then replaces it. Any other error (an ACL refusal, say) is raised as before.
 local function get_string(key)
   local v = redis.pcall('GET', key)
   if type(v) == 'table' and v.err then
+    if string.sub(v.err, 1, 9) ~= 'WRONGTYPE' then error(v) end
     redis.log(redis.LOG_WARNING, 'pet-gateway: quota state ' .. key .. ' is not a string (' ..
       v.err .. '); it starts again')
     return nil
