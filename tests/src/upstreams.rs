@@ -1,5 +1,5 @@
 //! Fake backends for the gateway to forward to: one that echoes what it was sent, one that
-//! never answers.
+//! never answers, one that closes each connection unanswered, one that fails mid-response.
 
 use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
@@ -84,6 +84,39 @@ impl SilentUpstream {
             }
         });
         SilentUpstream { addr }
+    }
+}
+
+/// An upstream that accepts each connection, reads the request's head and closes it unanswered:
+/// what a backend shutting down does to a connection it accepted just before. Counts the
+/// connections it dropped.
+pub struct ClosingUpstream {
+    pub addr: SocketAddr,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl ClosingUpstream {
+    pub fn start() -> ClosingUpstream {
+        use std::io::Read;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind closing upstream");
+        let addr = listener.local_addr().expect("addr");
+        let dropped = std::sync::Arc::new(AtomicUsize::new(0));
+        let counter = std::sync::Arc::clone(&dropped);
+        std::thread::spawn(move || {
+            for mut stream in listener.incoming().flatten() {
+                let mut head = [0u8; 4096];
+                let _ = stream.read(&mut head);
+                counter.fetch_add(1, Ordering::SeqCst);
+                drop(stream);
+            }
+        });
+        ClosingUpstream { addr, dropped }
+    }
+
+    /// How many connections it has closed unanswered.
+    pub fn dropped(&self) -> usize {
+        self.dropped.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 

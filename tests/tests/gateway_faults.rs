@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e::{
-    burst, first_key_id, fresh_minute, write_plan, Backend, Fixture, GatewayProcess, GatewaySpec,
-    Process, RedisCluster, RedisServer,
+    burst, first_key_id, fresh_minute, write_plan, Backend, ClosingUpstream, Fixture,
+    GatewayProcess, GatewaySpec, Process, RedisCluster, RedisServer,
 };
 use serde_json::Value;
 
@@ -332,6 +332,38 @@ async fn one_of_two_backends_restarted_under_a_steady_stream_fails_no_request() 
         &failed[..failed.len().min(5)]
     );
     drop(b2);
+}
+
+/// A backend that closes new connections unanswered (as one shutting down does to those it had
+/// just accepted) costs no idempotent request: each goes to the other backend, and the closing
+/// one is skipped for a while. Pingora alone retries this only on a reused connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_closing_new_connections_unanswered_costs_no_get() {
+    let s = setup(1_000_000);
+    let closing = ClosingUpstream::start();
+    let backend = Backend::start(&s.dir.path().join("pets.db"));
+    let mut spec = GatewaySpec::new(closing.addr, &s.keys, &s.plans);
+    spec.upstreams.push(backend.addr);
+    let gw = GatewayProcess::start(s.dir.path(), &spec);
+    let client = reqwest::Client::new();
+    for i in 0..20 {
+        let resp = client
+            .get(gw.url("/v1/pets"))
+            .bearer_auth(&s.key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "GET {i}");
+    }
+    assert!(
+        closing.dropped() >= 1,
+        "the closing backend was never tried"
+    );
+    assert!(
+        closing.dropped() <= 2,
+        "{} connections to the closing backend: it was not skipped",
+        closing.dropped()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
-use pingora::{Error, Result};
+use pingora::{Error, Result, RetryType};
 
 use crate::base::metrics::METRICS;
 use crate::http::access_log;
@@ -138,6 +138,37 @@ impl ProxyHttp for Gateway {
         }
         if ctx.upstream_tries < self.upstreams.len() {
             e.set_retry(true);
+        }
+        e
+    }
+
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut Ctx,
+        reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        let replayable = session.req_header().method.is_idempotent()
+            && !session.as_ref().retry_buffer_truncated();
+        if !replayable {
+            e.set_retry(false);
+        } else if !reused
+            && matches!(e.retry, RetryType::ReusedOnly)
+            && ctx.upstream_tries < self.upstreams.len()
+        {
+            // A new connection closed before any answer (a backend shutting down had accepted
+            // it): pingora retries that only on a reused connection, but an idempotent request
+            // may go to another backend either way, and this one is skipped for a while.
+            if let Some(addr) = ctx.upstream {
+                self.upstreams.mark_down(addr);
+                tracing::warn!(upstream = %addr, error = %e, "backend closed a new connection unanswered; skipping it for a while");
+            }
+            e.set_retry(true);
+        } else {
+            e.retry.decide_reuse(reused);
         }
         e
     }
