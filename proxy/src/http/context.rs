@@ -30,6 +30,10 @@ pub struct Ctx {
     pub store_degraded: bool,
     pub upstream: Option<SocketAddr>,
     pub upstream_tries: usize,
+    /// This request was already sent again after a new connection closed unanswered: once is
+    /// enough to ride out a backend's restart, and a request that makes backends drop it (a
+    /// query of death) reaches two of them at most.
+    pub retried_unanswered: bool,
     pub upstream_started: Option<Instant>,
     pub upstream_time: Option<Duration>,
 }
@@ -51,6 +55,7 @@ impl Ctx {
             store_degraded: false,
             upstream: None,
             upstream_tries: 0,
+            retried_unanswered: false,
             upstream_started: None,
             upstream_time: None,
         }

@@ -157,15 +157,17 @@ impl ProxyHttp for Gateway {
             e.set_retry(false);
         } else if !reused
             && matches!(e.retry, RetryType::ReusedOnly)
+            && !ctx.retried_unanswered
             && ctx.upstream_tries < self.upstreams.len()
         {
             // A new connection closed before any answer (a backend shutting down had accepted
             // it): pingora retries that only on a reused connection, but an idempotent request
-            // may go to another backend either way, and this one is skipped for a while.
-            if let Some(addr) = ctx.upstream {
-                self.upstreams.mark_down(addr);
-                tracing::warn!(upstream = %addr, error = %e, "backend closed a new connection unanswered; skipping it for a while");
-            }
+            // may go to another backend either way. Once, and without marking this backend
+            // down: a request that crashes backends would otherwise take healthy ones out of
+            // the rotation. One that is really going away refuses the next connection, and
+            // `fail_to_connect` marks it then.
+            ctx.retried_unanswered = true;
+            tracing::warn!(upstream = ?ctx.upstream, error = %e, "backend closed a new connection unanswered; trying the next one");
             e.set_retry(true);
         } else {
             e.retry.decide_reuse(reused);

@@ -39,19 +39,20 @@ impl Upstreams {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// The next healthy backend in turn, other than `avoid` when possible; then `avoid` itself
-    /// if it is the only healthy one; when every backend is marked down, the next one anyway (a
-    /// down mark is a guess, a refused request is not).
+    /// The next healthy backend in turn other than `avoid` (the one a retried request just
+    /// failed on); else the next other one even if marked down (a down mark is a guess, the
+    /// failure just seen is not); `avoid` itself only when it is the only backend.
     pub fn pick(&self, avoid: Option<SocketAddr>) -> SocketAddr {
         let n = self.addrs.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let now = self.now_ms();
         let healthy = |i: &usize| self.down_until[*i].load(Ordering::Relaxed) <= now;
+        let other = |i: &usize| Some(self.addrs[*i]) != avoid;
         let in_turn = || (0..n).map(|i| (start + i) % n);
         in_turn()
             .filter(healthy)
-            .find(|&i| Some(self.addrs[i]) != avoid)
-            .or_else(|| in_turn().find(healthy))
+            .find(other)
+            .or_else(|| in_turn().find(other))
             .map_or(self.addrs[start % n], |i| self.addrs[i])
     }
 
@@ -76,9 +77,19 @@ mod tests {
         assert_eq!(picks, [a, b, a, b]);
         u.mark_down(a);
         assert!((0..4).all(|_| u.pick(None) == b));
-        assert_eq!(u.pick(Some(b)), b, "all others down: still an answer");
+        assert_eq!(
+            u.pick(Some(b)),
+            a,
+            "a retry goes to another backend, even one marked down"
+        );
         u.mark_down(b);
         let any = u.pick(None);
         assert!(any == a || any == b);
+        assert!(
+            (0..4).all(|_| u.pick(Some(a)) == b),
+            "all down: not the one that failed"
+        );
+        let only = Upstreams::new(vec![a]);
+        assert_eq!(only.pick(Some(a)), a, "the only backend: still an answer");
     }
 }
