@@ -181,14 +181,19 @@ impl GatewayProcess {
         format!("http://{}{path}", self.admin)
     }
 
-    /// The value of an unlabelled metric on the admin listener's `/metrics`.
-    pub async fn metric(&self, name: &str) -> f64 {
-        let text = reqwest::get(self.admin_url("/metrics"))
+    /// The admin listener's `/metrics`, whole.
+    async fn metrics_text(&self) -> String {
+        reqwest::get(self.admin_url("/metrics"))
             .await
             .expect("admin listener answers")
             .text()
             .await
-            .expect("a metrics body");
+            .expect("a metrics body")
+    }
+
+    /// The value of an unlabelled metric on the admin listener's `/metrics`.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = self.metrics_text().await;
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
             .unwrap_or_else(|| panic!("no {name} in /metrics"))
@@ -197,12 +202,7 @@ impl GatewayProcess {
     /// The sum of every series of metric `name` (each label set), 0 when it has none yet: a
     /// labelled counter appears only once counted.
     pub async fn metric_sum(&self, name: &str) -> f64 {
-        let text = reqwest::get(self.admin_url("/metrics"))
-            .await
-            .expect("admin listener answers")
-            .text()
-            .await
-            .expect("a metrics body");
+        let text = self.metrics_text().await;
         text.lines()
             .filter_map(|l| {
                 let rest = l.strip_prefix(name)?;
