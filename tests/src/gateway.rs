@@ -236,6 +236,19 @@ impl GatewayProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// What `GET /v1/rate_limit` answers `key`: the store's own count of its quota.
+    pub async fn rate_limit(&self, key: &str) -> serde_json::Value {
+        reqwest::Client::new()
+            .get(self.url("/v1/rate_limit"))
+            .bearer_auth(key)
+            .send()
+            .await
+            .expect("the gateway answers")
+            .json()
+            .await
+            .expect("a JSON body")
+    }
+
     /// The status of `GET /v1/pets` with `key`.
     pub async fn status(&self, key: &str) -> u16 {
         reqwest::Client::new()

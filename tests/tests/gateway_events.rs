@@ -79,15 +79,7 @@ fn stop(gateway: GatewayProcess) {
 
 /// The store's own count of `key`'s quota in this minute, as `GET /v1/rate_limit` reads it.
 async fn minute_counted(gateway: &GatewayProcess, key: &str) -> u64 {
-    let status: Value = reqwest::Client::new()
-        .get(gateway.url("/v1/rate_limit"))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let status = gateway.rate_limit(key).await;
     let minute = &status["minute"];
     minute["limit"].as_u64().unwrap() - minute["remaining"].as_u64().unwrap()
 }

@@ -346,16 +346,10 @@ async fn a_backend_closing_new_connections_unanswered_costs_no_get_and_repeats_n
     let mut spec = GatewaySpec::new(closing.addr, &s.keys, &s.plans);
     spec.upstreams.push(backend.addr);
     let gw = GatewayProcess::start(s.dir.path(), &spec);
-    let client = reqwest::Client::new();
     for i in 0..20 {
-        let resp = client
-            .get(gw.url("/v1/pets"))
-            .bearer_auth(&s.key)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200, "GET {i}");
+        assert_eq!(gw.status(&s.key).await, 200, "GET {i}");
     }
+    let client = reqwest::Client::new();
     let gets_dropped = closing.dropped();
     assert!(gets_dropped >= 1, "the closing backend was never tried");
     // Two POSTs in a row take the two backends in turn: one is created, one meets the closing
@@ -543,13 +537,7 @@ async fn a_full_redis_refuses_visibly_and_never_resets_a_count() {
         "0",
     ]);
     for _ in 0..5 {
-        let resp = client
-            .get(gw.url("/v1/pets"))
-            .bearer_auth(&s.key)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 503, "a full store refuses visibly");
+        assert_eq!(gw.status(&s.key).await, 503, "a full store refuses visibly");
     }
     assert!(
         gw.metric("pet_gateway_store_errors_total{kind=\"protocol\"}")

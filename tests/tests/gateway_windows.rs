@@ -123,27 +123,14 @@ async fn five_nodes_admit_exactly_the_limit_of_a_cost_five_operation() {
     );
     assert_eq!(counts.get(&429), Some(&88), "{counts:?}");
     // Nothing of a refused request was counted: the minute holds exactly 60 units.
-    let body = rate_limit(&nodes[0], &key).await;
+    let body = nodes[0].rate_limit(&key).await;
     assert_eq!(body["minute"]["remaining"], 0, "{body}");
     assert_eq!(body["day"]["remaining"], 100_000 - 60, "{body}");
 }
 
-/// What `GET /v1/rate_limit` answers `key` on `gw`.
-async fn rate_limit(gw: &GatewayProcess, key: &str) -> Value {
-    reqwest::Client::new()
-        .get(gw.url("/v1/rate_limit"))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 /// What `GET /v1/rate_limit` says is left of the minute.
 async fn minute_left(gw: &GatewayProcess, key: &str) -> u64 {
-    let body = rate_limit(gw, key).await;
+    let body = gw.rate_limit(key).await;
     body["minute"]["remaining"]
         .as_u64()
         .expect("a minute window")
@@ -237,7 +224,7 @@ async fn a_shadow_window_is_counted_and_reported_but_never_refuses_or_shows() {
         let policy = header(&resp, "ratelimit-policy").unwrap();
         assert!(!policy.contains("10s"), "never in the headers: {policy}");
     }
-    let body = rate_limit(&gw, &key).await;
+    let body = gw.rate_limit(&key).await;
     assert!(
         !body.to_string().contains("10s"),
         "never to clients: {body}"
