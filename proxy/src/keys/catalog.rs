@@ -39,6 +39,12 @@ impl Snapshot {
         self.plans.get(&key.plan).map(|p| key.limits(&p.limits))
     }
 
+    /// `key` while the gateway accepts it (not expired at `now`), with the limits it is held to:
+    /// what the admin side shows usage against.
+    pub fn accepted(&self, key: &KeyInfo, now: u64) -> Option<(KeyInfo, Option<Limits>)> {
+        (!key.expired(now)).then(|| (key.clone(), self.limits_of(key)))
+    }
+
     pub fn load(keys_file: &Path, plans_dir: &Path) -> Result<Snapshot, CatalogError> {
         let plans = Plans::load_dir(plans_dir)?;
         let keys = load_keys(keys_file, &plans)?;

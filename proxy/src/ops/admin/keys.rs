@@ -277,15 +277,10 @@ impl Admin {
 
     /// The key with this id while this gateway accepts it (not expired), and the limits it is
     /// held to (none when its plan is missing).
-    pub(super) fn active_key(&self, id: &str) -> Option<(KeyInfo, Option<Limits>)> {
+    fn active_key(&self, id: &str) -> Option<(KeyInfo, Option<Limits>)> {
         let snapshot = self.catalog.snapshot();
-        let key = snapshot
-            .keys
-            .by_id(id)
-            .filter(|k| !k.expired(crate::base::clock::unix_now()))
-            .cloned()?;
-        let limits = snapshot.limits_of(&key);
-        Some((key, limits))
+        let key = snapshot.keys.by_id(id)?;
+        snapshot.accepted(key, crate::base::clock::unix_now())
     }
 }
 

@@ -166,8 +166,7 @@ fn active_keys(snapshot: &Snapshot, page: &Page) -> HashMap<String, (KeyInfo, Op
         .keys
         .by_ids(&ids)
         .into_values()
-        .filter(|key| !key.expired(now))
-        .map(|key| (key.id.to_string(), (key.clone(), snapshot.limits_of(key))))
+        .filter_map(|key| Some((key.id.to_string(), snapshot.accepted(key, now)?)))
         .collect()
 }
 
