@@ -365,9 +365,7 @@ mod tests {
 
     #[test]
     fn only_the_gateways_events_are_posted() {
-        let ok = br#"{"specversion":"1.0","id":"n.1.2.3","source":"pet-gateway/production/n","type":"pet.usage.v1","time":"2026-11-25T10:00:00Z","data":{}}"#;
-        let mut batch = ok.to_vec();
-        batch.push(b'\n');
+        let batch = USAGE_LINE.to_vec();
         assert_eq!(kinds(&batch).unwrap(), vec!["pet.usage.v1"]);
         for bad in [
             &b"not json"[..],
