@@ -46,17 +46,6 @@ async fn admin(gw: &GatewayProcess, method: reqwest::Method, path: &str, body: V
         .unwrap()
 }
 
-async fn status_with(gw: &GatewayProcess, key: &str) -> u16 {
-    reqwest::Client::new()
-        .get(gw.url("/v1/pets"))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_token_is_refused_with_a_message_and_the_right_one_signs_in() {
     let f = Fixture::new(60, 1_000);
@@ -100,7 +89,7 @@ async fn a_key_issued_on_the_page_works_and_revoked_there_is_refused_within_a_se
     let key = browser.text_of("#new-key").await;
     assert!(!key.is_empty(), "{shown}");
     assert!(browser.text_of("#copy-key").await.contains("Copy"));
-    assert_eq!(status_with(&gw, &key).await, 200);
+    assert_eq!(gw.status(&key).await, 200);
 
     let id = shown
         .split_whitespace()
@@ -119,7 +108,7 @@ async fn a_key_issued_on_the_page_works_and_revoked_there_is_refused_within_a_se
     );
     let started = Instant::now();
     loop {
-        if status_with(&gw, &key).await == 401 {
+        if gw.status(&key).await == 401 {
             break;
         }
         assert!(
@@ -157,12 +146,8 @@ async fn a_key_rotated_on_the_page_shows_its_successor_once_and_it_works() {
     browser
         .screenshot(&shots().join("key-shown-once-1280.png"))
         .await;
-    assert_eq!(status_with(&gw, &key).await, 200, "the shown key works");
-    assert_eq!(
-        status_with(&gw, &old).await,
-        200,
-        "the old one, for its overlap"
-    );
+    assert_eq!(gw.status(&key).await, 200, "the shown key works");
+    assert_eq!(gw.status(&old).await, 200, "the old one, for its overlap");
     browser.click("#back-to-keys").await;
     browser.wait_text("main h2", "Keys").await;
     browser.wait_text("main tbody", &old_id).await;
@@ -277,7 +262,7 @@ async fn every_page_reads_at_both_widths_and_is_reached_by_keyboard() {
     let key_id = e2e::first_key_id(&f.keys);
     let backend = f.backend();
     let gw = console_gateway(&f, backend.addr, "");
-    assert_eq!(status_with(&gw, &key).await, 200);
+    assert_eq!(gw.status(&key).await, 200);
     let shots = shots();
     // Each page's title, and what its content shows: the key, its plan, its windows.
     let pages = [
@@ -492,7 +477,7 @@ async fn key_search_finds_filters_and_pages_with_usage_in_one_call() {
         let issued = admin(&gw, reqwest::Method::POST, "/keys", body).await;
         assert!(issued["id"].is_string(), "{issued}");
     }
-    assert_eq!(status_with(&gw, &first).await, 200);
+    assert_eq!(gw.status(&first).await, 200);
     let search = |q: &str| {
         let url = gw.admin_url(&format!("/key-search?{q}"));
         async move {

@@ -107,16 +107,9 @@ async fn usage_events_carry_what_was_admitted_and_refused_and_a_stop_writes_them
     );
     let gateway = f.gateway(&spec);
     fresh_minute(Duration::from_secs(10));
-    let client = reqwest::Client::new();
     let mut statuses = Vec::new();
     for _ in 0..8 {
-        let resp = client
-            .get(gateway.url("/v1/pets"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap();
-        statuses.push(resp.status().as_u16());
+        statuses.push(gateway.status(&key).await);
     }
     assert_eq!(
         statuses.iter().filter(|s| **s == 200).count(),
@@ -281,14 +274,8 @@ async fn a_full_disk_under_the_metering_file_holds_the_events_until_there_is_roo
     let spec = metered(&f, backend.addr, &disk.path, "grace_period_secs = 0\n");
     let gateway = f.gateway(&spec);
     fresh_minute(Duration::from_secs(10));
-    let client = reqwest::Client::new();
     for _ in 0..7 {
-        client
-            .get(gateway.url("/v1/pets"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap();
+        gateway.status(&key).await;
     }
     disk.fill();
     let log = gateway.log.clone();
@@ -625,13 +612,7 @@ async fn usage_events_follow_the_stores_count_through_a_redis_restart() {
     // Once the store is back, decisions are the store's again, and metered.
     let mut after = 0;
     for _ in 0..200 {
-        let resp = client
-            .get(gateway.url("/v1/pets"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap();
-        after += u64::from(resp.status() == 200);
+        after += u64::from(gateway.status(&key).await == 200);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(after, 200);
