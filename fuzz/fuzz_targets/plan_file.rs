@@ -1,10 +1,13 @@
-//! The plan file parser (operators edit these by hand): never panics; accepted limits are >= 1.
+//! The plan file parser (operators edit these by hand): never panics; what it accepts has at
+//! least one enforced window, limits >= 1 and a concurrency, when given, >= 1.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
-    if let Ok(limits) = proxy::keys::plans::parse_limits(text) {
-        assert!(limits.per_minute >= 1 && limits.per_day >= 1);
+    if let Ok(plan) = proxy::keys::plans::parse_plan(text) {
+        assert!(plan.limits.enforced().next().is_some());
+        assert!(plan.limits.windows().iter().all(|w| w.limit >= 1));
+        assert!(plan.limits.concurrency().is_none_or(|n| n >= 1));
     }
 });

@@ -6,9 +6,10 @@
 //!
 //! | layer | wing | owns |
 //! |---|---|---|
-//! | 7 | [`ops`] | the assembly (`serve`), the admin listener, the command line and its commands |
-//! | 6 | [`config`] | file, environment and flags into one [`config::Config`] |
-//! | 5 | [`http`] | the request path through pingora: phases, request shape, responses, TLS, upstreams |
+//! | 8 | [`ops`] | the assembly (`serve`), the admin listener, the command line and its commands |
+//! | 7 | [`config`] | file, environment and flags into one [`config::Config`] |
+//! | 6 | [`http`] | the request path through pingora: phases, request shape, responses, TLS |
+//! | 5 | [`upstream`] | the backends: rotation and health, places at each, the fair queue, adaptive limits |
 //! | 4 | [`events`] | CloudEvents for the business: usage counted per key and minute, the metering file |
 //! | 3 | [`quota`] | admission, resilience, the unauthenticated limit, the quota stores |
 //! | 2 | [`keys`] | keys and plans: records, the keys file, the registry, the catalog, the key service |
@@ -21,3 +22,4 @@ pub mod http;
 pub mod keys;
 pub mod ops;
 pub mod quota;
+pub mod upstream;

@@ -1,13 +1,15 @@
 //! Property tests for the gateway's parser and quota arithmetic: the bearer-token parser never
 //! panics and only accepts what RFC 6750 allows; the quota rules never admit more than a
-//! window's limit, never report a reset in the past, and always ask for at least one second.
+//! window's limit, never report a reset in the past, and always ask for at least one second;
+//! a concurrency is never exceeded, its refusals spend nothing, and leases nobody gives back
+//! end by themselves.
 
 use std::collections::HashMap;
 
 use proptest::prelude::*;
 use proxy::http::auth::{bearer_token, MAX_TOKEN_LEN};
 use proxy::keys::limits::{Every, Limits, WindowLimit};
-use proxy::quota::rules::{BanPolicy, KeyState, Outcome, RateView};
+use proxy::quota::rules::{BanPolicy, KeyState, Lease, Leases, Outcome, RateView};
 
 proptest! {
     #[test]
@@ -63,7 +65,61 @@ proptest! {
                     prop_assert!(retry >= 1);
                     prop_assert_eq!(now + retry, view.reset.max(now + 1));
                 }
+                Outcome::ConcurrencyLimited => prop_assert!(false, "no concurrency here"),
             }
         }
+    }
+
+    #[test]
+    fn a_concurrency_is_never_exceeded_and_its_refusals_spend_nothing(
+        most in 1u32..6,
+        lease_secs in 3u64..20,
+        start in 0u64..(u64::from(u32::MAX) - 100_000),
+        // (seconds later, 0: ask for a place; 1: give the oldest place back; 2: forget one,
+        // as a node that died would)
+        steps in proptest::collection::vec((0u64..5, 0u8..3), 1..300),
+    ) {
+        let limits = Limits::minute_day(1_000_000, 1_000_000).unwrap().with_concurrency(most);
+        let ban = BanPolicy { strikes: 0, ..BanPolicy::default() };
+        let (mut state, mut leases) = (KeyState::default(), Leases::default());
+        // The leases whose requests are still running, and those nobody will give back.
+        let mut held: Vec<Lease> = Vec::new();
+        let mut forgotten: Vec<Lease> = Vec::new();
+        let mut now = start;
+        for (gap, action) in steps {
+            now += gap;
+            forgotten.retain(|l| l.end > now);
+            held.retain(|l| l.end > now);
+            match action {
+                0 => {
+                    let before = state;
+                    let v = state.acquire_leased(now, &limits, 1, &ban, Some((&mut leases, lease_secs)));
+                    let running = (held.len() + forgotten.len()) as u64;
+                    match v.outcome {
+                        Outcome::Admitted => {
+                            prop_assert!(running < u64::from(most));
+                            prop_assert_eq!(v.lease.end, now + lease_secs);
+                            held.push(v.lease);
+                        }
+                        Outcome::ConcurrencyLimited => {
+                            prop_assert!(running >= u64::from(most));
+                            prop_assert_eq!(state, before, "a concurrency refusal changes nothing");
+                            prop_assert_eq!(RateView::new(&v, limits, 1).retry_after, Some(1));
+                        }
+                        other => prop_assert!(false, "{:?}", other),
+                    }
+                    prop_assert_eq!(leases.in_flight(now), (held.len() + forgotten.len()) as u64);
+                }
+                1 if !held.is_empty() => {
+                    let lease = held.remove(0);
+                    prop_assert!(leases.give_back(now, lease.end));
+                }
+                2 if !held.is_empty() => forgotten.push(held.remove(0)),
+                _ => {}
+            }
+            prop_assert!(leases.in_flight(now) <= u64::from(most));
+        }
+        // Nobody gives anything back any more: every place ends by itself.
+        prop_assert!(leases.is_empty(now + lease_secs));
     }
 }

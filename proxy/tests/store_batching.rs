@@ -114,7 +114,9 @@ async fn mixed_keys_in_batches_are_each_counted_exactly() {
         match v.outcome {
             Outcome::Admitted => admitted.entry(key).or_default().push(v.counts[0]),
             Outcome::Limited => assert_eq!(v.counts[0], 40, "{key}: {v:?}"),
-            Outcome::Banned => panic!("no ban policy here: {v:?}"),
+            Outcome::Banned | Outcome::ConcurrencyLimited => {
+                panic!("no ban policy or concurrency here: {v:?}")
+            }
         }
     }
     for key in ["a", "b", "c"] {

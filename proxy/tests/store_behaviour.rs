@@ -5,6 +5,7 @@
 //!
 //! The memory store runs on a hand-moved clock, so its window and ban tests step over seconds
 //! instead of sleeping through them; Redis keeps its own time (`TIME`), so there they wait.
+//! Every store's leases (a quota's concurrency) last [`LEASE_SECS`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use std::time::Duration;
 use e2e::{fresh_minute, RedisCluster, RedisServer};
 use proxy::base::clock::Clock;
 use proxy::keys::limits::{Every, Limits, WindowLimit};
-use proxy::quota::rules::{BanPolicy, Binding, Outcome, RateView};
+use proxy::quota::rules::{BanPolicy, Binding, Lease, Outcome, RateView};
 use proxy::quota::store::memory::MemoryStore;
 use proxy::quota::store::redis::RedisStore;
 use proxy::quota::store::{QuotaStore, TopWindow};
@@ -83,10 +84,14 @@ impl Subject {
     }
 }
 
+/// How long a lease lasts in these tests' stores: short, so a lease nobody gives back ends
+/// within a test.
+const LEASE_SECS: u64 = 3;
+
 fn memory() -> Subject {
     let clock = Clock::manual(MANUAL_START);
     Subject {
-        store: Arc::new(MemoryStore::with_clock(clock.clone())),
+        store: Arc::new(MemoryStore::with_clock(clock.clone()).with_lease_secs(LEASE_SECS)),
         clock: Some(clock),
         redis: None,
         _servers: None,
@@ -95,7 +100,9 @@ fn memory() -> Subject {
 
 fn redis() -> Subject {
     let server = RedisServer::start();
-    let store = RedisStore::new(&server.url(), "test", Duration::from_millis(500)).expect("store");
+    let store = RedisStore::new(&server.url(), "test", Duration::from_millis(500))
+        .expect("store")
+        .with_lease_secs(LEASE_SECS);
     Subject {
         store: Arc::new(store),
         clock: None,
@@ -109,7 +116,8 @@ fn redis_unbatched() -> Subject {
     let server = RedisServer::start();
     let store = RedisStore::new(&server.url(), "test", Duration::from_millis(500))
         .expect("store")
-        .with_batch_max(1);
+        .with_batch_max(1)
+        .with_lease_secs(LEASE_SECS);
     Subject {
         store: Arc::new(store),
         clock: None,
@@ -120,7 +128,9 @@ fn redis_unbatched() -> Subject {
 
 fn cluster() -> Subject {
     let cluster = RedisCluster::start(3, 0);
-    let store = RedisStore::new(&cluster.url(), "test", Duration::from_millis(500)).expect("store");
+    let store = RedisStore::new(&cluster.url(), "test", Duration::from_millis(500))
+        .expect("store")
+        .with_lease_secs(LEASE_SECS);
     Subject {
         store: Arc::new(store),
         clock: None,
@@ -829,6 +839,167 @@ async fn redis_a_clock_stepping_back_keeps_the_counts() {
     a_clock_stepping_back_keeps_the_counts(&redis()).await
 }
 
+/// Waits until `quota`'s requests in flight, as the store counts them, are `want` (a release
+/// rides the lane's next run: it is not there the moment it is queued), asking again through
+/// a store that does not answer for a while (paused).
+async fn in_flight_reaches(store: &dyn QuotaStore, quota: &str, want: u64, within: Duration) {
+    let started = std::time::Instant::now();
+    loop {
+        let now = store.usage(quota).await.map(|u| u.in_flight);
+        if matches!(now, Ok(n) if n == want) {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "{quota}: {now:?} in flight, not {want}, after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn a_concurrency_admits_that_many_at_once_and_a_release_makes_room(subject: &Subject) {
+    let store = &*subject.store;
+    subject.fresh_minute(Duration::from_secs(15));
+    let limits = md(100, 1_000).with_concurrency(2);
+    let quota: Arc<str> = Arc::from("c1");
+    let first = store.acquire(&quota, limits, 1, &NO_BANS()).await.unwrap();
+    let second = store.acquire(&quota, limits, 1, &NO_BANS()).await.unwrap();
+    assert_eq!(
+        (first.outcome, second.outcome),
+        (Outcome::Admitted, Outcome::Admitted)
+    );
+    assert_eq!((first.lease.in_flight, second.lease.in_flight), (1, 2));
+    assert!(first.lease.end >= first.now + LEASE_SECS - 1);
+    let refused = store.acquire(&quota, limits, 1, &NO_BANS()).await.unwrap();
+    assert_eq!(refused.outcome, Outcome::ConcurrencyLimited);
+    assert_eq!(
+        refused.lease,
+        Lease {
+            end: 0,
+            in_flight: 2
+        }
+    );
+    assert_eq!(
+        (refused.counts[0], refused.counts[1]),
+        (2, 2),
+        "the refusal spent nothing"
+    );
+    let view = RateView::new(&refused, limits, 1);
+    assert_eq!((view.remaining, view.retry_after), (98, Some(1)));
+    assert_eq!(store.usage(&quota).await.unwrap().in_flight, 2);
+    store.release(&quota, first.lease);
+    in_flight_reaches(store, &quota, 1, Duration::from_secs(2)).await;
+    let third = store.acquire(&quota, limits, 1, &NO_BANS()).await.unwrap();
+    assert_eq!(third.outcome, Outcome::Admitted);
+    // A quota without a concurrency takes no lease.
+    let plain = store
+        .acquire(&Arc::from("c1-plain"), md(100, 1_000), 1, &NO_BANS())
+        .await;
+    assert_eq!(plain.unwrap().lease, Lease::default());
+}
+
+async fn a_concurrency_refusal_strikes_nothing_and_a_full_window_wins(subject: &Subject) {
+    let store = &*subject.store;
+    subject.fresh_minute(Duration::from_secs(15));
+    // One strike would ban: concurrency refusals are no strikes.
+    let strict = BanPolicy {
+        strikes: 0,
+        ..BanPolicy::default()
+    };
+    let quota: Arc<str> = Arc::from("c2");
+    let limits = md(3, 1_000).with_concurrency(1);
+    assert_eq!(
+        store
+            .acquire(&quota, limits, 1, &strict)
+            .await
+            .unwrap()
+            .outcome,
+        Outcome::Admitted
+    );
+    for _ in 0..5 {
+        let v = store.acquire(&quota, limits, 1, &strict).await.unwrap();
+        assert_eq!((v.outcome, v.ban_until), (Outcome::ConcurrencyLimited, 0));
+    }
+    assert_eq!(store.ban_of(&quota).await.unwrap(), None);
+    // The window full as well: `rate_limited` (and its strike) wins over the concurrency.
+    let tight = md(1, 1_000).with_concurrency(1);
+    let v = store.acquire(&quota, tight, 1, &strict).await.unwrap();
+    assert_eq!(
+        v.outcome,
+        Outcome::Banned,
+        "the window's refusal strikes: {v:?}"
+    );
+}
+
+async fn concurrent_decisions_never_exceed_the_concurrency(subject: &Subject) {
+    let store = Arc::clone(&subject.store);
+    subject.fresh_minute(Duration::from_secs(15));
+    let limits = md(1_000, 10_000).with_concurrency(5);
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                store
+                    .acquire(&Arc::from("c3"), limits, 1, &NO_BANS())
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        let v = t.await.unwrap();
+        if v.outcome == Outcome::Admitted {
+            admitted += 1;
+            assert!(v.lease.taken() && v.lease.in_flight <= 5, "{v:?}");
+        }
+    }
+    assert_eq!(admitted, 5);
+}
+
+async fn a_lease_nobody_gives_back_ends_by_itself_and_a_renewal_outlives_it(subject: &Subject) {
+    let store = &*subject.store;
+    let limits = md(1_000, 10_000).with_concurrency(1);
+    let (kept, lost): (Arc<str>, Arc<str>) = (Arc::from("c4-kept"), Arc::from("c4-lost"));
+    let held = store.acquire(&kept, limits, 1, &NO_BANS()).await.unwrap();
+    let abandoned = store.acquire(&lost, limits, 1, &NO_BANS()).await.unwrap();
+    assert!(held.lease.taken() && abandoned.lease.taken());
+    subject.wait(Duration::from_secs(LEASE_SECS - 1)).await;
+    let renewed = store.renew(&kept, held.lease).await.unwrap();
+    assert!(
+        renewed.end > held.lease.end,
+        "{renewed:?} after {:?}",
+        held.lease
+    );
+    assert_eq!(renewed.in_flight, 1);
+    // Past the first end by at least half a second, before the renewed one's by as much (the
+    // store's clock counts whole seconds).
+    subject.wait(Duration::from_millis(1_500)).await;
+    // The lease nobody renewed (its node died) has ended; the renewed one holds its place.
+    assert_eq!(
+        store
+            .acquire(&lost, limits, 1, &NO_BANS())
+            .await
+            .unwrap()
+            .outcome,
+        Outcome::Admitted
+    );
+    assert_eq!(
+        store
+            .acquire(&kept, limits, 1, &NO_BANS())
+            .await
+            .unwrap()
+            .outcome,
+        Outcome::ConcurrencyLimited
+    );
+    store.release(&kept, renewed);
+    in_flight_reaches(store, &kept, 0, Duration::from_secs(2)).await;
+    // A renewal of a lease that is gone takes one again: its request is still in flight.
+    let back = store.renew(&kept, held.lease).await.unwrap();
+    assert_eq!(back.in_flight, 1);
+    assert_eq!(store.usage(&kept).await.unwrap().in_flight, 1);
+}
+
 macro_rules! store_suite {
     ($($store:ident),*) => {$(
         mod $store {
@@ -910,6 +1081,22 @@ macro_rules! store_suite {
             async fn limits_of_other_lengths_on_one_quota_keep_each_others_counts() {
                 super::limits_of_other_lengths_on_one_quota_keep_each_others_counts(&$store()).await
             }
+            #[tokio::test]
+            async fn a_concurrency_admits_that_many_at_once_and_a_release_makes_room() {
+                super::a_concurrency_admits_that_many_at_once_and_a_release_makes_room(&$store()).await
+            }
+            #[tokio::test]
+            async fn a_concurrency_refusal_strikes_nothing_and_a_full_window_wins() {
+                super::a_concurrency_refusal_strikes_nothing_and_a_full_window_wins(&$store()).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn concurrent_decisions_never_exceed_the_concurrency() {
+                super::concurrent_decisions_never_exceed_the_concurrency(&$store()).await
+            }
+            #[tokio::test]
+            async fn a_lease_nobody_gives_back_ends_by_itself_and_a_renewal_outlives_it() {
+                super::a_lease_nobody_gives_back_ends_by_itself_and_a_renewal_outlives_it(&$store()).await
+            }
         }
     )*};
 }
@@ -942,6 +1129,12 @@ async fn redis_prefixes_keep_environments_apart_and_keys_expire() {
         .await
         .unwrap();
     assert_eq!((v.outcome, v.counts[0]), (Outcome::Admitted, 1));
+    // A concurrency keeps its leases beside the state, under the same hash tag.
+    let v = production
+        .acquire(&Arc::from("k"), limits.with_concurrency(3), 1, &NO_BANS())
+        .await
+        .unwrap();
+    assert_eq!((v.outcome, v.lease.in_flight), (Outcome::Admitted, 1));
 
     let client = ::redis::Client::open(server.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
@@ -953,7 +1146,11 @@ async fn redis_prefixes_keep_environments_apart_and_keys_expire() {
     keys.sort();
     assert_eq!(
         keys,
-        ["pet:production:windows:{k}", "pet:staging:windows:{k}"]
+        [
+            "pet:production:leases:{k}",
+            "pet:production:windows:{k}",
+            "pet:staging:windows:{k}"
+        ]
     );
     for key in keys {
         let ttl: i64 = ::redis::cmd("TTL")
@@ -961,7 +1158,82 @@ async fn redis_prefixes_keep_environments_apart_and_keys_expire() {
             .query_async(&mut conn)
             .await
             .unwrap();
-        assert!(ttl > 0 && ttl <= 86_400, "{key} expires (ttl {ttl})");
+        let most = if key.contains(":leases:") {
+            proxy::quota::store::memory::DEFAULT_LEASE_SECS as i64
+        } else {
+            86_400
+        };
+        assert!(ttl > 0 && ttl <= most, "{key} expires (ttl {ttl})");
+    }
+    // Given back, the last lease takes its key with it.
+    production.release(&Arc::from("k"), v.lease);
+    let started = std::time::Instant::now();
+    loop {
+        let exists: i64 = ::redis::cmd("EXISTS")
+            .arg("pet:production:leases:{k}")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if exists == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the leases stay"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Redis only: a decision whose caller stopped waiting (its request ended, its task dropped)
+/// while Redis held the script may still take a lease when Redis gets to it; that answer, come
+/// to nobody, gives the lease back at once, batched or not, rather than holding the place for
+/// the lease's whole length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_decision_nobody_waits_for_gives_back_the_lease_its_answer_took() {
+    for batch_max in [128, 1] {
+        let server = RedisServer::start();
+        let store = Arc::new(
+            RedisStore::new(&server.url(), "t", Duration::from_millis(2_000))
+                .unwrap()
+                .with_batch_max(batch_max)
+                .with_lease_secs(120),
+        );
+        let limits = md(1_000, 10_000).with_concurrency(1);
+        let quota: Arc<str> = Arc::from("late");
+        // Connected, and the scripts loaded (a `NOSCRIPT` answered after the pause would send
+        // the script again, after the usage asked below), so the pause holds the decision and
+        // Redis runs it first.
+        let warm = store
+            .acquire(&Arc::from("warm"), limits, 1, &NO_BANS())
+            .await;
+        assert!(warm.unwrap().lease.taken());
+        assert_eq!(store.usage(&quota).await.unwrap().in_flight, 0);
+        let client = ::redis::Client::open(server.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = ::redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(300)
+            .arg("WRITE")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let asking = {
+            let (store, quota) = (Arc::clone(&store), Arc::clone(&quota));
+            tokio::spawn(async move { store.acquire(&quota, limits, 1, &NO_BANS()).await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        asking.abort();
+        assert!(asking.await.unwrap_err().is_cancelled());
+        // Redis runs it once the pause ends, and the answer nobody waits for gives its lease
+        // back: the place is free long before the lease would end.
+        in_flight_reaches(&*store, &quota, 0, Duration::from_secs(3)).await;
+        let v = store.acquire(&quota, limits, 1, &NO_BANS()).await.unwrap();
+        assert_eq!(v.outcome, Outcome::Admitted, "batch_max {batch_max}");
+        assert_eq!(
+            v.lease.in_flight, 1,
+            "batch_max {batch_max}: it ran, then gave it back"
+        );
     }
 }
 

@@ -41,6 +41,12 @@ pub struct Metrics {
     pub events_dropped: IntCounterVec,
     pub events_dead_lettered: IntCounterVec,
     pub top_flush_failures: IntCounter,
+    pub concurrency_slots_held: IntGauge,
+    pub upstream_in_flight: IntGaugeVec,
+    pub upstream_queue: IntGaugeVec,
+    pub upstream_limit: IntGaugeVec,
+    pub upstream_queue_wait: Histogram,
+    pub overload_refusals: IntCounterVec,
 }
 
 /// Latency buckets from 100 µs (a local decision) to 10 s (the upstream read timeout).
@@ -292,6 +298,43 @@ const TOP_FLUSH_FAILURES: Def = Def {
     labels: &[],
 };
 
+const CONCURRENCY_SLOTS_HELD: Def = Def {
+    name: "pet_gateway_concurrency_slots_held",
+    help: "Places this node holds among its keys' requests in flight (plans or keys with a \
+           concurrency): one per such request until it ends. 0 when idle: a place never leaks.",
+    labels: &[],
+};
+
+// Overload protection: places at the backends, the queue, refusals.
+const UPSTREAM_IN_FLIGHT: Def = Def {
+    name: "pet_gateway_upstream_in_flight",
+    help: "Requests this node has at the backends now (holding a place), by priority level.",
+    labels: &["priority"],
+};
+const UPSTREAM_QUEUE: Def = Def {
+    name: "pet_gateway_upstream_queue",
+    help: "Requests waiting for a place at a backend now, by priority level.",
+    labels: &["priority"],
+};
+const UPSTREAM_LIMIT: Def = Def {
+    name: "pet_gateway_upstream_limit",
+    help: "Places this node gives each backend (upstream_max_in_flight, or the adaptive limit \
+           now); absent with no limit.",
+    labels: &["upstream"],
+};
+const UPSTREAM_QUEUE_WAIT: Def = Def {
+    name: "pet_gateway_upstream_queue_wait_seconds",
+    help: "How long requests that found every place taken waited (for a place, or until shed).",
+    labels: &[],
+};
+const OVERLOAD_REFUSALS: Def = Def {
+    name: "pet_gateway_overload_refusals_total",
+    help: "Requests refused to protect the backend, by reason (concurrency: 429 \
+           concurrency_limited, the key's requests in flight at its limit; queue_timeout and \
+           queue_full: 503 overloaded, shed before reaching the backend) and priority level.",
+    labels: &["reason", "priority"],
+};
+
 const LOG_LINES_DROPPED: Def = Def {
     name: "pet_gateway_log_lines_dropped_total",
     help: "Log lines (access log and others) dropped because standard error did not take them \
@@ -346,6 +389,13 @@ impl Metrics {
         for reason in ["rejected", "expired", "unreadable"] {
             m.events_dead_lettered.with_label_values(&[reason]);
         }
+        for priority in ["low", "normal", "high", "critical"] {
+            m.upstream_in_flight.with_label_values(&[priority]);
+            m.upstream_queue.with_label_values(&[priority]);
+            for reason in ["concurrency", "queue_timeout", "queue_full"] {
+                m.overload_refusals.with_label_values(&[reason, priority]);
+            }
+        }
         m
     }
 
@@ -380,6 +430,12 @@ impl Metrics {
             registry_rejected_records: counter(r, &REGISTRY_REJECTED_RECORDS),
             registry_in_step: plain_gauge(r, &REGISTRY_IN_STEP),
             registry_snapshot_unsaved: plain_gauge(r, &REGISTRY_SNAPSHOT_UNSAVED),
+            concurrency_slots_held: plain_gauge(r, &CONCURRENCY_SLOTS_HELD),
+            upstream_in_flight: gauge(r, &UPSTREAM_IN_FLIGHT),
+            upstream_queue: gauge(r, &UPSTREAM_QUEUE),
+            upstream_limit: gauge(r, &UPSTREAM_LIMIT),
+            upstream_queue_wait: plain_histogram(r, &UPSTREAM_QUEUE_WAIT, LATENCY),
+            overload_refusals: counter(r, &OVERLOAD_REFUSALS),
         }
     }
 }

@@ -88,7 +88,7 @@ fn flag_arg(row: &'static Row, flag: Flag) -> Arg {
         .value_name(flag.value_name)
         .help(help);
     match row.kind {
-        Kind::Text => arg.value_parser(clap::value_parser!(String)),
+        Kind::Text | Kind::Number => arg.value_parser(clap::value_parser!(String)),
         Kind::Path => arg.value_parser(clap::value_parser!(PathBuf)),
         Kind::Int => arg.value_parser(clap::value_parser!(u64)),
         Kind::Bool => arg.value_parser(clap::value_parser!(bool)),
@@ -115,7 +115,7 @@ fn flag_value(m: &ArgMatches, row: &Row) -> Option<Value> {
     }
     let id = row.name;
     match row.kind {
-        Kind::Text | Kind::Choice(_) => one::<String>(m, id).map(Value::Text),
+        Kind::Text | Kind::Choice(_) | Kind::Number => one::<String>(m, id).map(Value::Text),
         Kind::Path => one::<PathBuf>(m, id).map(Value::Path),
         Kind::Int => one::<u64>(m, id).map(Value::Int),
         Kind::Bool => one::<bool>(m, id).map(Value::Bool),

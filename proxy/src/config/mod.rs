@@ -100,6 +100,9 @@ fn validate_parts(l: &Layers) -> Result<Config, ConfigError> {
         admin_token: admin.admin_token,
         admin_hosts: admin.admin_hosts,
         upstreams: upstreams.upstreams,
+        upstream_places: upstreams.places,
+        upstream_priorities: upstreams.priorities,
+        concurrency_lease_secs: store.concurrency_lease_secs,
         redis_url: store.redis_url.map(|u| u.value),
         redis,
         registry_admin,
@@ -573,6 +576,7 @@ upstream_keepalive_pool_size = 16
                 (name.clone(), format!("{name:?}"))
             }
             Kind::Text | Kind::Path => ("x".into(), "\"x\"".into()),
+            Kind::Number => ("7".into(), "7".into()),
         }
     }
 

@@ -54,6 +54,13 @@ pub struct Config {
     /// Host names the admin listener answers to besides `localhost` and IP addresses.
     pub admin_hosts: Vec<String>,
     pub upstreams: Vec<SocketAddr>,
+    /// Places at each backend, the wait for one, the reserve for critical requests.
+    pub upstream_places: crate::upstream::places::PlaceSettings,
+    /// Each operation's level when waiting for a place.
+    pub upstream_priorities: crate::upstream::priority::Priorities,
+    /// How long a concurrency lease lasts unless given back or renewed: the bound on how long a
+    /// node that died holds its keys' places.
+    pub concurrency_lease_secs: u64,
     /// `None`: the embedded in-process store.
     pub redis_url: Option<String>,
     /// How to reach and log in to the Redis of `redis_url` (`Some` exactly when it is).

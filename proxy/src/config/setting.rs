@@ -26,6 +26,9 @@ pub enum Kind {
     Ints,
     /// One of fixed names, exact (case-sensitive) in every layer, as clap checks the flag.
     Choice(fn() -> Vec<PossibleValue>),
+    /// A number, whole or not, or a word its check knows (`"auto"`): the file may write
+    /// either; it reaches the check as text.
+    Number,
 }
 
 /// A value as a layer gives it, before its setting checks it.

@@ -86,6 +86,7 @@ mod tests {
                 counts: c,
                 ban_until: 0,
                 ban_started: false,
+                lease: Default::default(),
             },
             limits,
             1,
@@ -102,7 +103,7 @@ mod tests {
         let notify =
             parse_plan("requests_per_minute = 1\nrequests_per_day = 2\nnotify_at = [80, 100]\n")
                 .unwrap()
-                .2;
+                .notify_at;
         let key = KeyInfo {
             id: Arc::from("k1"),
             plan: Arc::from("pro"),

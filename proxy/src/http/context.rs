@@ -9,7 +9,10 @@ use crate::http::routes::Route;
 use crate::http::trace::TraceContext;
 use crate::keys::index::KeyInfo;
 use crate::keys::plans::{Limits, NotifyAt};
+use crate::quota::concurrency::Slot;
 use crate::quota::rules::RateView;
+use crate::upstream::places::{Place, Shed};
+use crate::upstream::priority::Level;
 
 pub struct Ctx {
     pub started: Instant,
@@ -28,7 +31,21 @@ pub struct Ctx {
     pub auth_failure: Option<AuthFailure>,
     pub store_time: Option<Duration>,
     pub store_degraded: bool,
+    /// Its level when waiting for a place at the backend (its operation's and its plan's).
+    pub level: Level,
+    /// Its place among its quota's requests in flight (plans and keys with a concurrency):
+    /// given back when the request's state is dropped, however the request ends.
+    pub slot: Option<Slot>,
+    /// Its place at the backend: given back when the backend's answer has come whole, or
+    /// with the request's state.
+    pub place: Option<Place>,
+    /// How long it waited for that place, when it had to.
+    pub queue_time: Option<Duration>,
+    /// Why it got no place (503 `overloaded`).
+    pub shed: Option<Shed>,
     pub upstream: Option<SocketAddr>,
+    /// The backend's index in the rotation (`upstream` is its address).
+    pub backend: Option<usize>,
     pub upstream_tries: usize,
     /// This request was already sent again after a new connection closed unanswered: once is
     /// enough to ride out a backend's restart, and a request that makes backends drop it (a
@@ -53,7 +70,13 @@ impl Ctx {
             auth_failure: None,
             store_time: None,
             store_degraded: false,
+            level: Level::Normal,
+            slot: None,
+            place: None,
+            queue_time: None,
+            shed: None,
             upstream: None,
+            backend: None,
             upstream_tries: 0,
             retried_unanswered: false,
             upstream_started: None,

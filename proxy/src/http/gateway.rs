@@ -1,7 +1,8 @@
 //! The pingora phases and nothing else, following pingora's own examples: every decision in
-//! `request_filter` (the steps of `pipeline`, the work in `request`, `auth`, `admission`),
-//! headers on the way in
-//! (`upstream_request_filter`) and out (`response_filter`), error bodies in `fail_to_proxy`
+//! `request_filter` (the steps of `pipeline`, the work in `request`, `auth`, `admission`,
+//! `upstream::places`), the backend in `upstream_peer` (the one its place is at), headers on the
+//! way in (`upstream_request_filter`) and out (`response_filter`), the place given back once the
+//! backend's answer is whole (`upstream_response_body_filter`), error bodies in `fail_to_proxy`
 //! (`responses`), metrics and the access log in `logging`.
 
 use std::net::SocketAddr;
@@ -22,13 +23,16 @@ use crate::http::metric_handles;
 use crate::http::pipeline::{Pipeline, Stop};
 use crate::http::quota_status::QuotaStatus;
 use crate::http::responses::{insert_rate_headers, refuse, RateHeaders, Refusal};
-use crate::http::upstreams::Upstreams;
 use crate::keys::catalog::Catalog;
 use crate::quota::admission::{Admission, OnStoreError};
+use crate::quota::concurrency::Slots;
 use crate::quota::resilience::Resilience;
 use crate::quota::rules::{BanPolicy, RateView};
 use crate::quota::store::QuotaStore;
 use crate::quota::unauth::UnauthLimiter;
+use crate::upstream::places::{PlaceSettings, Places};
+use crate::upstream::priority::Priorities;
+use crate::upstream::rotation::Rotation;
 
 /// What the request path takes from the config; the assembly (`ops::server`) fills it in.
 pub struct Settings {
@@ -44,12 +48,17 @@ pub struct Settings {
     pub meter: Option<Arc<crate::events::usage::Meter>>,
     /// Units admitted per quota holder, for the top consumers' index.
     pub top: Option<Arc<crate::quota::top::TopTally>>,
+    /// Places at the backends and the queue for them.
+    pub places: PlaceSettings,
+    pub priorities: Priorities,
+    /// How long a concurrency lease lasts unless given back or renewed.
+    pub lease_secs: u64,
 }
 
 pub struct Gateway {
     env: String,
     pipeline: Pipeline,
-    upstreams: Upstreams,
+    rotation: Arc<Rotation>,
     connect_timeout: Duration,
     read_timeout: Duration,
 }
@@ -63,7 +72,14 @@ impl Gateway {
         resilience: Resilience,
     ) -> Gateway {
         let quota_status = Arc::new(QuotaStatus::new(Arc::clone(&store), resilience.clone()));
+        let slots = Arc::new(Slots::new(
+            Arc::clone(&store),
+            Arc::clone(&resilience.local),
+            settings.lease_secs,
+        ));
         let admission = Admission::new(store, resilience, settings.on_store_error, settings.ban);
+        let rotation = Arc::new(Rotation::new(settings.upstreams));
+        let places = Places::new(Arc::clone(&rotation), settings.places);
         Gateway {
             env: settings.environment,
             pipeline: Pipeline {
@@ -75,8 +91,11 @@ impl Gateway {
                 client_read_timeout: settings.client_read_timeout,
                 meter: settings.meter,
                 top: settings.top,
+                slots,
+                places,
+                priorities: settings.priorities,
             },
-            upstreams: Upstreams::new(settings.upstreams),
+            rotation,
             connect_timeout: settings.upstream_connect_timeout,
             read_timeout: settings.upstream_read_timeout,
         }
@@ -85,6 +104,16 @@ impl Gateway {
     /// The `GET /v1/rate_limit` answerer, for the reloader to sweep.
     pub fn quota_status(&self) -> Arc<QuotaStatus> {
         Arc::clone(&self.pipeline.quota_status)
+    }
+
+    /// The concurrency leases this node holds, for their renewal task.
+    pub fn slots(&self) -> Arc<Slots> {
+        Arc::clone(&self.pipeline.slots)
+    }
+
+    /// The places at the backends, for the console's figures.
+    pub fn places(&self) -> Arc<Places> {
+        Arc::clone(&self.pipeline.places)
     }
 }
 
@@ -110,8 +139,20 @@ impl ProxyHttp for Gateway {
     }
 
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
-        // A retry goes to another backend than the one that just failed, when there is one.
-        let addr = self.upstreams.pick(ctx.upstream);
+        // The first try goes where the request's place is; a retry to another backend than the
+        // one that just failed, when there is one, and its place moves there.
+        let backend = match (&mut ctx.place, ctx.upstream_tries) {
+            (Some(place), 0) => place.backend(),
+            (place, _) => {
+                let backend = self.rotation.pick(ctx.backend);
+                if let Some(place) = place {
+                    place.move_to(backend);
+                }
+                backend
+            }
+        };
+        let addr = self.rotation.addr(backend);
+        ctx.backend = Some(backend);
         ctx.upstream = Some(addr);
         ctx.upstream_tries += 1;
         ctx.upstream_started = Some(Instant::now());
@@ -132,11 +173,11 @@ impl ProxyHttp for Gateway {
         mut e: Box<Error>,
     ) -> Box<Error> {
         // Nothing reached the backend, so any request may go to another one.
-        if let Some(addr) = ctx.upstream {
-            self.upstreams.mark_down(addr);
+        if let (Some(backend), Some(addr)) = (ctx.backend, ctx.upstream) {
+            self.rotation.mark_down(backend);
             tracing::warn!(upstream = %addr, error = %e, "backend connection failed; skipping it for a while");
         }
-        if ctx.upstream_tries < self.upstreams.len() {
+        if ctx.upstream_tries < self.rotation.len() {
             e.set_retry(true);
         }
         e
@@ -158,7 +199,7 @@ impl ProxyHttp for Gateway {
         } else if !reused
             && matches!(e.retry, RetryType::ReusedOnly)
             && !ctx.retried_unanswered
-            && ctx.upstream_tries < self.upstreams.len()
+            && ctx.upstream_tries < self.rotation.len()
         {
             // A new connection closed before any answer (a backend shutting down had accepted
             // it): pingora retries that only on a reused connection, but an idempotent request
@@ -208,6 +249,9 @@ impl ProxyHttp for Gateway {
         ctx: &mut Ctx,
     ) -> Result<()> {
         ctx.upstream_time = ctx.upstream_started.map(|t| t.elapsed());
+        if let (Some(place), Some(latency)) = (&mut ctx.place, ctx.upstream_time) {
+            place.answered(latency);
+        }
         if let Some(view) = &ctx.rate {
             insert_rate_headers(upstream_response, RateHeaders::Plan(*view));
         }
@@ -215,7 +259,31 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
+    /// The backend's answer is whole: its place goes to the next request, even while this one's
+    /// body is still on its way to a slow client.
+    fn upstream_response_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> Result<Option<Duration>> {
+        if end_of_stream {
+            ctx.place = None;
+        }
+        Ok(None)
+    }
+
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        // A backend that did not answer in time: the adaptive limit learns of it as an answer
+        // that took that long.
+        if let (Some(place), pingora::ErrorType::ReadTimedout, pingora::ErrorSource::Upstream) =
+            (&mut ctx.place, e.etype(), e.esource())
+        {
+            if let Some(started) = ctx.upstream_started {
+                place.answered(started.elapsed());
+            }
+        }
         // Once the head is out, the status and length are promised: an error body written now
         // would be spliced into the live body and delivered as a success. Abort instead (the
         // connection or stream is dropped unfinished), so the client sees it incomplete.

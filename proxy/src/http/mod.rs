@@ -13,7 +13,6 @@
 //! | [`responses`] | every response the gateway writes itself (one [`responses::Refusal`] exit) |
 //! | [`quota_status`] | `GET /v1/rate_limit`: the quota without spending it |
 //! | [`metric_handles`] | per-request metrics with handles resolved once |
-//! | [`upstreams`] | backend rotation and passive health |
 //! | [`tls`] | the certificate resolver and its reload |
 //! | [`trace`] | W3C trace context: join or start a trace, the gateway's span |
 
@@ -30,4 +29,3 @@ pub mod responses;
 pub mod routes;
 pub mod tls;
 pub mod trace;
-pub mod upstreams;

@@ -1,5 +1,6 @@
 //! The request path as an ordered list of steps: shape, key, versioned API, plan, the quota
-//! status endpoint, admission, body. Each step returns `Ok(())` to go on, or stops the request
+//! status endpoint, admission (the windows and a place among the key's requests in flight),
+//! body, a place at the backend. Each step returns `Ok(())` to go on, or stops the request
 //! with a [`Refusal`] (written by the one exit, [`Pipeline::run`]'s caller), an answer the step
 //! wrote itself ([`Stop::Answered`], `GET /v1/rate_limit`), or pingora's error. A new refusal
 //! reason is one step (or one line in a step) and one constructor in `responses`.
@@ -32,8 +33,11 @@ use crate::keys::catalog::Catalog;
 use crate::keys::format;
 use crate::keys::plans::NotifyAt;
 use crate::quota::admission::{Admission, Outcome};
+use crate::quota::concurrency::Slots;
 use crate::quota::rules::{Binding, RateView};
 use crate::quota::unauth::{UnauthDecision, UnauthLimiter};
+use crate::upstream::places::Places;
+use crate::upstream::priority::Priorities;
 
 /// Why the request path stopped before forwarding.
 pub enum Stop {
@@ -68,6 +72,12 @@ pub struct Pipeline {
     pub meter: Option<Arc<Meter>>,
     /// Units admitted per quota holder, for the top consumers' index.
     pub top: Option<Arc<crate::quota::top::TopTally>>,
+    /// The leases this node holds for requests in flight of quotas with a concurrency.
+    pub slots: Arc<Slots>,
+    /// Places at the backends, and the queue for them.
+    pub places: Arc<Places>,
+    /// Each operation's level when waiting for a place.
+    pub priorities: Priorities,
 }
 
 impl Pipeline {
@@ -80,7 +90,8 @@ impl Pipeline {
         plan_in_force(ctx)?;
         self.quota_status(session, ctx).await?;
         self.admit(ctx).await?;
-        self.body(session, ctx).await
+        self.body(session, ctx).await?;
+        self.place(ctx).await
     }
 
     /// Names the request (id, trace, route); never stops it.
@@ -127,15 +138,17 @@ impl Pipeline {
                 let limits = plan.map(|p| key.limits(&p.limits));
                 let cost = plan.map_or(1, |p| p.costs.of(ctx.route.cost_index()));
                 let notify_at = plan.map_or_else(NotifyAt::default, |p| p.notify_at);
-                Ok((key.clone(), limits, cost, notify_at))
+                let steps = plan.map_or(0, |p| p.priority);
+                Ok((key.clone(), limits, cost, notify_at, steps))
             })
         };
         match found {
-            Ok((key, limits, cost, notify_at)) => {
+            Ok((key, limits, cost, notify_at, steps)) => {
                 ctx.key = Some(key);
                 ctx.limits = limits;
                 ctx.cost = cost;
                 ctx.notify_at = notify_at;
+                ctx.level = self.priorities.level(ctx.route.cost_index(), steps);
                 Ok(())
             }
             Err(why) => Err(Stop::refuse(self.unauthenticated(session, ctx, why))),
@@ -208,7 +221,7 @@ impl Pipeline {
             // What the store decided, at its clock: a node's guess while it is away is not.
             let admitted = match decision.outcome {
                 Outcome::Admitted => Some(true),
-                Outcome::Limited | Outcome::Banned => Some(false),
+                Outcome::Limited | Outcome::Banned | Outcome::ConcurrencyLimited => Some(false),
                 Outcome::StoreUnavailable => None,
             };
             if let Some(admitted) = admitted {
@@ -232,7 +245,20 @@ impl Pipeline {
                 if let Some(view) = view {
                     count_shadow_refusals(plan, view);
                 }
+                if decision.lease.taken() {
+                    let now = view.map_or_else(unix_now, |v| v.now);
+                    let quota = key.quota_id();
+                    let held = (decision.lease, decision.local_lease);
+                    ctx.slot = Some(self.slots.hold(quota, held.0, held.1, now));
+                }
                 return Ok(());
+            }
+            (Outcome::ConcurrencyLimited, Some(view)) => {
+                METRICS
+                    .overload_refusals
+                    .with_label_values(&["concurrency", ctx.level.name()])
+                    .inc();
+                return Err(Stop::refuse(Refusal::concurrency_limited(view)));
             }
             (Outcome::Limited, Some(view)) => Refusal::rate_limited(view),
             (Outcome::Banned, Some(view)) => Refusal::banned(view),
@@ -254,6 +280,30 @@ impl Pipeline {
             Err(e) => Err(Stop::Failed(e)),
             Ok(Ok(())) => Ok(()),
             Ok(Err(why)) => Err(Stop::refuse(Refusal::unread_body(why, ctx.rate.as_ref()))),
+        }
+    }
+
+    /// A place at a backend: at once, or after waiting its turn, or 503 `overloaded` (shed
+    /// before anything reaches the backend; the request keeps the units it spent, as a 502
+    /// does, and gives its concurrency place back).
+    async fn place(&self, ctx: &mut Ctx) -> Step {
+        let Some(key) = &ctx.key else {
+            return Ok(());
+        };
+        match self.places.acquire(key.quota_id(), ctx.level).await {
+            Ok(place) => {
+                ctx.queue_time = (!place.waited.is_zero()).then_some(place.waited);
+                ctx.place = Some(place);
+                Ok(())
+            }
+            Err(shed) => {
+                METRICS
+                    .overload_refusals
+                    .with_label_values(&[shed.reason(), ctx.level.name()])
+                    .inc();
+                ctx.shed = Some(shed);
+                Err(Stop::refuse(Refusal::overloaded(ctx.rate.as_ref())))
+            }
         }
     }
 }

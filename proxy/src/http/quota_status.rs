@@ -59,6 +59,13 @@ struct Ban {
     until: u64,
 }
 
+/// The key's concurrency: its limit and its requests (or its customer's) in flight now.
+#[derive(Serialize)]
+struct Concurrency {
+    limit: u32,
+    in_flight: u64,
+}
+
 #[derive(Serialize)]
 struct Body<'a> {
     plan: &'a str,
@@ -72,6 +79,8 @@ struct Body<'a> {
     /// and never shown to clients).
     windows: Vec<Named>,
     ban: Option<Ban>,
+    /// `null` when the key has no concurrency.
+    concurrency: Option<Concurrency>,
 }
 
 /// What the endpoint answers for a key with `limits` whose store state is `usage`: the body, and
@@ -93,6 +102,7 @@ fn status(plan: &str, limits: Limits, usage: &Usage) -> (Bytes, RateView) {
         counts,
         ban_until: usage.ban_until,
         ban_started: false,
+        lease: rules::Lease::default(),
     };
     let view = RateView::new(&verdict, limits, 0);
     let windows: Vec<Named> = limits
@@ -123,6 +133,10 @@ fn status(plan: &str, limits: Limits, usage: &Usage) -> (Bytes, RateView) {
         windows,
         ban: banned.then_some(Ban {
             until: usage.ban_until,
+        }),
+        concurrency: limits.concurrency().map(|limit| Concurrency {
+            limit,
+            in_flight: usage.in_flight,
         }),
     };
     let json = serde_json::to_vec(&body).unwrap_or_else(|_| b"{}".to_vec());
@@ -180,6 +194,7 @@ impl QuotaStatus {
                 refused_today: 0,
                 last_admitted: 0,
                 ban_until: until,
+                in_flight: 0,
             })
         } else if store_up {
             let started = std::time::Instant::now();
@@ -231,6 +246,7 @@ mod tests {
             refused_today: 0,
             last_admitted: 0,
             ban_until,
+            in_flight: 0,
         }
     }
 
@@ -254,9 +270,20 @@ mod tests {
                     {"name": "day", "every": 86_400, "limit": 1000, "remaining": 600, "reset": 20_001 * 86_400},
                 ],
                 "ban": null,
+                "concurrency": null,
             })
         );
         assert_eq!((view.limit, view.remaining), (60, 50));
+        let with = Usage {
+            in_flight: 3,
+            ..usage(now, 10, 400, 0)
+        };
+        let (body, _) = status("free", free().with_concurrency(8), &with);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            v["concurrency"],
+            serde_json::json!({"limit": 8, "in_flight": 3})
+        );
     }
 
     #[test]
@@ -280,6 +307,7 @@ mod tests {
             refused_today: 0,
             last_admitted: 0,
             ban_until: 0,
+            in_flight: 0,
         };
         let (body, view) = status("pro", limits, &used);
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();

@@ -24,8 +24,12 @@ pub enum ErrorCode {
     MethodNotAllowed,
     PayloadTooLarge,
     RateLimited,
+    /// 429: the key's (or its customer's) requests in flight are at its concurrency.
+    ConcurrencyLimited,
     ApiKeyBanned,
     BadGateway,
+    /// 503: the backend is at its limit and the request was shed before reaching it.
+    Overloaded,
     GatewayTimeout,
     /// The admin API's: a change this node cannot make as configured.
     Conflict,
@@ -41,6 +45,8 @@ impl ErrorCode {
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::ConcurrencyLimited => "concurrency_limited",
+            ErrorCode::Overloaded => "overloaded",
             ErrorCode::ApiKeyBanned => "api_key_banned",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::BadGateway => "bad_gateway",
@@ -253,6 +259,35 @@ impl Refusal {
                 429,
                 ErrorCode::RateLimited,
                 "rate limit exceeded; retry after the number of seconds in Retry-After",
+            )
+        }
+    }
+
+    /// 429 `concurrency_limited`: every window had room, but the key's requests in flight are
+    /// at its concurrency. Nothing was spent; the headers are the windows', untouched.
+    pub fn concurrency_limited(view: &RateView) -> Refusal {
+        Refusal {
+            rate: RateHeaders::Plan(*view),
+            retry_after: Some(view.retry_after.unwrap_or(1)),
+            ..Refusal::new(
+                429,
+                ErrorCode::ConcurrencyLimited,
+                "too many requests of this API key in flight at once; retry after the number of \
+                 seconds in Retry-After, or when one of them has ended",
+            )
+        }
+    }
+
+    /// 503 `overloaded`: the backend has no place free and the request waited its longest (or
+    /// the queue was full); nothing was sent to the backend.
+    pub fn overloaded(rate: Option<&RateView>) -> Refusal {
+        Refusal {
+            rate: rate.map_or(RateHeaders::None, |v| RateHeaders::Plan(*v)),
+            retry_after: Some(1),
+            ..Refusal::new(
+                503,
+                ErrorCode::Overloaded,
+                "the service is at capacity; retry after the number of seconds in Retry-After",
             )
         }
     }

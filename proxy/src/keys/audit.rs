@@ -51,6 +51,7 @@ pub fn line(action: &str, key: &KeyRecord, who: &str) -> String {
             "limits",
             (!key.limits.is_empty()).then(|| serde_json::json!(key.limits)),
         ),
+        ("concurrency", key.concurrency.map(serde_json::Value::from)),
         (
             "customer",
             key.customer.clone().map(serde_json::Value::from),
@@ -148,6 +149,7 @@ mod tests {
             per_minute: Some(5),
             per_day: None,
             limits: [("1s".to_owned(), 2)].into(),
+            concurrency: Some(4),
             customer: Some("acme-corp".into()),
             quota_of: None,
             rotated_to: None,
@@ -160,6 +162,7 @@ mod tests {
         assert_eq!(v["plan"], "pro");
         assert_eq!(v["who"], "alice");
         assert_eq!(v["per_minute"], 5);
+        assert_eq!(v["concurrency"], 4);
         assert_eq!(
             (v["limits"]["1s"].clone(), v["customer"].clone()),
             (2.into(), "acme-corp".into())

@@ -25,10 +25,19 @@ pub struct KeyInfo {
 /// A key's own limits and expiry; `None` where the plan's apply or it never expires.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Overrides {
-    /// Window lengths and their limits for this key (behind one pointer: most keys have none).
-    pub own: Option<Arc<Vec<(Every, u32)>>>,
+    /// This key's own limits (behind one pointer: most keys have none).
+    pub own: Option<Arc<Own>>,
     /// Unix seconds (fits until 2106).
     pub expires_at: Option<NonZeroU32>,
+}
+
+/// What a key sets for itself in place of its plan's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Own {
+    /// Window lengths and their limits.
+    pub windows: Vec<(Every, u32)>,
+    /// Its requests in flight at once.
+    pub concurrency: Option<NonZeroU32>,
 }
 
 /// What a customer's shared quota id starts with; no key id can.
@@ -61,7 +70,13 @@ impl KeyInfo {
     pub fn limits(&self, plan: &Limits) -> Limits {
         match &self.overrides.own {
             None => *plan,
-            Some(own) => plan.with_overrides(own),
+            Some(own) => {
+                let limits = plan.with_overrides(&own.windows);
+                match own.concurrency {
+                    Some(n) => limits.with_concurrency(n.get()),
+                    None => limits,
+                }
+            }
         }
     }
 }

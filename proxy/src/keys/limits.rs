@@ -1,7 +1,8 @@
 //! A quota as data: a plan's (or a key's) windows, each a length and a limit, counted in fixed
-//! windows aligned to the Unix epoch (a day to UTC midnight) or to the UTC calendar month. The
-//! rules (`quota::rules`), the stores and every header read windows from here, so a new length
-//! is a plan-file edit, not a code change.
+//! windows aligned to the Unix epoch (a day to UTC midnight) or to the UTC calendar month, and
+//! how many of the quota's requests may be in flight at once. The rules (`quota::rules`), the
+//! stores and every header read windows from here, so a new length is a plan-file edit, not a
+//! code change.
 
 use std::borrow::Cow;
 use std::cmp::Ordering;
@@ -14,6 +15,12 @@ use crate::base::clock::{civil_from_days, days_from_civil};
 pub const MAX_WINDOWS: usize = 6;
 /// Counts are kept in 32 bits (the Redis state and the embedded store).
 pub const MAX_LIMIT: u64 = u32::MAX as u64;
+/// How a key's own concurrency is named among its limits (`--limit concurrency=8`, the admin
+/// API's `"limits": {"concurrency": 8}`), beside the window lengths.
+pub const CONCURRENCY: &str = "concurrency";
+/// The most requests of one quota in flight at once a plan or key may allow: far above any
+/// backend's capacity, and small enough that the stores' counts of leases never overflow.
+pub const MAX_CONCURRENCY: u64 = 1_000_000;
 /// The longest fixed window: past a year a window is a budget, not a rate.
 const MAX_SECS: u64 = 400 * 86_400;
 /// A month's nominal length, for ordering windows only (`40d` is longer than a month).
@@ -223,12 +230,14 @@ const UNUSED: WindowLimit = WindowLimit {
     shadow: false,
 };
 
-/// A quota's windows, shortest first; at most [`MAX_WINDOWS`], each length once. A value, not
-/// a reference: a request carries its limits without touching a shared count.
+/// A quota's windows, shortest first; at most [`MAX_WINDOWS`], each length once; and its
+/// concurrency, the most of its requests in flight at once (0: no such limit). A value, not a
+/// reference: a request carries its limits without touching a shared count.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     windows: [WindowLimit; MAX_WINDOWS],
     len: u8,
+    concurrency: u32,
 }
 
 impl Limits {
@@ -259,7 +268,19 @@ impl Limits {
         Ok(Limits {
             windows: sorted,
             len: windows.len() as u8,
+            concurrency: 0,
         })
+    }
+
+    /// These limits with at most `n` requests in flight at once (0: no such limit).
+    pub fn with_concurrency(mut self, n: u32) -> Limits {
+        self.concurrency = n;
+        self
+    }
+
+    /// The most requests of the quota in flight at once; `None`: no such limit.
+    pub fn concurrency(&self) -> Option<u32> {
+        (self.concurrency > 0).then_some(self.concurrency)
     }
 
     /// The two windows of the first plan form (and of `--per-minute`/`--per-day`).
@@ -323,7 +344,25 @@ impl Limits {
 
 impl fmt::Debug for Limits {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.windows()).finish()
+        let mut list = f.debug_list();
+        list.entries(self.windows());
+        if let Some(n) = self.concurrency() {
+            list.entry(&format_args!("concurrency {n}"));
+        }
+        list.finish()
+    }
+}
+
+/// `concurrency = N` of a plan file, a key's `--limit concurrency=N` or its record's field:
+/// from 1 to [`MAX_CONCURRENCY`].
+pub fn check_concurrency(n: u64) -> Result<u32, String> {
+    if (1..=MAX_CONCURRENCY).contains(&n) {
+        Ok(n as u32)
+    } else {
+        Err(format!(
+            "concurrency must be a whole number from 1 to {MAX_CONCURRENCY} (got {n}): the most \
+             requests of a key, or of a customer's keys together, in flight at once"
+        ))
     }
 }
 

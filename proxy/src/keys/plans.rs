@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use crate::keys::limits::Limits;
-use crate::keys::limits::{Every, WindowLimit, MAX_LIMIT};
+use crate::keys::limits::{check_concurrency, Every, WindowLimit, MAX_CONCURRENCY, MAX_LIMIT};
 
 /// The operations a plan's `[cost]` may name: `openapi.yaml`'s operation ids of what the
 /// gateway forwards (`getRateLimit` is answered by the gateway and costs nothing). Their order is
@@ -97,10 +97,18 @@ impl NotifyAt {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     pub name: Arc<str>,
+    /// Its windows, and its `concurrency` (the most of a key's requests in flight at once).
     pub limits: Limits,
     pub costs: Costs,
     pub notify_at: NotifyAt,
+    /// `priority = N`: how many levels the plan's requests stand above (or, negative, below)
+    /// their operation's level when they wait for a place at the backend.
+    pub priority: i8,
 }
+
+/// The furthest a plan's `priority` may move its requests: from the lowest level to the
+/// highest is three steps.
+pub const MAX_PRIORITY_STEPS: i64 = 3;
 
 #[derive(Debug, Clone, Default)]
 pub struct Plans {
@@ -110,12 +118,14 @@ pub struct Plans {
     ignored: Vec<PathBuf>,
 }
 
-const FIELDS: [&str; 6] = [
+const FIELDS: [&str; 8] = [
     "requests_per_minute",
     "requests_per_day",
     "window",
     "cost",
     "notify_at",
+    "concurrency",
+    "priority",
     "description",
 ];
 const WINDOW_FIELDS: [&str; 3] = ["every", "limit", "shadow"];
@@ -153,14 +163,12 @@ impl Plans {
                 path: path.clone(),
                 source,
             })?;
-            let (limits, costs, notify_at) = parse_plan(&text).map_err(invalid)?;
+            let plan = parse_plan(&text).map_err(invalid)?;
             by_name.insert(
                 name.to_owned(),
                 Arc::new(Plan {
                     name: name.into(),
-                    limits,
-                    costs,
-                    notify_at,
+                    ..plan
                 }),
             );
         }
@@ -245,8 +253,9 @@ fn plan_name(path: &Path) -> Option<&str> {
 }
 
 /// Parses one plan file's text (the first form, `requests_per_minute` and
-/// `requests_per_day`, the `[[window]]` form, or both); the error says which field is wrong.
-pub fn parse_plan(text: &str) -> Result<(Limits, Costs, NotifyAt), String> {
+/// `requests_per_day`, the `[[window]]` form, or both) into a plan without a name (the file's
+/// gives it); the error says which field is wrong.
+pub fn parse_plan(text: &str) -> Result<Plan, String> {
     let table: toml::Table = text
         .parse()
         .map_err(|e: toml::de::Error| format!("not valid TOML: {}", e.to_string().trim_end()))?;
@@ -297,7 +306,42 @@ pub fn parse_plan(text: &str) -> Result<(Limits, Costs, NotifyAt), String> {
     };
     let costs = parse_costs(table.get("cost"), smallest)?;
     let notify_at = parse_notify_at(table.get("notify_at"))?;
-    Ok((limits, costs, notify_at))
+    let limits = match table.get("concurrency") {
+        None => limits,
+        Some(toml::Value::Integer(n)) => {
+            let n = u64::try_from(*n)
+                .map_err(|_| n.to_string())
+                .and_then(check_concurrency)
+                .map_err(|_| concurrency_error(&n.to_string()))?;
+            limits.with_concurrency(n)
+        }
+        Some(v) => return Err(concurrency_error(&v.to_string())),
+    };
+    let priority = match table.get("priority") {
+        None => 0,
+        Some(toml::Value::Integer(n)) if n.abs() <= MAX_PRIORITY_STEPS => *n as i8,
+        Some(v) => {
+            return Err(format!(
+                "field `priority` must be a whole number from -{MAX_PRIORITY_STEPS} to \
+                 {MAX_PRIORITY_STEPS} (got {v}): the levels the plan's requests stand above \
+                 (or below) their operation's when they wait for the backend"
+            ))
+        }
+    };
+    Ok(Plan {
+        name: Arc::from(""),
+        limits,
+        costs,
+        notify_at,
+        priority,
+    })
+}
+
+fn concurrency_error(got: &str) -> String {
+    format!(
+        "field `concurrency` must be a whole number from 1 to {MAX_CONCURRENCY} (got {got}): the \
+         most requests of a key, or of a customer's keys together, in flight at once"
+    )
 }
 
 /// `notify_at = [80, 100]`: whole percentages from 1 to 100, each once.
@@ -527,7 +571,7 @@ mod tests {
                     [[window]]\nevery = \"1d\"\nlimit = 10000\n\
                     [[window]]\nevery = \"month\"\nlimit = 200000\nshadow = true\n\
                     [cost]\ncreatePet = 5\n";
-        let (limits, costs, _) = parse_plan(text).unwrap();
+        let Plan { limits, costs, .. } = parse_plan(text).unwrap();
         let windows: Vec<(String, u32, bool)> = limits
             .windows()
             .iter()
@@ -548,7 +592,9 @@ mod tests {
             (5, 1, 1)
         );
         // Only windows, no minute or day at all.
-        let (limits, _, _) = parse_plan("[[window]]\nevery = \"1h\"\nlimit = 7\n").unwrap();
+        let limits = parse_plan("[[window]]\nevery = \"1h\"\nlimit = 7\n")
+            .unwrap()
+            .limits;
         assert_eq!(limits.windows().len(), 1);
     }
 
@@ -606,13 +652,13 @@ mod tests {
     #[test]
     fn notify_at_is_read_in_both_forms_and_bad_values_name_the_field() {
         let first = "requests_per_minute = 10\nrequests_per_day = 100\nnotify_at = [100, 80]\n";
-        let (_, _, n) = parse_plan(first).unwrap();
+        let n = parse_plan(first).unwrap().notify_at;
         assert_eq!(n.percents().collect::<Vec<_>>(), [80, 100]);
         let windows = "notify_at = [50]\n[[window]]\nevery = \"1d\"\nlimit = 10\n";
         assert_eq!(
             parse_plan(windows)
                 .unwrap()
-                .2
+                .notify_at
                 .percents()
                 .collect::<Vec<_>>(),
             [50]
@@ -620,7 +666,7 @@ mod tests {
         assert!(
             parse_plan("requests_per_minute = 1\nrequests_per_day = 2\n")
                 .unwrap()
-                .2
+                .notify_at
                 .is_empty()
         );
         for (bad, says) in [
@@ -642,7 +688,7 @@ mod tests {
         let n =
             parse_plan("requests_per_minute = 1\nrequests_per_day = 2\nnotify_at = [80, 100]\n")
                 .unwrap()
-                .2;
+                .notify_at;
         // 80 % of 7 is 5.6 units: crossed by the request that makes it 6.
         let crossings = |before, after| n.crossed(7, before, after).collect::<Vec<_>>();
         assert_eq!(crossings(4, 5), [0u32; 0]);
@@ -657,6 +703,37 @@ mod tests {
         // Every count from 0 to the limit, one unit at a time: each threshold exactly once.
         let all: Vec<u32> = (0..1000).flat_map(|c| n.crossed(1000, c, c + 1)).collect();
         assert_eq!(all, [80, 100]);
+    }
+
+    #[test]
+    fn concurrency_and_priority_are_read_in_both_forms_and_bad_values_name_the_field() {
+        let first = "requests_per_minute = 10\nrequests_per_day = 100\nconcurrency = 8\n\
+                     priority = -1\n";
+        let plan = parse_plan(first).unwrap();
+        assert_eq!((plan.limits.concurrency(), plan.priority), (Some(8), -1));
+        let windows = "concurrency = 2\npriority = 3\n[[window]]\nevery = \"1d\"\nlimit = 10\n";
+        let plan = parse_plan(windows).unwrap();
+        assert_eq!((plan.limits.concurrency(), plan.priority), (Some(2), 3));
+        let plain = parse_plan("requests_per_minute = 1\nrequests_per_day = 2\n").unwrap();
+        assert_eq!((plain.limits.concurrency(), plain.priority), (None, 0));
+        for (field, bad) in [
+            ("concurrency", "0"),
+            ("concurrency", "-3"),
+            ("concurrency", "1000001"),
+            ("concurrency", "\"8\""),
+            ("priority", "4"),
+            ("priority", "-4"),
+            ("priority", "\"high\""),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let text = format!("requests_per_minute = 1\nrequests_per_day = 2\n{field} = {bad}\n");
+            write(dir.path(), "pro.toml", &text);
+            let message = Plans::load_dir(dir.path()).unwrap_err().to_string();
+            assert!(
+                message.contains("pro.toml") && message.contains(&format!("`{field}`")),
+                "{bad}: {message}"
+            );
+        }
     }
 
     #[test]

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::base::clock::parse_rfc3339;
-use crate::keys::index::{index_hash, KeyIndex, KeyInfo, Overrides};
-use crate::keys::limits::Every;
+use crate::keys::index::{index_hash, KeyIndex, KeyInfo, Overrides, Own};
+use crate::keys::limits::{check_concurrency, Every, CONCURRENCY};
 use crate::keys::plans::Plans;
 
 /// What keys issued before the checksummed format (`key_format`) start with: `pet_` and 64
@@ -78,6 +78,11 @@ pub struct KeyRecord {
     /// its plan has takes this limit, a length it lacks is added for this key.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub limits: BTreeMap<String, u64>,
+    /// This key's own concurrency, in place of its plan's: the most of its requests (or of its
+    /// customer's keys' together) in flight at once. A field of its own, not a window: nodes
+    /// that predate it refuse such a record rather than ignore the limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u64>,
     /// The customer this key belongs to: keys of one customer share every window's count and
     /// every ban, each held to the limits of its own plan.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -113,6 +118,7 @@ pub(crate) fn sample_record(version: u64) -> KeyRecord {
         per_minute: None,
         per_day: None,
         limits: BTreeMap::new(),
+        concurrency: None,
         customer: None,
         quota_of: None,
         rotated_to: None,
@@ -143,11 +149,18 @@ impl KeyRecord {
             n.and_then(|n| u32::try_from(n).ok())
                 .and_then(NonZeroU32::new)
         };
-        let own: Vec<(Every, u32)> = own_windows(self.per_minute, self.per_day, &self.limits)
+        let windows: Vec<(Every, u32)> = own_windows(self.per_minute, self.per_day, &self.limits)
             .filter_map(|(every, n)| Some((every, small(Some(n))?.get())))
             .collect();
+        let concurrency = small(self.concurrency);
+        let own = (!windows.is_empty() || concurrency.is_some()).then(|| {
+            Arc::new(Own {
+                windows,
+                concurrency,
+            })
+        });
         Overrides {
-            own: (!own.is_empty()).then(|| Arc::new(own)),
+            own,
             expires_at: small(self.expires_at.as_deref().and_then(parse_rfc3339)),
         }
     }
@@ -281,6 +294,10 @@ impl KeysFile {
             }
             check_own_limits(&k.limits, "field `limits`")
                 .map_err(|e| invalid(format!("{at}: {e}")))?;
+            if let Some(n) = k.concurrency {
+                check_concurrency(n)
+                    .map_err(|e| invalid(format!("{at}: field `concurrency`: {e}")))?;
+            }
             for (field, value) in [("per_minute", k.per_minute), ("per_day", k.per_day)] {
                 if value.is_some_and(|n| n == 0 || n > u64::from(u32::MAX)) {
                     return Err(invalid(format!(
@@ -416,6 +433,8 @@ pub struct KeyRecordOptions {
     pub per_day: Option<u64>,
     /// Own limits by window length as a plan writes it (`1s`, `month`).
     pub limits: BTreeMap<String, u64>,
+    /// Own concurrency (`--limit concurrency=N`).
+    pub concurrency: Option<u64>,
     pub customer: Option<String>,
 }
 
@@ -459,14 +478,19 @@ impl KeyRecordOptions {
         })
     }
 
-    /// With the key's own windows (`--limit EVERY=N`, or the admin API's `limits`) and its
-    /// customer, checked; `flag` names where the windows came from in an error.
+    /// With the key's own windows (`--limit EVERY=N`, or the admin API's `limits`), its own
+    /// concurrency (`concurrency=N` among them) and its customer, checked; `flag` names where
+    /// the limits came from in an error.
     pub fn with(
         mut self,
-        limits: BTreeMap<String, u64>,
+        mut limits: BTreeMap<String, u64>,
         customer: Option<String>,
         flag: &str,
     ) -> Result<KeyRecordOptions, String> {
+        if let Some(n) = limits.remove(CONCURRENCY) {
+            check_concurrency(n).map_err(|e| format!("{flag} {CONCURRENCY}: {e}"))?;
+            self.concurrency = Some(n);
+        }
         // One spelling per length (`60s` is `1m`), so a length cannot be given twice.
         let mut canonical = BTreeMap::new();
         for (every, n) in limits {
@@ -513,11 +537,12 @@ pub struct NewKey {
     #[arg(long, value_name = "N")]
     pub per_day: Option<u64>,
     /// This key's own limit of a window, `EVERY=N` (`1s=50`, `month=1000000`; repeat the flag
-    /// for more): a length its plan has takes this limit, a length it lacks is added.
+    /// for more): a length its plan has takes this limit, a length it lacks is added;
+    /// `concurrency=N`: at most N of its requests in flight at once, in place of its plan's.
     #[arg(long = "limit", value_name = "EVERY=N")]
     #[serde(skip)]
     pub limit: Vec<String>,
-    /// The admin API's form of `--limit`: `{"1s": 50, "month": 1000000}`.
+    /// The admin API's form of `--limit`: `{"1s": 50, "month": 1000000, "concurrency": 8}`.
     #[arg(skip)]
     #[serde(default)]
     pub limits: BTreeMap<String, u64>,
@@ -603,6 +628,7 @@ impl KeyRecord {
             "per_minute": self.per_minute,
             "per_day": self.per_day,
             "limits": self.limits,
+            "concurrency": self.concurrency,
             "customer": self.customer,
             "quota_of": self.quota_of,
             "rotated_to": self.rotated_to,

@@ -93,6 +93,7 @@ pub fn issue(
             per_minute: own.per_minute,
             per_day: own.per_day,
             limits: own.limits.clone(),
+            concurrency: own.concurrency,
             customer: own.customer.clone(),
             quota_of: None,
             rotated_to: None,

@@ -94,7 +94,7 @@ pub fn run(
     if let Some(redis) = &config.redis {
         check_redis(redis, config.on_store_error)?;
     }
-    let (store, admin_store) = stores(&config)?;
+    let (store, admin_store, redis_store) = stores(&config)?;
     let unauth = Arc::new(UnauthLimiter::new(config.unauthenticated.clone()));
     let mut server = pingora_server(&config, upgrade);
     let (key_store, registry_state) = key_source(&config, &mut server, &catalog)?;
@@ -128,6 +128,11 @@ pub fn run(
         resilience.clone(),
     );
     let quota_status = gateway.quota_status();
+    let slots = gateway.slots();
+    server.add_service(background_service(
+        "concurrency leases",
+        LeaseRenewals(Arc::clone(&slots)),
+    ));
     let proxy = proxy_service(&config, &server, gateway, certs.clone())?;
     server.add_service(proxy);
 
@@ -170,7 +175,53 @@ pub fn run(
     });
     // Every request has finished: the pump writes the minutes still open, then stops.
     drop(metering);
+    if let Some(store) = redis_store {
+        release_on_stop(&config, &store);
+    }
     Ok(())
+}
+
+/// Gives back, through a connection of its own, the concurrency leases the requests of this
+/// process released and that did not go out (their runtime stopped first): a graceful stop
+/// leaves no place held in the store. Bounded by a few store deadlines; what still fails ends
+/// by itself within `concurrency_lease_secs`.
+fn release_on_stop(config: &Config, store: &RedisStore) {
+    let releases = store.unsent_releases();
+    if releases.is_empty() {
+        return;
+    }
+    let Some(redis) = &config.redis else {
+        return;
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot give back {} concurrency leases at the stop; they end by themselves", releases.len());
+            return;
+        }
+    };
+    let count = releases.len();
+    let result = runtime.block_on(async {
+        let last =
+            RedisStore::connecting(redis.clone(), &config.key_prefix, Duration::from_secs(1))
+                .map_err(|e| e.to_string())?
+                .with_lease_secs(config.concurrency_lease_secs);
+        tokio::time::timeout(Duration::from_secs(3), last.release_now(&releases))
+            .await
+            .map_err(|_| "timed out".to_owned())?
+            .map_err(|e| e.to_string())
+    });
+    match result {
+        Ok(()) => tracing::info!(
+            count,
+            "gave back the concurrency leases still held at the stop"
+        ),
+        Err(e) => tracing::warn!(count, error = %e,
+            "could not give back the concurrency leases still held at the stop; they end by themselves within concurrency_lease_secs"),
+    }
 }
 
 /// The admin listener, on one thread of its own.
@@ -207,28 +258,55 @@ fn admin_service(
     admin_service
 }
 
-/// The proxy's store and the admin listener's. The two run on separate runtimes; in Redis mode
-/// each gets its own connection so admin calls never queue behind request traffic, while the
-/// embedded store must be one and the same map.
+/// The proxy's store and the admin listener's (and the proxy's as a Redis store, for what a
+/// stop has left to send). The two run on separate runtimes; in Redis mode each gets its own
+/// connection so admin calls never queue behind request traffic, while the embedded store must
+/// be one and the same map.
 #[allow(clippy::type_complexity)]
-fn stores(config: &Config) -> Result<(Arc<dyn QuotaStore>, Arc<dyn QuotaStore>), ServeError> {
+fn stores(
+    config: &Config,
+) -> Result<
+    (
+        Arc<dyn QuotaStore>,
+        Arc<dyn QuotaStore>,
+        Option<Arc<RedisStore>>,
+    ),
+    ServeError,
+> {
     Ok(match &config.redis {
-        Some(redis) => (
-            Arc::new(
+        Some(redis) => {
+            let proxy = Arc::new(
                 RedisStore::connecting(redis.clone(), &config.key_prefix, config.store_timeout)?
-                    .with_batch_max(config.store_batch_max),
-            ),
-            Arc::new(RedisStore::connecting(
-                redis.clone(),
-                &config.key_prefix,
-                Duration::from_millis(500),
-            )?),
-        ),
+                    .with_batch_max(config.store_batch_max)
+                    .with_lease_secs(config.concurrency_lease_secs),
+            );
+            (
+                proxy.clone(),
+                Arc::new(RedisStore::connecting(
+                    redis.clone(),
+                    &config.key_prefix,
+                    Duration::from_millis(500),
+                )?),
+                Some(proxy),
+            )
+        }
         None => {
-            let memory = Arc::new(MemoryStore::new());
-            (memory.clone(), memory)
+            let memory =
+                Arc::new(MemoryStore::new().with_lease_secs(config.concurrency_lease_secs));
+            (memory.clone(), memory, None)
         }
     })
+}
+
+/// Renews the concurrency leases of requests that outlive them, until the runtime stops (after
+/// the grace period: requests still running then may need it).
+struct LeaseRenewals(Arc<crate::quota::concurrency::Slots>);
+
+#[async_trait]
+impl BackgroundService for LeaseRenewals {
+    async fn start(&self, _shutdown: ShutdownWatch) {
+        Arc::clone(&self.0).run_renewals().await
+    }
 }
 
 /// How long the start-up check gives each step (a Sentinel lookup, a connection, `PING`).
@@ -576,6 +654,9 @@ fn gateway_settings(
         ban: config.ban.clone(),
         meter,
         top: Some(top),
+        places: config.upstream_places,
+        priorities: config.upstream_priorities,
+        lease_secs: config.concurrency_lease_secs,
     }
 }
 

@@ -1,7 +1,9 @@
 //! The admission decision for one authenticated request, in the order that keeps a store outage
 //! from becoming a gateway outage: a ban this node already knows of answers at once (no round
-//! trip); otherwise the quota store decides, unless the breaker says it is failing, in which case
-//! `on_store_error` does (count locally, admit, or refuse with 503).
+//! trip); otherwise the quota store decides (the windows and, in the same call, a place among
+//! the quota's requests in flight), unless the breaker says it is failing, in which case
+//! `on_store_error` does (count locally, admit, or refuse with 503) and the node holds the
+//! quota's concurrency on its own.
 //!
 //! The answer is one [`Decision`]: what to do, the numbers for the headers, and what the access
 //! log and metrics need to know about how it was reached. Nothing is written into the request's
@@ -15,7 +17,7 @@ use crate::base::metrics::METRICS;
 use crate::keys::index::KeyInfo;
 use crate::keys::plans::Limits;
 use crate::quota::resilience::Resilience;
-use crate::quota::rules::{self, BanPolicy, RateView};
+use crate::quota::rules::{self, BanPolicy, Lease, RateView};
 use crate::quota::store::QuotaStore;
 
 /// What to do when the quota store cannot answer in time.
@@ -41,6 +43,8 @@ pub enum Outcome {
     Banned,
     /// 503: the store failed and `on_store_error = "closed"`.
     StoreUnavailable,
+    /// 429 `concurrency_limited`: the quota's requests in flight are at its concurrency.
+    ConcurrencyLimited,
 }
 
 impl From<rules::Outcome> for Outcome {
@@ -49,6 +53,7 @@ impl From<rules::Outcome> for Outcome {
             rules::Outcome::Admitted => Outcome::Admitted,
             rules::Outcome::Limited => Outcome::Limited,
             rules::Outcome::Banned => Outcome::Banned,
+            rules::Outcome::ConcurrencyLimited => Outcome::ConcurrencyLimited,
         }
     }
 }
@@ -65,6 +70,11 @@ pub struct Decision {
     pub store_time: Option<Duration>,
     /// Decided without the shared store (breaker open or the call failed).
     pub degraded: bool,
+    /// The place this admitted request took among its quota's requests in flight (none
+    /// without a concurrency): to be given back when the request ends.
+    pub lease: Lease,
+    /// The lease is this node's own (taken while the store was away), not the store's.
+    pub local_lease: bool,
 }
 
 impl Decision {
@@ -75,6 +85,8 @@ impl Decision {
             ban_started: false,
             store_time: None,
             degraded: false,
+            lease: Lease::default(),
+            local_lease: false,
         }
     }
 }
@@ -135,6 +147,7 @@ impl Admission {
                     return Decision {
                         ban_started: v.ban_started,
                         store_time,
+                        lease: v.lease,
                         ..Decision::of(v.outcome.into(), RateView::new(&v, limits, cost))
                     };
                 }
@@ -157,14 +170,27 @@ impl Admission {
             OnStoreError::Closed => Decision {
                 outcome: Outcome::StoreUnavailable,
                 view: None,
-                ban_started: false,
-                store_time: None,
-                degraded: false,
+                ..Decision::of(Outcome::StoreUnavailable, RateView::unmetered(limits, now))
             },
-            OnStoreError::Open => Decision::of(Outcome::Admitted, RateView::unmetered(limits, now)),
+            OnStoreError::Open => {
+                let (outcome, lease) = r.local.slot(quota, limits, now);
+                let mut view = RateView::unmetered(limits, now);
+                if outcome == rules::Outcome::ConcurrencyLimited {
+                    view.retry_after = Some(rules::CONCURRENCY_RETRY_AFTER);
+                }
+                Decision {
+                    lease,
+                    local_lease: true,
+                    ..Decision::of(outcome.into(), view)
+                }
+            }
             OnStoreError::Local => {
-                let (outcome, view) = r.local.check(quota, limits, cost, now);
-                Decision::of(outcome.into(), view)
+                let (outcome, view, lease) = r.local.check(quota, limits, cost, now);
+                Decision {
+                    lease,
+                    local_lease: true,
+                    ..Decision::of(outcome.into(), view)
+                }
             }
         };
         Decision {

@@ -4,7 +4,9 @@
 //!   for each request; a background probe, the one trial while it is open, closes it once the
 //!   store runs a script again (not merely answers `PING`), and exact shared counting resumes.
 //! - [`LocalLimiter`]: while the store is out (`on_store_error = "local"`), each node holds a key
-//!   to its windows of a minute or shorter on its own; longer windows (the day) pause.
+//!   to its windows of a minute or shorter on its own; longer windows (the day) pause. A key's
+//!   concurrency is held on each node on its own whatever `on_store_error` says (but `closed`,
+//!   which forwards nothing).
 //! - [`BanCache`]: bans this node has seen stay enforced without asking the store, through an
 //!   outage and on the hot path (a banned key costs no round trip; it is re-checked at most once
 //!   a second). The store probe compares it with the store's list of bans every second, and a
@@ -17,8 +19,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::keys::limits::{Limits, WindowLimit, MAX_WINDOWS};
-use crate::quota::rules::{BanPolicy, Outcome, RateView, Verdict, MINUTE_SECS};
+use crate::quota::rules::{BanPolicy, Lease, Outcome, RateView, Verdict, MINUTE_SECS};
 use crate::quota::store::memory::MemoryStore;
+use crate::quota::store::{QuotaStore, StoreError};
 
 /// The gateway's fault handling as one thing, passed whole: admission decides with it, the admin
 /// listener clears the ban cache on a lift, the store probe closes the breaker, and the reloader
@@ -83,14 +86,15 @@ pub struct LocalLimiter {
 const LOCAL_LONGEST_SECS: u64 = MINUTE_SECS;
 
 impl LocalLimiter {
-    /// Decides one request costing `cost` on this node alone, at `now` (Unix seconds).
+    /// Decides one request costing `cost` on this node alone, at `now` (Unix seconds); with a
+    /// concurrency, the lease it took on this node.
     pub fn check(
         &self,
         key_id: &Arc<str>,
         limits: Limits,
         cost: u64,
         now: u64,
-    ) -> (Outcome, RateView) {
+    ) -> (Outcome, RateView, Lease) {
         let mut short: Vec<WindowLimit> = limits
             .windows()
             .iter()
@@ -102,10 +106,11 @@ impl LocalLimiter {
             short.extend(limits.enforced().next().copied());
         }
         let mut counts = [0; MAX_WINDOWS];
-        let outcome = match Limits::new(&short) {
+        let (outcome, lease) = match Limits::new(&short) {
             // No window short enough: nothing to count here.
-            Err(_) => Outcome::Admitted,
+            Err(_) => self.slot(key_id, limits, now),
             Ok(local) => {
+                let local = local.with_concurrency(limits.concurrency().unwrap_or(0));
                 let never = BanPolicy {
                     strikes: u64::MAX,
                     ..BanPolicy::default()
@@ -116,7 +121,7 @@ impl LocalLimiter {
                         counts[k] = v.counts[j];
                     }
                 }
-                v.outcome
+                (v.outcome, v.lease)
             }
         };
         let verdict = Verdict {
@@ -125,8 +130,35 @@ impl LocalLimiter {
             counts,
             ban_until: 0,
             ban_started: false,
+            lease,
         };
-        (outcome, RateView::new(&verdict, limits, cost))
+        (outcome, RateView::new(&verdict, limits, cost), lease)
+    }
+
+    /// The concurrency alone, on this node (`on_store_error = "open"` counts no window): a
+    /// lease when `limits` have a concurrency and it has room, `ConcurrencyLimited` when not.
+    pub fn slot(&self, key_id: &Arc<str>, limits: Limits, now: u64) -> (Outcome, Lease) {
+        match limits.concurrency() {
+            None => (Outcome::Admitted, Lease::default()),
+            Some(most) => {
+                let lease = self.counts.take_lease(key_id, most, now);
+                if lease.taken() {
+                    (Outcome::Admitted, lease)
+                } else {
+                    (Outcome::ConcurrencyLimited, lease)
+                }
+            }
+        }
+    }
+
+    /// Gives back a lease taken on this node.
+    pub fn release(&self, key_id: &Arc<str>, lease: Lease) {
+        self.counts.release(key_id, lease);
+    }
+
+    /// Renews a lease taken on this node.
+    pub async fn renew(&self, key_id: &Arc<str>, lease: Lease) -> Result<Lease, StoreError> {
+        self.counts.renew(key_id, lease).await
     }
 
     /// Forgets keys whose windows have all ended.
@@ -247,10 +279,10 @@ mod tests {
         let limits = Limits::minute_day(3, 3).unwrap();
         let now = 60 * 1_000 + 10;
         for remaining in [2, 1, 0] {
-            let (outcome, view) = l.check(&key, limits, 1, now);
+            let (outcome, view, _) = l.check(&key, limits, 1, now);
             assert_eq!((outcome, view.remaining), (Outcome::Admitted, remaining));
         }
-        let (outcome, view) = l.check(&key, limits, 1, now);
+        let (outcome, view, _) = l.check(&key, limits, 1, now);
         assert_eq!(outcome, Outcome::Limited);
         assert_eq!(view.retry_after, Some(50), "until the minute's end");
         assert_eq!(l.check(&other, limits, 1, now).0, Outcome::Admitted);
@@ -270,6 +302,38 @@ mod tests {
             assert_eq!(l.check(&third, hourly, 1, now).0, Outcome::Admitted);
         }
         assert_eq!(l.check(&third, hourly, 1, now).0, Outcome::Limited);
+    }
+
+    #[test]
+    fn the_local_limiter_holds_a_concurrency_on_this_node_and_frees_what_is_given_back() {
+        let l = LocalLimiter::default();
+        let key: Arc<str> = "k".into();
+        let now = crate::base::clock::unix_now();
+        let limits = Limits::minute_day(100, 100).unwrap().with_concurrency(2);
+        let (a, _, first) = l.check(&key, limits, 1, now);
+        let (b, _, _) = l.check(&key, limits, 1, now);
+        let (c, view, _) = l.check(&key, limits, 1, now);
+        assert_eq!(
+            (a, b, c, view.retry_after),
+            (
+                Outcome::Admitted,
+                Outcome::Admitted,
+                Outcome::ConcurrencyLimited,
+                Some(1)
+            )
+        );
+        l.release(&key, first);
+        assert_eq!(l.check(&key, limits, 1, now).0, Outcome::Admitted);
+        // The concurrency alone (`open`): the same places.
+        assert_eq!(l.slot(&key, limits, now).0, Outcome::ConcurrencyLimited);
+        let other: Arc<str> = "other".into();
+        let (outcome, lease) = l.slot(&other, limits, now);
+        assert!(outcome == Outcome::Admitted && lease.taken());
+        assert_eq!(
+            l.slot(&other, Limits::minute_day(1, 1).unwrap(), now),
+            (Outcome::Admitted, Lease::default()),
+            "no concurrency, no lease"
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The quota rules, as plain arithmetic: a key's windows (`keys::limits`: any lengths, fixed
 //! windows aligned to the epoch or the UTC month), admission only when every enforced window has
-//! room for the request's cost, strikes for requests sent after a refusal, and escalating bans.
+//! room for the request's cost, strikes for requests sent after a refusal, escalating bans, and
+//! the quota's requests in flight as leases with an end ([`Leases`]).
 //! The in-memory store runs exactly this code; the Redis script (`store/scripts.rs`) is its
 //! transcription to Lua, and the store behaviour suite holds the two to the same results.
 
@@ -49,6 +50,9 @@ pub enum Outcome {
     Limited,
     /// The key is banned (possibly by this very request); nothing was counted.
     Banned,
+    /// Every window had room, but the quota's concurrency is in flight already: nothing was
+    /// counted, no strike (parallel clients are not abusive).
+    ConcurrencyLimited,
 }
 
 /// What a store answers for one request: enough to write every rate-limit header.
@@ -64,6 +68,107 @@ pub struct Verdict {
     pub ban_until: u64,
     /// This very request started the ban (for counting bans, not refusals).
     pub ban_started: bool,
+    /// When the limits have a concurrency: the lease this admitted request took (none
+    /// otherwise), and the quota's requests in flight.
+    pub lease: Lease,
+}
+
+/// A request's place among its quota's requests in flight: held until the request ends, or
+/// until `end` (a Unix second by the store's clock) should nobody give it back (a node killed,
+/// a release lost with the store), so that no place is ever held for good.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Lease {
+    /// 0: no lease was taken.
+    pub end: u64,
+    /// The quota's requests in flight after the decision (its leases not yet ended), this
+    /// one's included.
+    pub in_flight: u64,
+}
+
+impl Lease {
+    pub fn taken(&self) -> bool {
+        self.end > 0
+    }
+}
+
+/// A quota's requests in flight, as leases: how many end at each second. Leases of one second
+/// are alike, so a request gives back "one lease ending at `end`" and none needs an id of its
+/// own; the pairs are at most the lease length's seconds, whatever the concurrency. The Redis
+/// script keeps the same pairs (`store/scripts.rs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Leases {
+    /// (end, how many), ascending by end.
+    ends: Vec<(u32, u32)>,
+}
+
+impl Leases {
+    /// Drops the leases that have ended at `now`.
+    fn purge(&mut self, now: u64) {
+        self.ends.retain(|&(end, n)| u64::from(end) > now && n > 0);
+    }
+
+    /// The leases not ended at `now`.
+    pub fn in_flight(&self, now: u64) -> u64 {
+        self.ends
+            .iter()
+            .filter(|&&(end, _)| u64::from(end) > now)
+            .map(|&(_, n)| u64::from(n))
+            .sum()
+    }
+
+    /// A lease ending `secs` after `now`, when fewer than `most` are held at `now`; otherwise
+    /// none (`end` 0), with the count held.
+    pub fn take_within(&mut self, now: u64, most: u32, secs: u64) -> Lease {
+        self.purge(now);
+        let in_flight = self.in_flight(now);
+        if in_flight >= u64::from(most) {
+            return Lease { end: 0, in_flight };
+        }
+        Lease {
+            end: self.take(now, secs),
+            in_flight: in_flight + 1,
+        }
+    }
+
+    /// Adds a lease ending `secs` after `now`; returns its end.
+    fn take(&mut self, now: u64, secs: u64) -> u64 {
+        let end = narrow(now + secs.max(1));
+        match self.ends.iter_mut().find(|(e, _)| *e == end) {
+            Some((_, n)) => *n = n.saturating_add(1),
+            None => {
+                self.ends.push((end, 1));
+                self.ends.sort_unstable();
+            }
+        }
+        u64::from(end)
+    }
+
+    /// Gives back one lease ending at `end`; false when there is none (it ended, or the store
+    /// lost it).
+    pub fn give_back(&mut self, now: u64, end: u64) -> bool {
+        self.purge(now);
+        let Some(at) = self.ends.iter().position(|&(e, _)| u64::from(e) == end) else {
+            return false;
+        };
+        self.ends[at].1 -= 1;
+        if self.ends[at].1 == 0 {
+            self.ends.remove(at);
+        }
+        true
+    }
+
+    /// Moves a lease ending at `end` to end `secs` after `now`; one that is gone (it ended
+    /// before its renewal came, or the store lost it) is taken again, since its request is
+    /// still in flight. Returns the new end.
+    pub fn renew(&mut self, now: u64, end: u64, secs: u64) -> u64 {
+        self.give_back(now, end);
+        self.take(now, secs)
+    }
+
+    /// Whether no lease is held at `now` (the entry can go).
+    pub fn is_empty(&self, now: u64) -> bool {
+        self.in_flight(now) == 0
+    }
 }
 
 /// One window's count in a key's state: which length (`Every::code`), which instance of it
@@ -160,6 +265,20 @@ impl KeyState {
 
     /// Decides one request costing `cost` units at `now` and updates the counters.
     pub fn acquire(&mut self, now: u64, limits: &Limits, cost: u64, ban: &BanPolicy) -> Verdict {
+        self.acquire_leased(now, limits, cost, ban, None)
+    }
+
+    /// [`KeyState::acquire`], and when the limits have a concurrency, a lease of `secs` seconds
+    /// from `leases` too: a refusal is decided in this order, a ban, then a window without room
+    /// (a strike), then the concurrency (no strike, nothing counted).
+    pub fn acquire_leased(
+        &mut self,
+        now: u64,
+        limits: &Limits,
+        cost: u64,
+        ban: &BanPolicy,
+        leases: Option<(&mut Leases, u64)>,
+    ) -> Verdict {
         let windows = limits.windows();
         let mut counts = [0u64; MAX_WINDOWS];
         let mut instances = [0u64; MAX_WINDOWS];
@@ -176,6 +295,7 @@ impl KeyState {
                 0
             },
             ban_started: false,
+            lease: Lease::default(),
         };
         // A banned request changes nothing, as in the Lua script (which writes nothing then).
         if u64::from(self.ban_until) > now {
@@ -186,13 +306,26 @@ impl KeyState {
             .zip(counts)
             .all(|(w, count)| w.shadow || count + cost <= w.limit());
         if fits {
+            let lease = match limits.concurrency().zip(leases) {
+                Some((most, (leases, secs))) => leases.take_within(now, most, secs),
+                None => Lease::default(),
+            };
+            if lease.in_flight > 0 && !lease.taken() {
+                return Verdict {
+                    lease,
+                    ..verdict(Outcome::ConcurrencyLimited, self, counts)
+                };
+            }
             self.count_elsewhere(now, limits, cost);
             for (k, w) in windows.iter().enumerate() {
                 counts[k] += cost;
                 self.put(now, limits, w.every, instances[k], counts[k]);
             }
             self.last_admitted = narrow(now);
-            return verdict(Outcome::Admitted, self, counts);
+            return Verdict {
+                lease,
+                ..verdict(Outcome::Admitted, self, counts)
+            };
         }
         let started = self.refuse(now, ban);
         Verdict {
@@ -367,6 +500,7 @@ impl RateView {
             counts: [0; MAX_WINDOWS],
             ban_until,
             ban_started: false,
+            lease: Lease::default(),
         };
         Self::new(&verdict, limits, 0)
     }
@@ -395,7 +529,7 @@ impl RateView {
             .max_by_key(|(_, w)| w.every.reset(now))
             .map(|(k, _)| k);
         let chosen = match v.outcome {
-            Outcome::Admitted => least_room,
+            Outcome::Admitted | Outcome::ConcurrencyLimited => least_room,
             _ => refusing.or(least_room),
         }
         .unwrap_or(0);
@@ -413,6 +547,9 @@ impl RateView {
         };
         match v.outcome {
             Outcome::Admitted => {}
+            // A place frees when any request of the quota ends, usually well within a second;
+            // the windows' reset says nothing of it, so `Retry-After` is not bound to it.
+            Outcome::ConcurrencyLimited => view.retry_after = Some(CONCURRENCY_RETRY_AFTER),
             Outcome::Limited => view.retry_after = Some(view.reset.saturating_sub(now).max(1)),
             Outcome::Banned => {
                 // A banned key can send nothing, whatever its windows hold: every header
@@ -505,6 +642,9 @@ fn push_item(out: &mut String, name: &str, a: &str, x: u64, b: &str, y: u64) {
     out.push('=');
     out.push_str(itoa::Buffer::new().format(y));
 }
+
+/// `Retry-After` of a 429 `concurrency_limited`: a short fixed delay.
+pub const CONCURRENCY_RETRY_AFTER: u64 = 1;
 
 /// The `X-RateLimit-*` triple as numbers, for responses that are not about a key's plan (the
 /// per-IP limit on unauthenticated requests).
@@ -677,6 +817,7 @@ mod tests {
             counts: [1, 1, 0, 0, 0, 0],
             ban_until: 0,
             ban_started: false,
+            lease: Lease::default(),
         };
         let view = RateView::new(&v, free(), 1);
         assert_eq!(
@@ -724,6 +865,90 @@ mod tests {
         assert_eq!(retry_after_secs(std::time::Duration::ZERO), 1);
         assert_eq!(retry_after_secs(std::time::Duration::from_millis(1_001)), 2);
         assert_eq!(retry_after_secs(std::time::Duration::from_secs(3)), 3);
+    }
+
+    #[test]
+    fn a_concurrency_refusal_spends_nothing_strikes_nothing_and_keeps_the_headers() {
+        let limits = md(100, 1000).with_concurrency(2);
+        let ban = BanPolicy {
+            strikes: 0,
+            ..BanPolicy::default()
+        };
+        let (mut s, mut leases) = (KeyState::default(), Leases::default());
+        let now = 60 * 16_667 + 5;
+        let first = s.acquire_leased(now, &limits, 1, &ban, Some((&mut leases, 10)));
+        assert_eq!(
+            (first.outcome, first.lease),
+            (
+                Outcome::Admitted,
+                Lease {
+                    end: now + 10,
+                    in_flight: 1
+                }
+            )
+        );
+        let second = s.acquire_leased(now + 1, &limits, 1, &ban, Some((&mut leases, 10)));
+        assert_eq!(second.lease.in_flight, 2);
+        let before = s;
+        let refused = s.acquire_leased(now + 1, &limits, 1, &ban, Some((&mut leases, 10)));
+        assert_eq!(refused.outcome, Outcome::ConcurrencyLimited);
+        assert_eq!(
+            refused.lease,
+            Lease {
+                end: 0,
+                in_flight: 2
+            }
+        );
+        assert_eq!(
+            s, before,
+            "no count, no strike, no ban (strikes = 0 would ban)"
+        );
+        let view = RateView::new(&refused, limits, 1);
+        assert_eq!(
+            (view.remaining, view.retry_after, view.binding),
+            (
+                98,
+                Some(CONCURRENCY_RETRY_AFTER),
+                Binding::Window(Every::MINUTE)
+            )
+        );
+        // One given back: the next request takes its place.
+        assert!(leases.give_back(now + 2, first.lease.end));
+        assert!(
+            !leases.give_back(now + 2, first.lease.end),
+            "given back once"
+        );
+        let third = s.acquire_leased(now + 2, &limits, 1, &ban, Some((&mut leases, 10)));
+        assert_eq!(third.outcome, Outcome::Admitted);
+        // A window without room wins over the concurrency: a strike, `rate_limited`.
+        let tight = md(1, 1000).with_concurrency(1);
+        let (mut t, mut l) = (KeyState::default(), Leases::default());
+        t.acquire_leased(now, &tight, 1, &BanPolicy::default(), Some((&mut l, 10)));
+        let v = t.acquire_leased(now, &tight, 1, &BanPolicy::default(), Some((&mut l, 10)));
+        assert_eq!((v.outcome, t.strikes), (Outcome::Limited, 1));
+    }
+
+    #[test]
+    fn leases_end_by_themselves_and_renewals_move_them() {
+        let mut leases = Leases::default();
+        let end = leases.take(100, 15);
+        leases.take(100, 15);
+        leases.take(103, 15);
+        assert_eq!(leases.in_flight(100), 3);
+        assert_eq!(leases.ends.len(), 2, "leases of one second share a pair");
+        // Nobody gives them back (a node killed): they end by themselves.
+        assert_eq!(leases.in_flight(end), 1);
+        assert!(leases.is_empty(118));
+        // A renewal moves a lease; one that ended meanwhile is taken again (still in flight).
+        let mut leases = Leases::default();
+        let end = leases.take(100, 15);
+        let renewed = leases.renew(110, end, 15);
+        assert_eq!((renewed, leases.in_flight(124)), (125, 1));
+        let again = leases.renew(200, renewed, 15);
+        assert_eq!((again, leases.in_flight(200)), (215, 1));
+        assert!(!leases.give_back(200, renewed));
+        assert!(leases.give_back(200, again));
+        assert!(leases.is_empty(200));
     }
 
     #[test]

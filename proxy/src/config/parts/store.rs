@@ -89,12 +89,30 @@ const STORE_BATCH_MAX: Setting<usize> = Setting::new(
     },
 );
 
+const CONCURRENCY_LEASE_SECS: Setting<u64> = Setting::new(
+    "concurrency_lease_secs",
+    Kind::Int,
+    Preset::Of(|| Value::Int(crate::quota::store::memory::DEFAULT_LEASE_SECS)),
+    "how long a place among a key's requests in flight (a plan's or key's `concurrency`) is \
+     held unless given back: a request that outlives it renews it; a node killed while holding \
+     places frees them within this (from 3 to 600)",
+    |v| {
+        let n = v.int()?;
+        if (3..=600).contains(&n) {
+            Ok(n)
+        } else {
+            Err(format!("must be from 3 to 600 seconds (got {n})"))
+        }
+    },
+);
+
 pub const SETTINGS: &[Row] = &[
     REDIS_URL.row,
     KEY_PREFIX.row,
     ON_STORE_ERROR.row,
     STORE_TIMEOUT_MS.row,
     STORE_BATCH_MAX.row,
+    CONCURRENCY_LEASE_SECS.row,
 ];
 
 pub struct Store {
@@ -104,6 +122,7 @@ pub struct Store {
     pub on_store_error: OnStoreError,
     pub store_timeout: Duration,
     pub store_batch_max: usize,
+    pub concurrency_lease_secs: u64,
 }
 
 pub fn validate(l: &Layers, environment: &str) -> Result<Store, ConfigError> {
@@ -114,5 +133,6 @@ pub fn validate(l: &Layers, environment: &str) -> Result<Store, ConfigError> {
         on_store_error: l.value(&ON_STORE_ERROR)?,
         store_timeout: l.value(&STORE_TIMEOUT_MS)?,
         store_batch_max: l.value(&STORE_BATCH_MAX)?,
+        concurrency_lease_secs: l.value(&CONCURRENCY_LEASE_SECS)?,
     })
 }

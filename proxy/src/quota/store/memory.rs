@@ -1,8 +1,9 @@
 //! The embedded store: every key's [`KeyState`] in a sharded map in this process, packed
-//! ([`super::packed`]: 40 bytes a key and 8 per window of its own). Shards keep two worker
-//! threads from contending on one lock; idle entries (every window over, no ban pending) are
-//! swept out once a minute per shard, so memory follows the keys in use in their windows, not
-//! every key ever seen.
+//! ([`super::packed`]: 40 bytes a key and 8 per window of its own), and the [`Leases`] of the
+//! quotas with a concurrency beside them. Shards keep two worker threads from contending on one
+//! lock; idle entries (every window over, no ban pending, no lease held) are swept out once a
+//! minute per shard, so memory follows the keys in use in their windows, not every key ever
+//! seen.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,7 +15,7 @@ use super::ranking::Ranking;
 use super::{Ban, QuotaStore, StoreError, TopWindow, Usage};
 use crate::base::clock::Clock;
 use crate::keys::limits::Limits;
-use crate::quota::rules::{BanPolicy, Verdict, MINUTE_SECS};
+use crate::quota::rules::{BanPolicy, Lease, Leases, Verdict, MINUTE_SECS};
 
 const SHARDS: usize = 64;
 
@@ -29,9 +30,18 @@ struct Shard {
     /// the time: a clock stepped back would bring back a ban the time had ended. Readers skip
     /// the ended ones.
     bans: HashMap<Arc<str>, u64>,
+    /// The requests in flight of the quotas with a concurrency, by quota id.
+    leases: HashMap<Arc<str>, Leases>,
 }
 
 impl Shard {
+    /// Forgets whatever can no longer matter at `now`.
+    fn sweep(&mut self, now: u64) {
+        self.keys.retain(|s| !s.is_idle(now));
+        self.prune_bans();
+        self.leases.retain(|_, l| !l.is_empty(now));
+    }
+
     /// Keeps the entries whose state still holds that very ban.
     fn prune_bans(&mut self) {
         let keys = &self.keys;
@@ -49,7 +59,13 @@ pub struct MemoryStore {
     ranking: Mutex<Ranking>,
     /// [`QuotaStore::claim_once`]'s names, their claimants and until when they hold.
     claimed: Mutex<HashMap<String, (String, u64)>>,
+    /// How long a lease lasts unless given back or renewed, in seconds.
+    lease_secs: u64,
 }
+
+/// How long a lease lasts by default: the bound on how long a node that died holding places
+/// keeps them from its keys (`concurrency_lease_secs`).
+pub const DEFAULT_LEASE_SECS: u64 = 15;
 
 impl Default for MemoryStore {
     fn default() -> Self {
@@ -69,7 +85,14 @@ impl MemoryStore {
             clock,
             ranking: Mutex::new(Ranking::default()),
             claimed: Mutex::new(HashMap::new()),
+            lease_secs: DEFAULT_LEASE_SECS,
         }
+    }
+
+    /// Leases last `secs` seconds unless given back or renewed.
+    pub fn with_lease_secs(mut self, secs: u64) -> MemoryStore {
+        self.lease_secs = secs.max(1);
+        self
     }
 
     /// Number of keys currently held (for tests and memory figures).
@@ -105,26 +128,42 @@ impl MemoryStore {
         let minute = now / MINUTE_SECS;
         if shard.swept_minute != minute {
             shard.swept_minute = minute;
-            shard.keys.retain(|s| !s.is_idle(now));
-            shard.prune_bans();
+            shard.sweep(now);
         }
-        let verdict = shard
-            .keys
-            .update(key_id, |state| state.acquire(now, limits, cost, ban));
+        let Shard { keys, leases, .. } = &mut *shard;
+        let verdict = match limits.concurrency() {
+            None => keys.update(key_id, |state| state.acquire(now, limits, cost, ban)),
+            Some(_) => {
+                let held = leases.entry(Arc::clone(key_id)).or_default();
+                let lease = Some((held, self.lease_secs));
+                keys.update(key_id, |state| {
+                    state.acquire_leased(now, limits, cost, ban, lease)
+                })
+            }
+        };
         if verdict.ban_started {
             shard.bans.insert(Arc::clone(key_id), verdict.ban_until);
         }
         verdict
     }
 
+    /// A lease of `key_id`'s, when fewer than `most` are held at `now`; otherwise a lease not
+    /// taken (`end` 0) with the count held. The concurrency alone, no window: what a node holds
+    /// on its own while the shared store is away.
+    pub fn take_lease(&self, key_id: &Arc<str>, most: u32, now: u64) -> Lease {
+        let mut shard = lock(self.shard(key_id));
+        let held = shard.leases.entry(Arc::clone(key_id)).or_default();
+        held.take_within(now, most, self.lease_secs)
+    }
+
     /// Drops every state with nothing left that can matter at `now`.
     pub fn sweep(&self, now: u64) {
         for shard in self.shards.iter() {
             let mut shard = lock(shard);
-            shard.keys.retain(|s| !s.is_idle(now));
+            shard.sweep(now);
             shard.keys.shrink_to_fit();
-            shard.prune_bans();
             shard.bans.shrink_to_fit();
+            shard.leases.shrink_to_fit();
         }
     }
 }
@@ -145,6 +184,28 @@ impl QuotaStore for MemoryStore {
         ban: &BanPolicy,
     ) -> Result<Verdict, StoreError> {
         Ok(self.decide(key_id, &limits, cost, ban, self.clock.now()))
+    }
+
+    fn release(&self, quota_id: &Arc<str>, lease: Lease) {
+        let now = self.clock.now();
+        let mut shard = lock(self.shard(quota_id));
+        if let Some(held) = shard.leases.get_mut(&**quota_id) {
+            held.give_back(now, lease.end);
+            if held.is_empty(now) {
+                shard.leases.remove(&**quota_id);
+            }
+        }
+    }
+
+    async fn renew(&self, quota_id: &Arc<str>, lease: Lease) -> Result<Lease, StoreError> {
+        let now = self.clock.now();
+        let mut shard = lock(self.shard(quota_id));
+        let held = shard.leases.entry(Arc::clone(quota_id)).or_default();
+        let end = held.renew(now, lease.end, self.lease_secs);
+        Ok(Lease {
+            end,
+            in_flight: held.in_flight(now),
+        })
     }
 
     async fn lift_ban(&self, key_id: &str) -> Result<bool, StoreError> {
@@ -195,7 +256,14 @@ impl QuotaStore for MemoryStore {
 
     async fn usage(&self, quota_id: &str) -> Result<Usage, StoreError> {
         let now = self.clock.now();
-        let state = lock(self.shard(quota_id)).keys.get(quota_id);
+        let (state, in_flight) = {
+            let shard = lock(self.shard(quota_id));
+            let held = shard.leases.get(quota_id);
+            (
+                shard.keys.get(quota_id),
+                held.map_or(0, |l| l.in_flight(now)),
+            )
+        };
         let state = state.as_ref();
         Ok(Usage {
             now,
@@ -206,6 +274,7 @@ impl QuotaStore for MemoryStore {
                 .map(|s| u64::from(s.ban_until))
                 .filter(|&until| until > now)
                 .unwrap_or(0),
+            in_flight,
         })
     }
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::keys::limits::{Every, Limits};
-use crate::quota::rules::{BanPolicy, Verdict};
+use crate::quota::rules::{BanPolicy, Lease, Verdict};
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -65,6 +65,8 @@ pub struct Usage {
     pub last_admitted: u64,
     /// The end of the key's ban, Unix seconds; 0 when not banned.
     pub ban_until: u64,
+    /// The quota's requests in flight (leases not ended), when it has a concurrency.
+    pub in_flight: u64,
 }
 
 impl Usage {
@@ -132,6 +134,21 @@ pub trait QuotaStore: Send + Sync {
         cost: u64,
         ban: &BanPolicy,
     ) -> Result<Verdict, StoreError>;
+
+    /// Gives back a lease an admitted request took ([`Verdict::lease`]) once it has ended.
+    /// Never waits: the store sends it on its own (Redis: with the next run of its lane), so
+    /// it can be called from a request's last moments, even a `Drop`. A release that is lost
+    /// (the store away) leaves the lease to end by itself.
+    fn release(&self, quota_id: &Arc<str>, lease: Lease);
+
+    /// Sends now what waits to be sent (releases left queued by a failed run), where the store
+    /// queues anything; called from time to time by the lease renewals' task. Never waits.
+    fn flush(&self) {}
+
+    /// Moves a lease of a request still in flight to end a lease length from now (its
+    /// request outlives it: a slow upload, a long answer); returns the new end. A lease that is
+    /// gone (ended, or lost with the store) is taken again: its request is still in flight.
+    async fn renew(&self, quota_id: &Arc<str>, lease: Lease) -> Result<Lease, StoreError>;
 
     /// Ends a key's ban now (and forgets its strikes); returns whether one was active.
     async fn lift_ban(&self, key_id: &str) -> Result<bool, StoreError>;

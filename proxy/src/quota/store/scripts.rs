@@ -37,6 +37,18 @@
 //! 6.2 or later (`SET ... EXAT`) and its Lua `struct` library; the probe runs the same commands,
 //! so an older Redis shows as failing.
 //!
+//! A quota with a concurrency (a plan's `concurrency`, a key's own) keeps its requests in flight
+//! beside its state, in `<prefix>:leases:{<quota id>}` (same hash tag, so same slot): pairs of
+//! little-endian unsigned 32-bit integers, `(end, count)`, how many of its requests hold a
+//! lease ending at that second (Redis `TIME`). An admitted request takes a lease ending a lease
+//! length from now and gives it back (`release`) when it ends; a request that outlives it renews
+//! it; a lease nobody gives back (a node killed, a release lost) ends by itself, so a place is
+//! never held for good. Leases of one second are alike, so the pairs number at most the lease
+//! length's seconds whatever the concurrency, and the string expires with its last lease. A
+//! string of its own rather than fields in the state: the state's form is unchanged (a node of
+//! the version before reads it as it always has, and quotas without a concurrency cost Redis
+//! nothing more), and only quotas with a concurrency pay a `GET` and a `SET` more per batch.
+//!
 //! Beside them, one sorted set per environment, `<prefix>:bans`, indexes the active bans (member
 //! the key id, score the ban's end), so listing them is one call. It is a key of its own slot,
 //! so the store writes it in a call of its own when a ban starts or is lifted: a request never
@@ -225,36 +237,126 @@ end
     };
 }
 
-/// Decides a batch of requests (group commit: one script run for every decision queued while
-/// the previous run was in flight; a batch of one at low load). Requests are decided in the
-/// order given, so several of one quota in a batch are counted exactly as if sent one by one.
-/// Each quota's state is read once and written once per batch, with one `GET` and one `SET`.
+/// A quota's leases (`<prefix>:leases:{<quota id>}`, see the module's header), read and written
+/// by the scripts that take, give back, renew or count them.
 ///
-/// - `KEYS[i]`: decision *i*'s state, `<prefix>:windows:{<quota id>}` (a key may repeat). On a
-///   Redis Cluster every key of one batch is in one slot.
+/// `load_leases(key, now)` reads the leases of the quota whose state is `key`, without those
+/// ended at `now`, as a table: `key` the leases' own key, `ends` and `counts` its pairs,
+/// `total` the requests in flight, `dirty` whether it must be written. `take(l, end)` adds one
+/// lease ending at `end` and returns `end`; `give_back(l, end)` removes one ending at `end`, if
+/// any; `save_leases(l)` writes them back if changed, expiring with the last one (or deletes
+/// them when none is left).
+macro_rules! leases_lua {
+    () => {
+        r#"
+local function load_leases(key, now)
+  local lk = (string.gsub(key, ':windows:{', ':leases:{', 1))
+  local l = {key = lk, ends = {}, counts = {}, total = 0, dirty = false}
+  local v = get_string(lk)
+  -- A missing key reads as false in a script.
+  if not v then return l end
+  local n = #v / 8
+  if n ~= math.floor(n) or n > 4096 then
+    redis.log(redis.LOG_WARNING, 'pet-gateway: leases ' .. lk .. ' are unreadable (' .. #v ..
+      ' bytes); they start again')
+    l.dirty = true
+    return l
+  end
+  local f = {struct.unpack('<' .. string.rep('II', n), v)}
+  for j = 1, n do
+    local e, c = f[2 * j - 1], f[2 * j]
+    if e > now and c > 0 then
+      local k = #l.ends + 1
+      l.ends[k], l.counts[k] = e, c
+      l.total = l.total + c
+    else
+      l.dirty = true
+    end
+  end
+  return l
+end
+local function take(l, e)
+  local ends, counts = l.ends, l.counts
+  local j = #ends
+  while j > 0 and ends[j] ~= e do j = j - 1 end
+  if j == 0 then
+    j = #ends + 1
+    ends[j], counts[j] = e, 0
+  end
+  counts[j] = counts[j] + 1
+  l.total = l.total + 1
+  l.dirty = true
+  return e
+end
+local function give_back(l, e)
+  local ends, counts = l.ends, l.counts
+  for j = #ends, 1, -1 do
+    if ends[j] == e and counts[j] > 0 then
+      counts[j] = counts[j] - 1
+      l.total = l.total - 1
+      l.dirty = true
+      return
+    end
+  end
+end
+local function save_leases(l)
+  if not l.dirty then return end
+  local packed, last = {}, 0
+  for j = 1, #l.ends do
+    if l.counts[j] > 0 then
+      packed[#packed + 1] = struct.pack('<II', l.ends[j], l.counts[j])
+      if l.ends[j] > last then last = l.ends[j] end
+    end
+  end
+  if #packed == 0 then
+    redis.call('DEL', l.key)
+  else
+    redis.call('SET', l.key, table.concat(packed), 'EXAT', last)
+  end
+end
+"#
+    };
+}
+
+/// Decides a batch of requests (group commit: one script run for every decision queued while
+/// the previous run was in flight; a batch of one at low load), and gives back or renews the
+/// leases of requests in flight that ride along. Entries are taken in the order given, so
+/// several of one quota in a batch are counted exactly as if sent one by one. Each quota's state
+/// (and its leases) is read once and written once per batch, with one `GET` and one `SET`.
+///
+/// - `KEYS[i]`: entry *i*'s quota state, `<prefix>:windows:{<quota id>}` (a key may repeat);
+///   its leases are `<prefix>:leases:{<quota id>}`, the same key with `leases` for `windows`.
+///   On a Redis Cluster every key of one batch is in one slot.
 /// - `ARGV[1]`: refused requests allowed in one minute before a ban.
 /// - `ARGV[2]`: seconds after a ban's end before the ban level decays to 0.
 /// - `ARGV[3]`: *n*, how many ban lengths follow; `ARGV[4..3+n]`: ban lengths in seconds by
 ///   level, the last one repeating.
+/// - `ARGV[4+n]`: a lease's length, seconds.
 /// - then *L*, how many sets of limits follow, and each set: *m*, its number of windows, then
 ///   per window its length code (`Every::code`) and its limit, negative for a shadow window
-///   (counted, never refusing);
-/// - then per decision *i*: the number of its set of limits (from 1) and its cost.
+///   (counted, never refusing), then its concurrency (0: none);
+/// - then per entry *i*, two numbers: a decision's set of limits (from 1) and its cost; or 0
+///   and the end of a lease to give back; or -1 and the end of a lease to renew.
 ///
-/// Returns per decision `3 + m` integers, `{outcome, now, ban_until, count_1..count_m}` (the
-/// counts in its set's window order, its cost included when admitted), outcome 0 admitted,
-/// 1 limited, 2 banned, 3 banned by this very request.
+/// Returns, in entry order: per decision `3 + m` integers, `{outcome, now, ban_until,
+/// count_1..count_m}` (the counts in its set's window order, its cost included when admitted),
+/// and two more when its set has a concurrency, `{lease_end, in_flight}` (the end of the lease
+/// it took, 0 when none, and the quota's requests in flight); outcome 0 admitted, 1 limited,
+/// 2 banned, 3 banned by this very request, 4 refused for the concurrency (nothing counted, no
+/// strike); per renewal `{lease_end, in_flight}`; nothing per release.
 pub const ACQUIRE: &str = concat!(
     state_lua!(),
+    leases_lua!(),
     r#"
 local now = tonumber(redis.call('TIME')[1])
 local strikes = tonumber(ARGV[1])
 local decay = tonumber(ARGV[2])
 local lengths = tonumber(ARGV[3])
-local p = 4 + lengths
+local lease_secs = tonumber(ARGV[4 + lengths])
+local p = 5 + lengths
 -- Each set of limits, flat: its number of windows m, then per window k at 3k - 1, 3k and 3k + 1
 -- its length, its instance now and the most it may hold before a request (a shadow window's
--- is unbounded: it never refuses).
+-- is unbounded: it never refuses), then at 3m + 2 its concurrency (0: none).
 local sets = {}
 local nsets = tonumber(ARGV[p])
 p = p + 1
@@ -267,8 +369,20 @@ for i = 1, nsets do
     set[3 * k - 1], set[3 * k] = e, index_of(e, now)
     if limit < 0 then set[3 * k + 1] = math.huge else set[3 * k + 1] = limit end
   end
+  set[3 * m + 2] = tonumber(ARGV[p + 2 * m + 1])
   sets[i] = set
-  p = p + 1 + 2 * m
+  p = p + 2 + 2 * m
+end
+-- The leases of the quotas this batch touches, each read once: `of(key)` (see `leases_lua`).
+local held, held_order = {}, {}
+local function leases_of(key)
+  local l = held[key]
+  if l == nil then
+    l = load_leases(key, now)
+    held[key] = l
+    held_order[#held_order + 1] = key
+  end
+  return l
 end
 local states, order, out = {}, {}, {}
 -- One decision's instances and slots, reused from decision to decision; its counts go straight
@@ -279,16 +393,28 @@ local minute, day = math.floor(now / 60), math.floor(now / 86400)
 local at = 0
 for i = 1, #KEYS do
   local key = KEYS[i]
+  local which = tonumber(ARGV[p])
+  local cost = tonumber(ARGV[p + 1])
+  p = p + 2
+  if which == 0 then
+    give_back(leases_of(key), cost)
+  elseif which < 0 then
+    local l = leases_of(key)
+    give_back(l, cost)
+    out[at + 1], out[at + 2] = take(l, now + lease_secs), l.total
+    at = at + 2
+  else
   local s = states[key]
   if s == nil then
     s = load(key)
     states[key] = s
     order[#order + 1] = key
   end
-  local set = sets[tonumber(ARGV[p])]
-  local cost = tonumber(ARGV[p + 1])
-  p = p + 2
+  local set = sets[which]
   local m = set[1]
+  local most = set[3 * m + 2]
+  local l = nil
+  if most > 0 then l = leases_of(key) end
   local fits = true
   local n = s[N]
   local matched = 0
@@ -333,6 +459,9 @@ for i = 1, #KEYS do
   end
   if s[BU] > now then
     out[at + 1] = 2
+  elseif fits and l ~= nil and l.total >= most then
+    -- Every window has room, but the concurrency is in flight: nothing counted, no strike.
+    out[at + 1] = 4
   elseif fits and exact then
     for k = 1, m do
       local cur, stored = set[3 * k], s[12 + 3 * k]
@@ -402,10 +531,23 @@ for i = 1, #KEYS do
   out[at + 2] = now
   if s[BU] > now then out[at + 3] = s[BU] else out[at + 3] = 0 end
   at = at + 3 + m
+  if l ~= nil then
+    if out[at - m - 2] == 0 then
+      out[at + 1] = take(l, now + lease_secs)
+    else
+      out[at + 1] = 0
+    end
+    out[at + 2] = l.total
+    at = at + 2
+  end
+  end
 end
 for _, key in ipairs(order) do
   local s = states[key]
   if s[WRITE] then save(key, s) end
+end
+for _, key in ipairs(held_order) do
+  save_leases(held[key])
 end
 return out
 "#
@@ -480,14 +622,17 @@ return 1
 "#
 );
 
-/// Reads a quota's counts in its current windows (the window rule of [`ACQUIRE`]).
+/// Reads a quota's counts in its current windows (the window rule of [`ACQUIRE`]) and its
+/// requests in flight.
 ///
-/// - `KEYS[1]`: the quota's state.
+/// - `KEYS[1]`: the quota's state (its leases beside it, as for [`ACQUIRE`]).
 ///
-/// Returns `{now, refused_today, last_admitted, ban_until, e_1, count_1, …}` (ban_until 0 when
-/// not banned; a pair per window length the state counts in, its current instance's count).
+/// Returns `{now, refused_today, last_admitted, ban_until, in_flight, e_1, count_1, …}`
+/// (ban_until 0 when not banned; a pair per window length the state counts in, its current
+/// instance's count).
 pub const USAGE: &str = concat!(
     state_lua!(),
+    leases_lua!(),
     r#"
 local now = tonumber(redis.call('TIME')[1])
 local s = load(KEYS[1])
@@ -495,7 +640,7 @@ local rc = 0
 if s[RD] == math.floor(now / 86400) then rc = s[RC] end
 local bu = 0
 if s[BU] > now then bu = s[BU] end
-local out = {now, rc, s[LA], bu}
+local out = {now, rc, s[LA], bu, load_leases(KEYS[1], now).total}
 for j = 1, s[N] do
   local e = s[11 + 3 * j]
   local _, c = current(s, e, index_of(e, now))

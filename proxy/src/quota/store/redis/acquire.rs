@@ -1,50 +1,133 @@
 //! The `ACQUIRE` call (see `scripts.rs` for its KEYS and ARGV): the Redis key of a quota, the
-//! script's arguments for a ban policy and a batch of decisions, its answer, and the index of
-//! active bans. Used alike by a run of one decision and by a group-committed batch.
+//! script's arguments for a ban policy and a batch of entries (decisions, and leases given back
+//! or renewed), its answers, and the index of active bans. Used alike by a run of one decision
+//! and by a group-committed batch.
 
 use std::sync::Arc;
 
 use super::link::Link;
 use crate::keys::limits::{Limits, MAX_WINDOWS};
-use crate::quota::rules::BanPolicy;
+use crate::quota::rules::{BanPolicy, Lease, Outcome, Verdict};
 use crate::quota::store::StoreError;
 
 /// `ACQUIRE`'s answer for one decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct RawVerdict {
-    /// 0 admitted, 1 limited, 2 banned, 3 banned by this very request.
+    /// 0 admitted, 1 limited, 2 banned, 3 banned by this very request, 4 refused for the
+    /// concurrency.
     pub outcome: i64,
     pub now: i64,
     pub ban_until: i64,
     /// In the order of the decision's limits' windows.
     pub counts: [i64; MAX_WINDOWS],
+    /// Limits with a concurrency: the lease taken (0: none) and the requests in flight.
+    pub lease_end: i64,
+    pub in_flight: i64,
+}
+
+/// One entry of an `ACQUIRE` run.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Entry<'k> {
+    /// A request to decide.
+    Decide {
+        key_id: &'k str,
+        limits: &'k Limits,
+        cost: u64,
+    },
+    /// A lease ending at `end` to give back.
+    Release { key_id: &'k str, end: u64 },
+    /// A lease ending at `end` to renew.
+    Renew { key_id: &'k str, end: u64 },
+}
+
+impl Entry<'_> {
+    fn key_id(&self) -> &str {
+        match self {
+            Entry::Decide { key_id, .. }
+            | Entry::Release { key_id, .. }
+            | Entry::Renew { key_id, .. } => key_id,
+        }
+    }
+
+    /// How many integers `ACQUIRE` answers for this entry.
+    pub fn width(&self) -> usize {
+        match self {
+            Entry::Decide { limits, .. } => RawVerdict::width(limits),
+            Entry::Release { .. } => 0,
+            Entry::Renew { .. } => 2,
+        }
+    }
 }
 
 impl RawVerdict {
     /// How many integers `ACQUIRE` answers for a decision under `limits`.
     pub fn width(limits: &Limits) -> usize {
-        3 + limits.windows().len()
+        3 + limits.windows().len() + if limits.concurrency().is_some() { 2 } else { 0 }
     }
 
-    /// The decision in `values` (exactly [`RawVerdict::width`] of them).
-    pub fn parse(values: &[i64]) -> Result<RawVerdict, StoreError> {
-        let (head, counts) = values.split_at_checked(3).ok_or_else(|| {
-            StoreError::Protocol(format!("acquire returned {values:?} for a decision"))
-        })?;
-        if counts.len() > MAX_WINDOWS {
-            return Err(StoreError::Protocol(format!(
-                "acquire returned {} counts",
-                counts.len()
-            )));
+    /// The decision under `limits` in `values` (exactly [`RawVerdict::width`] of them).
+    pub fn parse(values: &[i64], limits: &Limits) -> Result<RawVerdict, StoreError> {
+        let bad = || StoreError::Protocol(format!("acquire returned {values:?} for a decision"));
+        if values.len() != RawVerdict::width(limits) {
+            return Err(bad());
         }
+        let (head, rest) = values.split_at_checked(3).ok_or_else(bad)?;
+        let (counts, lease) = rest.split_at(limits.windows().len());
         let mut raw = RawVerdict {
             outcome: head[0],
             now: head[1],
             ban_until: head[2],
             counts: [0; MAX_WINDOWS],
+            lease_end: lease.first().copied().unwrap_or(0),
+            in_flight: lease.get(1).copied().unwrap_or(0),
         };
         raw.counts[..counts.len()].copy_from_slice(counts);
         Ok(raw)
+    }
+
+    /// Whether this decision took a lease that someone must give back.
+    pub fn took_lease(&self) -> bool {
+        self.outcome == 0 && self.lease_end > 0
+    }
+
+    /// The decision as the store trait answers it.
+    pub fn verdict(&self) -> Result<Verdict, StoreError> {
+        let outcome = match self.outcome {
+            0 => Outcome::Admitted,
+            1 => Outcome::Limited,
+            2 | 3 => Outcome::Banned,
+            4 => Outcome::ConcurrencyLimited,
+            other => return Err(StoreError::Protocol(format!("unknown outcome {other}"))),
+        };
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        let mut counts = [0u64; MAX_WINDOWS];
+        for (w, &c) in counts.iter_mut().zip(&self.counts) {
+            *w = n(c);
+        }
+        Ok(Verdict {
+            outcome,
+            ban_started: self.outcome == 3,
+            now: n(self.now),
+            counts,
+            ban_until: n(self.ban_until),
+            lease: Lease {
+                end: n(self.lease_end),
+                in_flight: n(self.in_flight),
+            },
+        })
+    }
+}
+
+/// A renewal's answer, `{lease_end, in_flight}`.
+pub(super) fn parse_renewal(values: &[i64]) -> Result<Lease, StoreError> {
+    match values {
+        &[end, in_flight] if end > 0 => Ok(Lease {
+            end: end as u64,
+            in_flight: u64::try_from(in_flight).unwrap_or(0),
+        }),
+        other => Err(StoreError::Protocol(format!(
+            "a lease renewal returned {other:?}"
+        ))),
     }
 }
 
@@ -74,26 +157,30 @@ pub(super) async fn index_ban(
     }
 }
 
-/// One `ACQUIRE` run deciding `decisions` (key id, limits and cost each) under the ban
-/// policy's arguments `policy` (`batch::policy_args`). Each distinct set of limits is sent
+/// One `ACQUIRE` run of `entries` under the ban policy's arguments `policy`
+/// (`batch::policy_args`), leases lasting `lease_secs`. Each distinct set of limits is sent
 /// once, however many decisions of the batch share it (most share a plan's).
 pub(super) fn acquire_invocation<'a, 'k>(
     script: &'a redis::Script,
     prefix: &str,
     policy: &[u64],
-    decisions: impl Iterator<Item = (&'k str, &'k Limits, u64)> + Clone,
+    lease_secs: u64,
+    entries: impl Iterator<Item = Entry<'k>> + Clone,
 ) -> redis::ScriptInvocation<'a> {
     let mut invocation = script.prepare_invoke();
     let mut sets: Vec<&Limits> = Vec::new();
-    for (key_id, limits, _) in decisions.clone() {
-        invocation.key(quota_key(prefix, key_id));
-        if !sets.contains(&limits) {
-            sets.push(limits);
+    for entry in entries.clone() {
+        invocation.key(quota_key(prefix, entry.key_id()));
+        if let Entry::Decide { limits, .. } = entry {
+            if !sets.contains(&limits) {
+                sets.push(limits);
+            }
         }
     }
     for a in policy {
         invocation.arg(*a);
     }
+    invocation.arg(lease_secs);
     invocation.arg(sets.len());
     for limits in &sets {
         invocation.arg(limits.windows().len());
@@ -103,10 +190,21 @@ pub(super) fn acquire_invocation<'a, 'k>(
                 .arg(w.every.code())
                 .arg(if w.shadow { -limit } else { limit });
         }
+        invocation.arg(limits.concurrency().unwrap_or(0));
     }
-    for (_, limits, cost) in decisions {
-        let set = sets.iter().position(|s| *s == limits).unwrap_or(0) + 1;
-        invocation.arg(set).arg(cost);
+    for entry in entries {
+        match entry {
+            Entry::Decide { limits, cost, .. } => {
+                let set = sets.iter().position(|s| *s == limits).unwrap_or(0) + 1;
+                invocation.arg(set).arg(cost);
+            }
+            Entry::Release { end, .. } => {
+                invocation.arg(0).arg(end);
+            }
+            Entry::Renew { end, .. } => {
+                invocation.arg(-1).arg(end);
+            }
+        }
     }
     invocation
 }

@@ -5,6 +5,10 @@
 //! load a batch is one decision and latency is that of a single call; under load the batch
 //! grows by itself to what arrived during one round trip.
 //!
+//! Leases given back and renewed ride the same runs (`release`, `renew`): a release queues
+//! without waiting for anything, so a request's last moments (a `Drop`) can send it, and under
+//! load it costs no run of its own.
+//!
 //! A lane has one run in flight at a time, more only when one cannot keep up (`MAX_IN_FLIGHT`). A
 //! single Redis has one lane; a Redis Cluster has one per hash slot, because a script may only
 //! touch keys of one slot there.
@@ -20,20 +24,24 @@ use std::time::{Duration, Instant};
 use redis::cluster_routing::Slot;
 use tokio::sync::oneshot;
 
-use super::acquire::{acquire_invocation, index_ban, policy_args, policy_matches, RawVerdict};
+use super::acquire::{
+    acquire_invocation, index_ban, parse_renewal, policy_args, policy_matches, Entry, RawVerdict,
+};
 use super::link::Link;
 use crate::base::metrics::METRICS;
 use crate::keys::limits::Limits;
-use crate::quota::rules::BanPolicy;
+use crate::quota::rules::{BanPolicy, Lease};
 use crate::quota::store::StoreError;
 
-/// The batched half of the Redis store's `acquire`.
+/// The batched half of the Redis store's `acquire`, and its leases' releases and renewals.
 pub(super) struct Batches {
     link: Arc<Link>,
     script: redis::Script,
     prefix: Arc<str>,
-    /// The most decisions one script run carries.
+    /// The most entries one script run carries.
     max: usize,
+    /// How long a lease lasts unless given back or renewed, in seconds.
+    lease_secs: u64,
     lanes: Lanes,
     /// The ban policy's script arguments, built once and shared by every queued decision (a
     /// batch carries one policy; the gateway has one).
@@ -73,10 +81,62 @@ const MAX_IN_FLIGHT: usize = 8;
 
 struct Pending {
     key_id: Arc<str>,
-    limits: Limits,
-    cost: u64,
-    policy: Arc<[u64]>,
-    reply: oneshot::Sender<Result<RawVerdict, StoreError>>,
+    op: Op,
+}
+
+enum Op {
+    Decide {
+        limits: Limits,
+        cost: u64,
+        policy: Arc<[u64]>,
+        reply: oneshot::Sender<Result<RawVerdict, StoreError>>,
+    },
+    /// Nobody waits for it: it is sent with the next run, or ends by itself.
+    Release { end: u64 },
+    Renew {
+        end: u64,
+        reply: oneshot::Sender<Result<Lease, StoreError>>,
+    },
+}
+
+impl Pending {
+    /// Whoever asked has stopped waiting: the entry need not be sent (a release is always).
+    fn abandoned(&self) -> bool {
+        match &self.op {
+            Op::Decide { reply, .. } => reply.is_closed(),
+            Op::Renew { reply, .. } => reply.is_closed(),
+            Op::Release { .. } => false,
+        }
+    }
+
+    fn entry(&self) -> Entry<'_> {
+        let key_id = &*self.key_id;
+        match &self.op {
+            Op::Decide { limits, cost, .. } => Entry::Decide {
+                key_id,
+                limits,
+                cost: *cost,
+            },
+            Op::Release { end } => Entry::Release { key_id, end: *end },
+            Op::Renew { end, .. } => Entry::Renew { key_id, end: *end },
+        }
+    }
+
+    fn policy(&self) -> Option<&Arc<[u64]>> {
+        match &self.op {
+            Op::Decide { policy, .. } => Some(policy),
+            _ => None,
+        }
+    }
+
+    /// Tells whoever waits that the run carrying this entry failed with `e`.
+    fn fail(self, e: &StoreError) {
+        match self.op {
+            Op::Decide { reply, .. } => drop(reply.send(Err(e.clone()))),
+            Op::Renew { reply, .. } => drop(reply.send(Err(e.clone()))),
+            Op::Release { .. } => {}
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -91,12 +151,14 @@ impl Batches {
         prefix: Arc<str>,
         max: usize,
         per_slot: bool,
+        lease_secs: u64,
     ) -> Arc<Batches> {
         Arc::new(Batches {
             link,
             script: redis::Script::new(crate::quota::store::scripts::ACQUIRE),
             prefix: Arc::clone(&prefix),
             max: max.max(1),
+            lease_secs,
             lanes: if per_slot {
                 Lanes::PerSlot(Mutex::default())
             } else {
@@ -110,7 +172,8 @@ impl Batches {
 
     /// Queues one decision and waits for it, at most the store's deadline from now: a request
     /// never waits longer for a batch than it would for a call of its own. A decision whose
-    /// caller has given up is dropped from the queue, never sent.
+    /// caller has given up is dropped from the queue, never sent; one already sent that took a
+    /// lease is given back when its answer comes.
     pub(super) async fn acquire(
         self: &Arc<Self>,
         key_id: &Arc<str>,
@@ -119,17 +182,107 @@ impl Batches {
         ban: &BanPolicy,
     ) -> Result<RawVerdict, StoreError> {
         let policy = self.policy_of(ban);
-        let lane = self.lane(key_id);
         let (reply, answer) = oneshot::channel();
+        let op = Op::Decide {
+            limits,
+            cost,
+            policy,
+            reply,
+        };
+        self.queue(key_id, op);
+        let timeout = self.link.timeout();
+        match tokio::time::timeout(timeout, answer).await {
+            Err(_) => Err(StoreError::Timeout(timeout)),
+            Ok(Err(_)) => Err(StoreError::Unavailable(
+                "the batch carrying this decision was abandoned".into(),
+            )),
+            Ok(Ok(result)) => result,
+        }
+    }
+
+    /// Queues the release of a lease; never waits.
+    pub(super) fn release(self: &Arc<Self>, key_id: &Arc<str>, end: u64) {
+        self.queue(key_id, Op::Release { end });
+    }
+
+    /// Queues the renewal of a lease and waits for it, at most the store's deadline.
+    pub(super) async fn renew(
+        self: &Arc<Self>,
+        key_id: &Arc<str>,
+        end: u64,
+    ) -> Result<Lease, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.queue(key_id, Op::Renew { end, reply });
+        let timeout = self.link.timeout();
+        match tokio::time::timeout(timeout, answer).await {
+            Err(_) => Err(StoreError::Timeout(timeout)),
+            Ok(Err(_)) => Err(StoreError::Unavailable(
+                "the batch carrying this renewal was abandoned".into(),
+            )),
+            Ok(Ok(result)) => result,
+        }
+    }
+
+    /// The releases still queued, taken out of every lane: what a stop has left to send
+    /// (through a connection of its own, the runtime of this one being gone).
+    pub(super) fn take_releases(&self) -> Vec<(Arc<str>, u64)> {
+        let lanes: Vec<Arc<Lane>> = match &self.lanes {
+            Lanes::One(lane) => vec![Arc::clone(lane)],
+            Lanes::PerSlot(lanes) => lock(lanes).values().cloned().collect(),
+        };
+        let mut out = Vec::new();
+        for lane in lanes {
+            let mut state = lock(&lane.state);
+            for p in std::mem::take(&mut state.queue) {
+                match p.op {
+                    Op::Release { end } => out.push((p.key_id, end)),
+                    other => state.queue.push_back(Pending {
+                        key_id: p.key_id,
+                        op: other,
+                    }),
+                }
+            }
+        }
+        out
+    }
+
+    /// Starts a drain on every lane that has entries queued and none running: releases left
+    /// behind by a run that failed (the store away) go out once it answers again.
+    pub(super) fn kick(self: &Arc<Self>) {
+        let lanes: Vec<Arc<Lane>> = match &self.lanes {
+            Lanes::One(lane) => vec![Arc::clone(lane)],
+            Lanes::PerSlot(lanes) => lock(lanes).values().cloned().collect(),
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for lane in lanes {
+            {
+                let mut state = lock(&lane.state);
+                if state.draining > 0 || state.queue.is_empty() {
+                    continue;
+                }
+                state.draining += 1;
+            }
+            let guard = Draining {
+                lane,
+                finished: false,
+            };
+            runtime.spawn(Arc::clone(self).drain(guard));
+        }
+    }
+
+    /// Puts `op` on its lane's queue and starts a drain task when none can carry it soon. With
+    /// no runtime to start one on (a release from a `Drop` outside one, or during a runtime's
+    /// shutdown), the entry waits for the lane's next drain.
+    fn queue(self: &Arc<Self>, key_id: &Arc<str>, op: Op) {
+        let lane = self.lane(key_id);
         let timeout = self.link.timeout();
         let start = {
             let mut state = lock(&lane.state);
             state.queue.push_back(Pending {
                 key_id: Arc::clone(key_id),
-                limits,
-                cost,
-                policy,
-                reply,
+                op,
             });
             let start = another_run(
                 state.draining,
@@ -150,14 +303,9 @@ impl Batches {
                 lane,
                 finished: false,
             };
-            tokio::spawn(Arc::clone(self).drain(guard));
-        }
-        match tokio::time::timeout(timeout, answer).await {
-            Err(_) => Err(StoreError::Timeout(timeout)),
-            Ok(Err(_)) => Err(StoreError::Unavailable(
-                "the batch carrying this decision was abandoned".into(),
-            )),
-            Ok(Ok(result)) => result,
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(Arc::clone(self).drain(guard));
+            }
         }
     }
 
@@ -181,12 +329,12 @@ impl Batches {
     }
 
     /// Sends the lane's queue, one batch at a time, until it is empty. Runs as its own task, so
-    /// a caller that stops waiting (its request ended) never strands the decisions behind it.
+    /// a caller that stops waiting (its request ended) never strands the entries behind it.
     async fn drain(self: Arc<Self>, mut guard: Draining) {
         loop {
             let batch = {
                 let mut state = lock(&guard.lane.state);
-                state.queue.retain(|p| !p.reply.is_closed());
+                state.queue.retain(|p| !p.abandoned());
                 if state.queue.is_empty() {
                     state.draining -= 1;
                     guard.finished = true;
@@ -196,72 +344,131 @@ impl Batches {
                 take_batch(&mut state.queue, self.max)
             };
             METRICS.store_batch_size.observe(batch.len() as f64);
+            let policy = match batch.iter().find_map(Pending::policy) {
+                Some(policy) => Arc::clone(policy),
+                // Leases alone: any policy will do, none is used.
+                None => Arc::clone(&lock(&self.policy)),
+            };
             let invocation = acquire_invocation(
                 &self.script,
                 &self.prefix,
-                &batch[0].policy,
-                batch.iter().map(|p| (&*p.key_id, &p.limits, p.cost)),
+                &policy,
+                self.lease_secs,
+                batch.iter().map(Pending::entry),
             );
             let result = self.link.run::<Vec<i64>>(&invocation).await;
-            let width: usize = batch.iter().map(|p| RawVerdict::width(&p.limits)).sum();
+            let width: usize = batch.iter().map(|p| p.entry().width()).sum();
             match result {
                 Ok(values) if values.len() == width => {
-                    let mut rest = values.as_slice();
-                    let mut answers = Vec::with_capacity(batch.len());
-                    for p in &batch {
-                        let (one, after) = rest.split_at(RawVerdict::width(&p.limits));
-                        rest = after;
-                        answers.push(RawVerdict::parse(one));
-                    }
-                    // Bans this batch started are indexed here, before anyone is answered, and
-                    // not by the callers, who may have stopped waiting: `bans list` must show
-                    // every ban in force, and a caller that has its answer finds it listed.
-                    for (p, v) in batch.iter().zip(&answers) {
-                        if let Some(v) = v.as_ref().ok().filter(|v| v.outcome == 3) {
-                            index_ban(
-                                Arc::clone(&self.link),
-                                self.index_script.clone(),
-                                self.ban_index.clone(),
-                                Arc::clone(&p.key_id),
-                                u64::try_from(v.ban_until).unwrap_or(0),
-                            )
-                            .await;
-                        }
-                    }
-                    for (p, v) in batch.into_iter().zip(answers) {
-                        let _ = p.reply.send(v);
-                    }
+                    self.answer(&guard.lane, batch, &values).await
                 }
                 Ok(values) => {
                     let e = StoreError::Protocol(format!(
-                        "acquire returned {} values for {} decisions",
+                        "acquire returned {} values for {} entries",
                         values.len(),
                         batch.len()
                     ));
                     for p in batch {
-                        let _ = p.reply.send(Err(e.clone()));
+                        p.fail(&e);
                     }
                 }
                 Err(e) => {
                     // The store did not answer this run in time, or at all: the decisions queued
                     // behind it learn so now rather than each waiting out a run of its own, so
-                    // that an outage costs a deadline once, not once per queued request.
-                    let queued = match e {
-                        StoreError::Timeout(_) | StoreError::Unavailable(_) => {
-                            std::mem::take(&mut lock(&guard.lane.state).queue)
+                    // that an outage costs a deadline once, not once per queued request. Queued
+                    // releases stay for the lane's next run, and so do this run's when the store
+                    // was unreachable (a connection refused or lost, as across a Redis restart:
+                    // the script did not run); after a timeout they may have been applied, and
+                    // are not sent twice (each lease then ends by itself).
+                    let transient = !matches!(e, StoreError::Protocol(_));
+                    let unsent = matches!(e, StoreError::Unavailable(_));
+                    let (again, batch): (Vec<Pending>, Vec<Pending>) = batch
+                        .into_iter()
+                        .partition(|p| unsent && matches!(p.op, Op::Release { .. }));
+                    let queued = if transient {
+                        let mut state = lock(&guard.lane.state);
+                        let (mut releases, rest): (VecDeque<Pending>, VecDeque<Pending>) =
+                            std::mem::take(&mut state.queue)
+                                .into_iter()
+                                .partition(|p| matches!(p.op, Op::Release { .. }));
+                        for p in again.into_iter().rev() {
+                            releases.push_front(p);
                         }
-                        StoreError::Protocol(_) => VecDeque::new(),
+                        state.queue = releases;
+                        rest
+                    } else {
+                        VecDeque::new()
                     };
                     for p in batch.into_iter().chain(queued) {
-                        let _ = p.reply.send(Err(e.clone()));
+                        p.fail(&e);
+                    }
+                    if transient {
+                        // Not again at once: the next entry queued starts the next try.
+                        lock(&guard.lane.state).draining -= 1;
+                        guard.finished = true;
+                        return;
                     }
                 }
             }
         }
     }
+
+    /// Hands each entry of a run its part of `values`. Bans the run started are indexed first,
+    /// before anyone is answered, and not by the callers, who may have stopped waiting: `bans
+    /// list` must show every ban in force, and a caller that has its answer finds it listed. A
+    /// decision whose caller left (its deadline passed) and that took a lease gives it back.
+    async fn answer(&self, lane: &Lane, batch: Vec<Pending>, values: &[i64]) {
+        let mut rest = values;
+        let mut parts = Vec::with_capacity(batch.len());
+        for p in &batch {
+            let (one, after) = rest.split_at(p.entry().width());
+            rest = after;
+            parts.push(one);
+        }
+        for (p, one) in batch.iter().zip(&parts) {
+            if let Op::Decide { limits, .. } = &p.op {
+                if let Some(v) = RawVerdict::parse(one, limits)
+                    .ok()
+                    .filter(|v| v.outcome == 3)
+                {
+                    index_ban(
+                        Arc::clone(&self.link),
+                        self.index_script.clone(),
+                        self.ban_index.clone(),
+                        Arc::clone(&p.key_id),
+                        u64::try_from(v.ban_until).unwrap_or(0),
+                    )
+                    .await;
+                }
+            }
+        }
+        let mut orphans = Vec::new();
+        for (p, one) in batch.into_iter().zip(parts) {
+            match p.op {
+                Op::Decide { limits, reply, .. } => {
+                    if let Err(Ok(late)) = reply.send(RawVerdict::parse(one, &limits)) {
+                        if late.took_lease() {
+                            orphans.push((p.key_id, late.lease_end as u64));
+                        }
+                    }
+                }
+                Op::Renew { reply, .. } => drop(reply.send(parse_renewal(one))),
+                Op::Release { .. } => {}
+            }
+        }
+        if !orphans.is_empty() {
+            let mut state = lock(&lane.state);
+            for (key_id, end) in orphans {
+                state.queue.push_back(Pending {
+                    key_id,
+                    op: Op::Release { end },
+                });
+            }
+        }
+    }
 }
 
-/// Whether a decision just queued should start a drain task of its own: always on an idle lane;
+/// Whether an entry just queued should start a drain task of its own: always on an idle lane;
 /// beside those running only when they cannot keep up (`MAX_IN_FLIGHT`).
 fn another_run(
     draining: usize,
@@ -274,20 +481,22 @@ fn another_run(
     draining == 0 || (behind && draining < MAX_IN_FLIGHT)
 }
 
-/// Takes up to `max` decisions from the front of the queue, stopping at the first whose ban
-/// policy differs from the first's (one batch carries one policy, and arrival order holds).
+/// Takes up to `max` entries from the front of the queue, stopping at the first decision whose
+/// ban policy differs from the batch's first (one batch carries one policy, and arrival order
+/// holds); releases and renewals carry none and go with any.
 fn take_batch(queue: &mut VecDeque<Pending>, max: usize) -> Vec<Pending> {
     let mut batch: Vec<Pending> = Vec::with_capacity(queue.len().min(max));
+    let mut first: Option<Arc<[u64]>> = None;
     while batch.len() < max {
-        let same = match (queue.front(), batch.first()) {
-            (None, _) => false,
-            (Some(_), None) => true,
-            (Some(p), Some(first)) => {
-                Arc::ptr_eq(&p.policy, &first.policy) || p.policy == first.policy
-            }
-        };
-        if !same {
+        let Some(next) = queue.front() else {
             break;
+        };
+        if let Some(policy) = next.policy() {
+            match &first {
+                None => first = Some(Arc::clone(policy)),
+                Some(f) if Arc::ptr_eq(f, policy) || f == policy => {}
+                Some(_) => break,
+            }
         }
         batch.extend(queue.pop_front());
     }
@@ -296,8 +505,9 @@ fn take_batch(queue: &mut VecDeque<Pending>, max: usize) -> Vec<Pending> {
 
 /// A drain task's place on its lane. Should the task end without emptying the lane (a panic, or
 /// its runtime shutting down, even before its first poll), the place is handed back so that the
-/// next decision starts a new one, and when no other task drains the lane the stranded
-/// decisions' callers see their channel closed at once rather than waiting out the deadline.
+/// next entry starts a new one, and when no other task drains the lane the stranded
+/// decisions' callers see their channel closed at once rather than waiting out the deadline;
+/// releases stay queued for the next drain (or the stop's last flush).
 struct Draining {
     lane: Arc<Lane>,
     finished: bool,
@@ -309,7 +519,7 @@ impl Drop for Draining {
             let mut state = lock(&self.lane.state);
             state.draining = state.draining.saturating_sub(1);
             if state.draining == 0 {
-                state.queue.clear();
+                state.queue.retain(|p| matches!(p.op, Op::Release { .. }));
             }
         }
     }
@@ -326,13 +536,22 @@ mod tests {
         (
             Pending {
                 key_id: Arc::from("k"),
-                limits: Limits::minute_day(1, 1).unwrap(),
-                cost: 1,
-                policy: Arc::clone(policy),
-                reply,
+                op: Op::Decide {
+                    limits: Limits::minute_day(1, 1).unwrap(),
+                    cost: 1,
+                    policy: Arc::clone(policy),
+                    reply,
+                },
             },
             rx,
         )
+    }
+
+    fn release() -> Pending {
+        Pending {
+            key_id: Arc::from("k"),
+            op: Op::Release { end: 1 },
+        }
     }
 
     #[test]
@@ -358,6 +577,39 @@ mod tests {
         assert_eq!(take_batch(&mut queue, 128).len(), 1);
         assert_eq!(take_batch(&mut queue, 128).len(), 1);
         assert!(take_batch(&mut queue, 128).is_empty());
+    }
+
+    #[test]
+    fn releases_ride_with_any_policy_and_survive_an_abandoned_lane() {
+        let a: Arc<[u64]> = Arc::from(policy_args(&BanPolicy::default()));
+        let b: Arc<[u64]> = Arc::from(policy_args(&BanPolicy {
+            strikes: 3,
+            ..BanPolicy::default()
+        }));
+        let (first, _rx1) = pending(&a);
+        let (other, _rx2) = pending(&b);
+        let mut queue: VecDeque<Pending> = [release(), first, release(), other].into();
+        assert_eq!(
+            take_batch(&mut queue, 128).len(),
+            3,
+            "releases join the batch"
+        );
+        assert_eq!(take_batch(&mut queue, 128).len(), 1);
+        // A drain that ends unfinished keeps the releases queued and drops the rest.
+        let lane = Arc::new(Lane::default());
+        let (gone, _rx3) = pending(&a);
+        {
+            let mut state = lock(&lane.state);
+            state.queue.extend([release(), gone]);
+            state.draining = 1;
+        }
+        drop(Draining {
+            lane: Arc::clone(&lane),
+            finished: false,
+        });
+        let state = lock(&lane.state);
+        assert_eq!(state.queue.len(), 1);
+        assert!(matches!(state.queue[0].op, Op::Release { .. }));
     }
 
     #[test]

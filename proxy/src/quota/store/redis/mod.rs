@@ -12,12 +12,15 @@ mod batch;
 mod link;
 mod top;
 
-use self::acquire::{acquire_invocation, ban_index, index_ban, policy_args, quota_key, RawVerdict};
+use self::acquire::{
+    acquire_invocation, ban_index, index_ban, policy_args, quota_key, Entry, RawVerdict,
+};
 use self::batch::Batches;
 use self::link::Link;
 use crate::base::redis::RedisAccess;
-use crate::keys::limits::{Every, Limits, MAX_WINDOWS};
-use crate::quota::rules::{BanPolicy, Outcome, Verdict};
+use crate::keys::limits::{Every, Limits};
+use crate::quota::rules::{BanPolicy, Lease, Verdict};
+use crate::quota::store::memory::DEFAULT_LEASE_SECS;
 use crate::quota::store::{
     scripts, Ban, QuotaStore, StoreConfigError, StoreError, TopWindow, Usage,
 };
@@ -25,8 +28,12 @@ use crate::quota::store::{
 pub struct RedisStore {
     link: Arc<Link>,
     prefix: Arc<str>,
-    /// `None`: one script run per decision (`store_batch_max = 1`).
-    batches: Option<Arc<Batches>>,
+    /// Group commit: decisions when `batched`, and the leases' releases and renewals always.
+    batches: Arc<Batches>,
+    /// False: one script run per decision (`store_batch_max = 1`).
+    batched: bool,
+    batch_max: usize,
+    lease_secs: u64,
     acquire: redis::Script,
     lift_ban: redis::Script,
     ban_of: redis::Script,
@@ -57,11 +64,22 @@ impl RedisStore {
         prefix: &str,
         timeout: Duration,
     ) -> Result<RedisStore, StoreConfigError> {
-        let link = Link::new(access, timeout).map_err(|e| StoreConfigError(e.to_string()))?;
+        let link =
+            Arc::new(Link::new(access, timeout).map_err(|e| StoreConfigError(e.to_string()))?);
+        let prefix: Arc<str> = Arc::from(prefix);
         let store = RedisStore {
-            link: Arc::new(link),
-            prefix: Arc::from(prefix),
-            batches: None,
+            batches: Batches::new(
+                Arc::clone(&link),
+                Arc::clone(&prefix),
+                DEFAULT_BATCH_MAX,
+                link.is_cluster(),
+                DEFAULT_LEASE_SECS,
+            ),
+            link,
+            prefix,
+            batched: true,
+            batch_max: DEFAULT_BATCH_MAX,
+            lease_secs: DEFAULT_LEASE_SECS,
             acquire: redis::Script::new(scripts::ACQUIRE),
             lift_ban: redis::Script::new(scripts::LIFT_BAN),
             ban_of: redis::Script::new(scripts::BAN_OF),
@@ -76,16 +94,68 @@ impl RedisStore {
     /// At most `max` decisions per script run; 1 sends each decision in a call of its own,
     /// several in flight at once (the behaviour before group commit, kept for comparison).
     pub fn with_batch_max(mut self, max: usize) -> RedisStore {
-        self.batches = (max > 1).then(|| {
-            let per_slot = self.link.is_cluster();
-            Batches::new(
-                Arc::clone(&self.link),
-                Arc::clone(&self.prefix),
-                max,
-                per_slot,
-            )
-        });
+        self.batched = max > 1;
+        self.batch_max = max.max(1);
+        self.rebuild_batches();
         self
+    }
+
+    /// Leases last `secs` seconds unless given back or renewed.
+    pub fn with_lease_secs(mut self, secs: u64) -> RedisStore {
+        self.lease_secs = secs.max(1);
+        self.rebuild_batches();
+        self
+    }
+
+    fn rebuild_batches(&mut self) {
+        self.batches = Batches::new(
+            Arc::clone(&self.link),
+            Arc::clone(&self.prefix),
+            self.batch_max,
+            self.link.is_cluster(),
+            self.lease_secs,
+        );
+    }
+
+    /// The releases this store has queued and not sent: what a stopping gateway hands to a
+    /// store of its own ([`RedisStore::release_now`]) once the runtime this one's connection
+    /// lived on is gone.
+    pub fn unsent_releases(&self) -> Vec<(Arc<str>, u64)> {
+        self.batches.take_releases()
+    }
+
+    /// Gives back `releases` in one run per lane's worth, waiting for them (a stop's last
+    /// step; a request's releases never wait).
+    pub async fn release_now(&self, releases: &[(Arc<str>, u64)]) -> Result<(), StoreError> {
+        for chunk in releases.chunks(self.batch_max.max(128)) {
+            let policy = policy_args(&BanPolicy::default());
+            let entries = chunk
+                .iter()
+                .map(|(key_id, end)| Entry::Release { key_id, end: *end });
+            if self.link.is_cluster() {
+                // One slot a run: one release a run.
+                for entry in entries {
+                    let invocation = acquire_invocation(
+                        &self.acquire,
+                        &self.prefix,
+                        &policy,
+                        self.lease_secs,
+                        std::iter::once(entry),
+                    );
+                    self.link.run::<Vec<i64>>(&invocation).await?;
+                }
+            } else {
+                let invocation = acquire_invocation(
+                    &self.acquire,
+                    &self.prefix,
+                    &policy,
+                    self.lease_secs,
+                    entries,
+                );
+                self.link.run::<Vec<i64>>(&invocation).await?;
+            }
+        }
+        Ok(())
     }
 
     /// The Redis key holding all of `key_id`'s state.
@@ -118,26 +188,60 @@ impl RedisStore {
         .await
     }
 
-    /// One decision in a script run of its own.
+    /// One decision in a script run of its own. One that may take a lease runs as a task of
+    /// its own, so that a late answer (past the deadline, its caller gone) still gives the lease
+    /// back.
     async fn acquire_alone(
         &self,
-        key_id: &str,
+        key_id: &Arc<str>,
         limits: &Limits,
         cost: u64,
         ban: &BanPolicy,
     ) -> Result<RawVerdict, StoreError> {
         let policy = policy_args(ban);
-        let invocation = acquire_invocation(
-            &self.acquire,
-            &self.prefix,
-            &policy,
-            std::iter::once((key_id, limits, cost)),
-        );
-        let r: Vec<i64> = self.link.run(&invocation).await?;
-        if r.len() != RawVerdict::width(limits) {
-            return Err(StoreError::Protocol(format!("acquire returned {r:?}")));
+        let run = {
+            let (link, script, prefix) = (
+                Arc::clone(&self.link),
+                self.acquire.clone(),
+                Arc::clone(&self.prefix),
+            );
+            let (key_id, limits, lease_secs) = (Arc::clone(key_id), *limits, self.lease_secs);
+            async move {
+                let entry = Entry::Decide {
+                    key_id: &key_id,
+                    limits: &limits,
+                    cost,
+                };
+                let invocation = acquire_invocation(
+                    &script,
+                    &prefix,
+                    &policy,
+                    lease_secs,
+                    std::iter::once(entry),
+                );
+                let r: Vec<i64> = link.run(&invocation).await?;
+                RawVerdict::parse(&r, &limits)
+            }
+        };
+        if limits.concurrency().is_none() {
+            return run.await;
         }
-        RawVerdict::parse(&r)
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let batches = Arc::clone(&self.batches);
+        let quota = Arc::clone(key_id);
+        tokio::spawn(async move {
+            if let Err(Ok(late)) = reply.send(run.await) {
+                if late.took_lease() {
+                    batches.release(&quota, late.lease_end as u64);
+                }
+            }
+        });
+        let timeout = self.link.timeout();
+        match tokio::time::timeout(timeout, answer).await {
+            Err(_) => Err(StoreError::Timeout(timeout)),
+            Ok(Err(_)) => Err(StoreError::Unavailable("the decision's task ended".into())),
+            Ok(Ok(result)) => result,
+        }
     }
 }
 
@@ -150,38 +254,31 @@ impl QuotaStore for RedisStore {
         cost: u64,
         ban: &BanPolicy,
     ) -> Result<Verdict, StoreError> {
-        let raw = match &self.batches {
-            Some(batches) => batches.acquire(key_id, limits, cost, ban).await?,
-            None => self.acquire_alone(key_id, &limits, cost, ban).await?,
+        let raw = if self.batched {
+            self.batches.acquire(key_id, limits, cost, ban).await?
+        } else {
+            self.acquire_alone(key_id, &limits, cost, ban).await?
         };
-        let RawVerdict {
-            outcome,
-            now,
-            ban_until,
-            counts,
-        } = raw;
-        let outcome_of = match outcome {
-            0 => Outcome::Admitted,
-            1 => Outcome::Limited,
-            2 | 3 => Outcome::Banned,
-            other => return Err(StoreError::Protocol(format!("unknown outcome {other}"))),
-        };
-        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        let verdict = raw.verdict()?;
         // A batch indexes the bans it starts itself (batch.rs).
-        if outcome == 3 && self.batches.is_none() {
-            self.index_ban_now(key_id, n(ban_until)).await;
+        if verdict.ban_started && !self.batched {
+            self.index_ban_now(key_id, verdict.ban_until).await;
         }
-        let mut wide = [0u64; MAX_WINDOWS];
-        for (w, c) in wide.iter_mut().zip(counts) {
-            *w = n(c);
+        Ok(verdict)
+    }
+
+    fn release(&self, quota_id: &Arc<str>, lease: Lease) {
+        if lease.taken() {
+            self.batches.release(quota_id, lease.end);
         }
-        Ok(Verdict {
-            outcome: outcome_of,
-            ban_started: outcome == 3,
-            now: n(now),
-            counts: wide,
-            ban_until: n(ban_until),
-        })
+    }
+
+    fn flush(&self) {
+        self.batches.kick();
+    }
+
+    async fn renew(&self, quota_id: &Arc<str>, lease: Lease) -> Result<Lease, StoreError> {
+        self.batches.renew(quota_id, lease.end).await
     }
 
     async fn lift_ban(&self, key_id: &str) -> Result<bool, StoreError> {
@@ -215,7 +312,8 @@ impl QuotaStore for RedisStore {
 
     async fn usage(&self, quota_id: &str) -> Result<Usage, StoreError> {
         let r: Vec<i64> = self.invoke(&self.usage, quota_id, &[]).await?;
-        let Some((&[now, refused, last, ban_until], pairs)) = r.split_first_chunk::<4>() else {
+        let Some((&[now, refused, last, ban_until, in_flight], pairs)) = r.split_first_chunk::<5>()
+        else {
             return Err(StoreError::Protocol(format!("usage returned {r:?}")));
         };
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
@@ -230,6 +328,7 @@ impl QuotaStore for RedisStore {
             refused_today: n(refused),
             last_admitted: n(last),
             ban_until: n(ban_until),
+            in_flight: n(in_flight),
         })
     }
 

@@ -1,6 +1,7 @@
 //! The backends: round-robin over the configured addresses with passive health. A backend that
 //! refuses or times out a connection is skipped for a while, and the request that hit it is
 //! retried on the next one, so one backend can restart without a client seeing an error.
+//! Backends are named by their index in the configured list.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 /// How long a backend that failed a connection is left out of the rotation.
 pub const COOL_DOWN: Duration = Duration::from_secs(5);
 
-pub struct Upstreams {
+pub struct Rotation {
     addrs: Vec<SocketAddr>,
     /// Per backend: milliseconds since `epoch` until which it is skipped (0: healthy).
     down_until: Vec<AtomicU64>,
@@ -17,9 +18,9 @@ pub struct Upstreams {
     epoch: Instant,
 }
 
-impl Upstreams {
-    pub fn new(addrs: Vec<SocketAddr>) -> Upstreams {
-        Upstreams {
+impl Rotation {
+    pub fn new(addrs: Vec<SocketAddr>) -> Rotation {
+        Rotation {
             down_until: addrs.iter().map(|_| AtomicU64::new(0)).collect(),
             addrs,
             next: AtomicUsize::new(0),
@@ -35,31 +36,50 @@ impl Upstreams {
         self.addrs.is_empty()
     }
 
+    /// The address of backend `i`.
+    pub fn addr(&self, i: usize) -> SocketAddr {
+        self.addrs[i % self.addrs.len()]
+    }
+
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// The backends in this request's turn: every one, starting from the next in rotation.
+    pub fn in_turn(&self) -> impl Iterator<Item = usize> + '_ {
+        let n = self.addrs.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        (0..n).map(move |i| (start + i) % n)
+    }
+
+    /// Whether backend `i` is in the rotation (not marked down).
+    pub fn healthy(&self, i: usize) -> bool {
+        self.down_until[i].load(Ordering::Relaxed) <= self.now_ms()
     }
 
     /// The next healthy backend in turn other than `avoid` (the one a retried request just
     /// failed on); else the next other one even if marked down (a down mark is a guess, the
     /// failure just seen is not); `avoid` itself only when it is the only backend.
-    pub fn pick(&self, avoid: Option<SocketAddr>) -> SocketAddr {
+    pub fn pick(&self, avoid: Option<usize>) -> usize {
         let n = self.addrs.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
-        let now = self.now_ms();
-        let healthy = |i: &usize| self.down_until[*i].load(Ordering::Relaxed) <= now;
-        let other = |i: &usize| Some(self.addrs[*i]) != avoid;
         let in_turn = || (0..n).map(|i| (start + i) % n);
+        let other = |i: &usize| Some(*i) != avoid;
         in_turn()
-            .filter(healthy)
+            .filter(|i| self.healthy(*i))
             .find(other)
             .or_else(|| in_turn().find(other))
-            .map_or(self.addrs[start % n], |i| self.addrs[i])
+            .unwrap_or(start % n.max(1))
     }
 
-    pub fn mark_down(&self, addr: SocketAddr) {
-        if let Some(i) = self.addrs.iter().position(|a| *a == addr) {
+    pub fn mark_down(&self, i: usize) {
+        if let Some(down) = self.down_until.get(i) {
             let until = self.now_ms() + COOL_DOWN.as_millis() as u64;
-            self.down_until[i].store(until, Ordering::Relaxed);
+            down.store(until, Ordering::Relaxed);
         }
     }
 }
@@ -72,24 +92,24 @@ mod tests {
     fn round_robin_skips_backends_marked_down() {
         let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
         let b: SocketAddr = "127.0.0.1:2".parse().unwrap();
-        let u = Upstreams::new(vec![a, b]);
-        let picks: Vec<_> = (0..4).map(|_| u.pick(None)).collect();
+        let u = Rotation::new(vec![a, b]);
+        let picks: Vec<_> = (0..4).map(|_| u.addr(u.pick(None))).collect();
         assert_eq!(picks, [a, b, a, b]);
-        u.mark_down(a);
-        assert!((0..4).all(|_| u.pick(None) == b));
+        u.mark_down(0);
+        assert!((0..4).all(|_| u.pick(None) == 1));
         assert_eq!(
-            u.pick(Some(b)),
-            a,
+            u.pick(Some(1)),
+            0,
             "a retry goes to another backend, even one marked down"
         );
-        u.mark_down(b);
+        u.mark_down(1);
         let any = u.pick(None);
-        assert!(any == a || any == b);
+        assert!(any == 0 || any == 1);
         assert!(
-            (0..4).all(|_| u.pick(Some(a)) == b),
+            (0..4).all(|_| u.pick(Some(0)) == 1),
             "all down: not the one that failed"
         );
-        let only = Upstreams::new(vec![a]);
-        assert_eq!(only.pick(Some(a)), a, "the only backend: still an answer");
+        let only = Rotation::new(vec![a]);
+        assert_eq!(only.pick(Some(0)), 0, "the only backend: still an answer");
     }
 }
