@@ -215,6 +215,18 @@ impl GatewayProcess {
             .sum()
     }
 
+    /// The sum of the series of metric `name` whose labels hold `labels` (`reason="concurrency"`).
+    pub async fn metric_sum_where(&self, name: &str, labels: &str) -> f64 {
+        let text = self.metrics_text().await;
+        text.lines()
+            .filter_map(|l| {
+                let (set, value) = l.strip_prefix(name)?.strip_prefix('{')?.split_once("} ")?;
+                set.contains(labels)
+                    .then(|| value.trim().parse::<f64>().ok())?
+            })
+            .sum()
+    }
+
     /// Waits until the unlabelled metric `name` reads `want`: for what the gateway counts a
     /// moment after the change a test can see (a fsync, a reload, then the count).
     pub async fn metric_reaches(&self, name: &str, want: f64, within: Duration) {

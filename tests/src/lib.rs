@@ -6,7 +6,7 @@
 //! | `redis` | a private `redis-server` or Redis Cluster |
 //! | `redis_ha` | Redis as production runs it: a CA made with `openssl`, `redis-sentinel` |
 //! | `gateway` | `pet-gateway` processes, its CLI, plans and keys, `Fixture`, response helpers |
-//! | `upstreams` | fake backends (echo, silent) |
+//! | `upstreams` | fake backends (echo, silent, closing, truncating, chaotic) and the bench's backend of fixed capacity |
 //! | `tls` | test certificates and a client that trusts them |
 //! | `disk` | a small disk of a test's own (tmpfs), to fill: the full-disk seam |
 //!

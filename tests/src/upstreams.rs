@@ -164,3 +164,120 @@ impl TruncatingUpstream {
         TruncatingUpstream { addr }
     }
 }
+
+/// A backend that misbehaves by turns, the faults a request can end in: of every ten requests
+/// (in arrival order), six answer 200 at once, one answers 500, one answers 200 after
+/// `slow` (past a short read timeout: the gateway's 504), one closes its connection
+/// unanswered (502), and one answers 200 after a tenth of `slow` (long enough for a client in a
+/// hurry to give up). Thread per connection, keep-alive.
+pub struct ChaosUpstream {
+    pub addr: SocketAddr,
+}
+
+impl ChaosUpstream {
+    pub fn start(slow: Duration) -> ChaosUpstream {
+        use std::io::{BufRead, BufReader, Read, Write};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind chaos upstream");
+        let addr = listener.local_addr().expect("addr");
+        let turn = std::sync::Arc::new(AtomicUsize::new(0));
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let turn = std::sync::Arc::clone(&turn);
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().expect("clone stream"));
+                    let mut writer = stream;
+                    loop {
+                        let mut length = 0usize;
+                        loop {
+                            let mut line = String::new();
+                            match reader.read_line(&mut line) {
+                                Ok(0) | Err(_) => return,
+                                Ok(_) => {}
+                            }
+                            if let Some(v) =
+                                line.to_ascii_lowercase().strip_prefix("content-length:")
+                            {
+                                length = v.trim().parse().unwrap_or(0);
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                        }
+                        let mut body = vec![0u8; length];
+                        if reader.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        let status = match turn.fetch_add(1, Ordering::Relaxed) % 10 {
+                            6 => "500 Internal Server Error",
+                            7 => {
+                                std::thread::sleep(slow);
+                                "200 OK"
+                            }
+                            8 => return,
+                            9 => {
+                                std::thread::sleep(slow / 10);
+                                "200 OK"
+                            }
+                            _ => "200 OK",
+                        };
+                        let response = format!(
+                            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n[]"
+                        );
+                        if writer.write_all(response.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        ChaosUpstream { addr }
+    }
+}
+
+/// The bench's backend of fixed capacity (`capacity-backend`, `bench/src/bin`): `workers`
+/// requests at a time, each taking `service`, the rest queued inside it; its workers can be
+/// changed while it runs, and it says whom it served in which order.
+pub struct CapacityBackend {
+    pub addr: SocketAddr,
+    _process: crate::process::Process,
+}
+
+impl CapacityBackend {
+    pub fn start(workers: usize, service: Duration) -> CapacityBackend {
+        let addr = crate::process::free_addr();
+        let process = crate::process::Process::spawn(
+            "capacity-backend",
+            std::process::Command::new(crate::process::bin_path("capacity-backend"))
+                .args(["--listen", &addr.to_string()])
+                .args(["--workers", &workers.to_string()])
+                .args(["--service-ms", &service.as_millis().to_string()]),
+        );
+        crate::process::wait_for_listener(addr, Duration::from_secs(10));
+        CapacityBackend {
+            addr,
+            _process: process,
+        }
+    }
+
+    /// Sets the workers it serves with from now on.
+    pub async fn set_workers(&self, n: usize) {
+        let resp = reqwest::Client::new()
+            .post(format!("http://{}/control/workers/{n}", self.addr))
+            .send()
+            .await
+            .expect("capacity backend answers");
+        assert!(resp.status().is_success(), "{resp:?}");
+    }
+
+    /// What it has served: `served`, `in_flight`, `most_in_flight` and `keys`, the key ids of
+    /// the requests in the order it started serving them.
+    pub async fn served(&self) -> serde_json::Value {
+        reqwest::get(format!("http://{}/control/served", self.addr))
+            .await
+            .expect("capacity backend answers")
+            .json()
+            .await
+            .expect("a JSON body")
+    }
+}
