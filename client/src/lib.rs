@@ -9,7 +9,9 @@
 //!   client-side limiter (`rate.rs`): a request the client knows would be refused is not sent.
 //! - Retries follow the interface (`retry.rs`): `Retry-After` on 429, never less; no retry
 //!   before a ban ends; gateway 5xx retried only for idempotent requests, with exponential
-//!   backoff and full jitter; every wait bounded by the caller's total deadline.
+//!   backoff and full jitter, but for a 503 `overloaded` (shed before the backend saw it),
+//!   retried after its `Retry-After` whatever the method; every wait bounded by the caller's
+//!   total deadline.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), pet_client::Error> {
@@ -72,6 +74,14 @@ pub struct Ban {
     pub until: u64,
 }
 
+/// The most requests of the caller (or of its customer's keys) in flight at once, and how many
+/// are now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Concurrency {
+    pub limit: u64,
+    pub in_flight: u64,
+}
+
 /// `GET /v1/rate_limit`: where the caller's quota stands.
 ///
 /// A plan has any windows: `windows` lists every enforced one, shortest first; `minute` and
@@ -88,6 +98,9 @@ pub struct Quota {
     #[serde(default)]
     pub windows: Vec<NamedWindow>,
     pub ban: Option<Ban>,
+    /// `None` when the plan sets none, or from a gateway that does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<Concurrency>,
 }
 
 impl Quota {
@@ -384,9 +397,16 @@ impl Client {
                 body: bytes.to_vec(),
             }));
         }
-        let error = Error::Api(error_body(status, &bytes));
+        let body = error_body(status, &bytes);
+        // Shed before it reached the backend: safe to send again, whatever the method.
+        let unsent = status.as_u16() == 503 && body.code == "overloaded";
+        let error = Error::Api(body);
         match status.as_u16() {
             429 if self.policy.enabled => Outcome::Limited {
+                error,
+                retry_after: state.retry_after,
+            },
+            503 if self.policy.enabled && unsent => Outcome::Limited {
                 error,
                 retry_after: state.retry_after,
             },
@@ -498,7 +518,8 @@ impl Call<'_> {
 enum Outcome {
     /// The call's result: a success, or an error no retry can help.
     Done(Result<Answer, Error>),
-    /// A 429 while the retry policy is on: wait (at least `Retry-After`, in seconds) and retry.
+    /// A 429, or a 503 `overloaded` (shed before the backend saw it), while the retry policy is
+    /// on: wait (at least `Retry-After`, in seconds) and retry.
     Limited {
         error: Error,
         retry_after: Option<u64>,

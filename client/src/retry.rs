@@ -1,8 +1,9 @@
 //! How the client retries, as the interface asks of clients: after a 429 it waits `Retry-After`
 //! (never less; for a ban, until the ban ends); after a gateway 5xx (`bad_gateway`, 503,
 //! `gateway_timeout`) or a lost connection it retries only idempotent requests, with
-//! exponential backoff and full jitter up to a cap; and no wait ever runs past the total
-//! deadline the caller set.
+//! exponential backoff and full jitter up to a cap, except a 503 `overloaded`, which the
+//! gateway sheds before the backend sees it: any request is sent again after its
+//! `Retry-After`; and no wait ever runs past the total deadline the caller set.
 
 use std::time::Duration;
 

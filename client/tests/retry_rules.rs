@@ -1,6 +1,7 @@
 //! The retry rules against a scripted server on loopback (for answers the real gateway never
 //! gives: a 429 without `Retry-After`, a 502, absurd headers): the client never retries quickly,
-//! never retries a POST after a 5xx, and never waits past its deadline.
+//! never retries a POST after a 5xx but a 503 `overloaded` (shed unsent), and never waits past
+//! its deadline.
 
 mod common;
 
@@ -89,4 +90,34 @@ async fn absurd_rate_limit_headers_neither_crash_nor_block_past_the_deadline() {
     // A deadline too large to add to the clock is no deadline, not a crash.
     let patient = Client::with_policy(&url, "k", policy(Duration::MAX)).unwrap();
     patient.list_pets(None, None).await.unwrap();
+}
+
+const BODY_503_OVERLOADED: &str = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\ncontent-length: 58\r\n\r\n{\"code\":\"overloaded\",\"message\":\"at capacity\",\"status\":503}";
+const BODY_503_STORE: &str = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\ncontent-length: 55\r\n\r\n{\"code\":\"internal\",\"message\":\"store away\",\"status\":503}";
+
+#[tokio::test]
+async fn a_post_shed_as_overloaded_is_sent_again_after_retry_after_but_not_another_503() {
+    let new_pet = NewPet {
+        name: "Rex".into(),
+        category_id: 1,
+        status: None,
+    };
+    // Shed before the backend saw it: sent again, a second apart, until the deadline.
+    let (url, count) = scripted(BODY_503_OVERLOADED).await;
+    let client = Client::with_policy(&url, "k", policy(Duration::from_millis(2_500))).unwrap();
+    let started = Instant::now();
+    let e = client.create_pet(&new_pet).await.unwrap_err();
+    assert!(format!("{e}").contains("overloaded"), "{e}");
+    let n = count.load(Ordering::SeqCst);
+    assert!(
+        (2..=3).contains(&n),
+        "{n} attempts in {:?}",
+        started.elapsed()
+    );
+    // Any other 503 may have reached the backend: a POST is sent once.
+    let (url, count) = scripted(BODY_503_STORE).await;
+    let client = Client::with_policy(&url, "k", policy(Duration::from_millis(2_500))).unwrap();
+    let e = client.create_pet(&new_pet).await.unwrap_err();
+    assert_eq!(e.code(), Some("internal"), "{e}");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
 }

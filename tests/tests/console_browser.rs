@@ -597,3 +597,63 @@ async fn key_search_answers_stale_while_the_records_are_read_again() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// The overview's chart (issue 32): drawn by the page itself from the gateway's own history of
+/// the last 15 minutes (`GET /overview/history`, a sample every 5 s), no script from elsewhere:
+/// requests answered, refused and shed, and the requests at the backends with their limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_charts_the_last_minutes_from_the_gateways_own_history() {
+    let f = Fixture::new(60, 1_000);
+    let key = f.issue("free");
+    let backend = f.backend();
+    let gw = console_gateway(&f, backend.addr, "upstream_max_in_flight = 16\n");
+    // Traffic across two samples: answered requests, and refusals (past the minute's 60).
+    let started = Instant::now();
+    let mut sent = 0;
+    while started.elapsed() < Duration::from_secs(11) {
+        gw.status(&key).await;
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(if sent < 70 { 20 } else { 500 })).await;
+    }
+    let history = reqwest::Client::new()
+        .get(gw.admin_url("/overview/history"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    let samples = history["samples"].as_array().unwrap();
+    assert!(!samples.is_empty(), "{history}");
+    assert_eq!(history["every"], 5);
+    let sum = |k: &str| samples.iter().map(|s| s[k].as_f64().unwrap()).sum::<f64>();
+    assert!(sum("admitted") > 0.0 && sum("refused") > 0.0, "{history}");
+    assert!(samples.iter().all(|s| s["limit"] == 16.0), "{history}");
+
+    let browser = Browser::start(1280).await;
+    signed_in(&browser, &gw, "overview").await;
+    browser
+        .find("svg.chart polyline[data-series=admitted]")
+        .await;
+    let label = browser
+        .run(
+            "return document.querySelector('section[aria-label=\"At the backends\"] svg').getAttribute('aria-label');",
+            json!([]),
+        )
+        .await;
+    assert!(
+        label.as_str().is_some_and(|l| l.contains("limit 16")),
+        "{label}"
+    );
+    let lines = browser
+        .run(
+            "return document.querySelectorAll('svg.chart polyline').length;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(lines, 5, "answered, refused, shed; in flight, limit");
+    browser
+        .screenshot(&shots().join("overview-chart-1280.png"))
+        .await;
+}

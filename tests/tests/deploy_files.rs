@@ -82,3 +82,43 @@ fn which(name: &str) -> Result<PathBuf, ()> {
         })
         .ok_or(())
 }
+
+/// `PetGatewayShedding` pages once requests have been shed for a minute, not for a moment's
+/// shedding, and not for 429s of keys' own concurrency (their callers' business, not an
+/// overloaded backend): promtool's rule tests on the shipped rule.
+#[test]
+fn the_shedding_alert_fires_after_a_minute_of_503s_and_not_for_concurrency_429s() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        deploy().join("prometheus/alerts.yml"),
+        dir.path().join("alerts.yml"),
+    )
+    .unwrap();
+    let series = |reason: &str, values: &str| {
+        format!(
+            "      - series: 'pet_gateway_overload_refusals_total{{environment=\"production\",instance=\"gw1:9090\",reason=\"{reason}\",priority=\"normal\"}}'\n        values: '{values}'\n"
+        )
+    };
+    let tests = format!(
+        "rule_files:\n  - alerts.yml\nevaluation_interval: 15s\ntests:\n\
+         \x20 - interval: 15s\n    input_series:\n{}{}\
+         \x20   alert_rule_test:\n\
+         \x20     - eval_time: 30s\n        alertname: PetGatewayShedding\n        exp_alerts: []\n\
+         \x20     - eval_time: 3m\n        alertname: PetGatewayShedding\n        exp_alerts:\n\
+         \x20         - exp_labels:\n              severity: page\n              environment: production\n\
+         \x20           exp_annotations:\n              summary: \"production has been shedding requests (503 overloaded) for a minute\"\n\
+         \x20             description: \"The backends are at their limit (upstream_max_in_flight) and requests wait past upstream_queue_timeout_ms. Add backend capacity, or find the keys filling it (the console's top consumers; 429 concurrency_limited by plan). See deploy/README.md, \\\"Sizing the backend's places\\\".\"\n\
+         \x20 - interval: 15s\n    input_series:\n{}\
+         \x20   alert_rule_test:\n\
+         \x20     - eval_time: 5m\n        alertname: PetGatewayShedding\n        exp_alerts: []\n",
+        series("queue_timeout", "0+10x20"),
+        series("queue_full", "0x20"),
+        series("concurrency", "0+50x20"),
+    );
+    std::fs::write(dir.path().join("tests.yml"), tests).unwrap();
+    run_ok(
+        Command::new(promtool())
+            .args(["test", "rules"])
+            .arg(dir.path().join("tests.yml")),
+    );
+}

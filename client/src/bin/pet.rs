@@ -147,20 +147,24 @@ fn main() -> ExitCode {
     }
 }
 
-/// `pet quota`'s text: the plan, a line per window (of either form of the body) and the ban.
+/// `pet quota`'s text: the plan, a line per window (of either form of the body), the requests in
+/// flight when the plan bounds them, and the ban.
 ///
 /// ```text
 /// plan free
-/// second  4 of 5 left, resets 2026-01-01 00:00:01 UTC (in 1s)
-/// month   0 of 9000 left, resets 2026-02-01 00:00:00 UTC (in 31d)
-/// ban     none
+/// second      4 of 5 left, resets 2026-01-01 00:00:01 UTC (in 1s)
+/// month       0 of 9000 left, resets 2026-02-01 00:00:00 UTC (in 31d)
+/// concurrency 1 of 5 in flight
+/// ban         none
 /// ```
 fn quota_text(quota: &Quota, now: u64) -> String {
     let windows = quota.all_windows();
+    let concurrency = quota.concurrency.map(|_| "concurrency".len());
     let width = windows
         .iter()
         .map(|w| w.name.len())
         .chain([3])
+        .chain(concurrency)
         .max()
         .unwrap_or(3);
     let mut out = format!("plan {}\n", quota.plan);
@@ -176,6 +180,12 @@ fn quota_text(quota: &Quota, now: u64) -> String {
     }
     if windows.is_empty() {
         out.push_str("(no windows)\n");
+    }
+    if let Some(c) = quota.concurrency {
+        out.push_str(&format!(
+            "{:width$} {} of {} in flight\n",
+            "concurrency", c.in_flight, c.limit
+        ));
     }
     match quota.ban {
         Some(ban) => out.push_str(&format!(

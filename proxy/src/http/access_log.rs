@@ -24,9 +24,16 @@ pub struct Line<'a> {
     pub upstream: Option<SocketAddr>,
     pub upstream_us: Option<u64>,
     pub store_us: Option<u64>,
+    /// How long it waited for a place at the backend, when it had to.
+    pub queue_us: Option<u64>,
     pub duration_us: u64,
     pub store_degraded: bool,
     pub shadow_refused: Option<&'a str>,
+    /// Its level when waiting for a place (an authenticated request's).
+    pub priority: Option<&'a str>,
+    /// Why it was refused to protect the backend: `concurrency` (429), `queue_timeout` or
+    /// `queue_full` (503).
+    pub overload: Option<&'a str>,
     pub error: Option<&'a str>,
 }
 
@@ -135,11 +142,16 @@ impl Out<'_> {
         if let Some(us) = l.store_us {
             self.number("store_us", us);
         }
+        if let Some(us) = l.queue_us {
+            self.number("queue_us", us);
+        }
         self.number("duration_us", l.duration_us);
         self.key("store_degraded");
         self.s
             .push_str(if l.store_degraded { "true" } else { "false" });
         self.opt_text("shadow_refused", l.shadow_refused);
+        self.opt_text("priority", l.priority);
+        self.opt_text("overload", l.overload);
         self.opt_text("error", l.error);
     }
 
@@ -273,9 +285,12 @@ mod tests {
             upstream: Some("127.0.0.1:9000".parse().unwrap()),
             upstream_us: Some(120),
             store_us: Some(4),
+            queue_us: Some(7),
             duration_us: 300,
             store_degraded: false,
             shadow_refused: Some("10s"),
+            priority: Some("normal"),
+            overload: None,
             error: None,
         }
     }
@@ -348,7 +363,11 @@ mod tests {
             ("access".into(), "INFO".into())
         );
         assert_eq!(v["shadow_refused"], "10s");
-        assert!(v.get("auth_failure").is_none());
+        assert_eq!(
+            (v["queue_us"].clone(), v["priority"].clone()),
+            (7.into(), "normal".into())
+        );
+        assert!(v.get("auth_failure").is_none() && v.get("overload").is_none());
     }
 
     #[test]
@@ -358,8 +377,8 @@ mod tests {
             line,
             "2026-11-25T08:00:00.000042Z  INFO access: request_id=r\"1 route=\"listPets\" \
              key_id=\"key_ab\" plan=\"free\" status=200 upstream=\"127.0.0.1:9000\" \
-             upstream_us=120 store_us=4 duration_us=300 store_degraded=false \
-             shadow_refused=\"10s\"\n"
+             upstream_us=120 store_us=4 queue_us=7 duration_us=300 store_degraded=false \
+             shadow_refused=\"10s\" priority=\"normal\"\n"
         );
     }
 }

@@ -43,6 +43,8 @@ pub struct Ctx {
     pub queue_time: Option<Duration>,
     /// Why it got no place (503 `overloaded`).
     pub shed: Option<Shed>,
+    /// It was refused for its quota's requests in flight (429 `concurrency_limited`).
+    pub concurrency_limited: bool,
     pub upstream: Option<SocketAddr>,
     /// The backend's index in the rotation (`upstream` is its address).
     pub backend: Option<usize>,
@@ -75,6 +77,7 @@ impl Ctx {
             place: None,
             queue_time: None,
             shed: None,
+            concurrency_limited: false,
             upstream: None,
             backend: None,
             upstream_tries: 0,

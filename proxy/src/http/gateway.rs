@@ -326,6 +326,12 @@ impl ProxyHttp for Gateway {
             return;
         }
         let shadow_refused = ctx.rate.as_ref().and_then(RateView::shadow_refused);
+        let priority = ctx.key.as_ref().map(|_| ctx.level.name());
+        let overload = match (ctx.shed, status) {
+            (Some(shed), _) => Some(shed.reason()),
+            (None, 429) if ctx.concurrency_limited => Some("concurrency"),
+            _ => None,
+        };
         let line = access_log::Line {
             request_id: &ctx.request_id,
             trace: ctx.trace,
@@ -337,9 +343,12 @@ impl ProxyHttp for Gateway {
             upstream: ctx.upstream,
             upstream_us: ctx.upstream_time.map(|d| d.as_micros() as u64),
             store_us: ctx.store_time.map(|d| d.as_micros() as u64),
+            queue_us: ctx.queue_time.map(|d| d.as_micros() as u64),
             duration_us: ctx.started.elapsed().as_micros() as u64,
             store_degraded: ctx.store_degraded,
             shadow_refused: shadow_refused.as_deref(),
+            priority,
+            overload,
             error: e.map(|e| e.etype().as_str()),
         };
         if access_log::write(&line) {
@@ -360,9 +369,12 @@ impl ProxyHttp for Gateway {
             upstream = ctx.upstream.map(|a| a.to_string()),
             upstream_us = ctx.upstream_time.map(|d| d.as_micros() as u64),
             store_us = ctx.store_time.map(|d| d.as_micros() as u64),
+            queue_us = line.queue_us,
             duration_us = ctx.started.elapsed().as_micros() as u64,
             store_degraded = ctx.store_degraded,
             shadow_refused = line.shadow_refused,
+            priority = line.priority,
+            overload = line.overload,
             error = e.map(|e| e.etype().as_str()),
         );
     }

@@ -254,6 +254,7 @@ impl Pipeline {
                 return Ok(());
             }
             (Outcome::ConcurrencyLimited, Some(view)) => {
+                ctx.concurrency_limited = true;
                 METRICS
                     .overload_refusals
                     .with_label_values(&["concurrency", ctx.level.name()])

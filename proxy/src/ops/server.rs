@@ -128,6 +128,7 @@ pub fn run(
         resilience.clone(),
     );
     let quota_status = gateway.quota_status();
+    let places = gateway.places();
     let slots = gateway.slots();
     server.add_service(background_service(
         "concurrency leases",
@@ -136,13 +137,18 @@ pub fn run(
     let proxy = proxy_service(&config, &server, gateway, certs.clone())?;
     server.add_service(proxy);
 
+    let history = Arc::new(crate::ops::admin::history::History::default());
+    server.add_service(background_service(
+        "console history",
+        ConsoleHistory(Arc::clone(&history)),
+    ));
     server.add_service(admin_service(
         &config,
         &catalog,
         admin_store,
         &resilience,
-        key_store,
-        registry_state,
+        (key_store, registry_state),
+        (history, places),
     ));
 
     if let Some(redis) = &config.redis {
@@ -230,8 +236,11 @@ fn admin_service(
     catalog: &Arc<Catalog>,
     store: Arc<dyn QuotaStore>,
     resilience: &Resilience,
-    key_store: KeyStore,
-    registry: Option<Arc<SyncState>>,
+    (key_store, registry): (KeyStore, Option<Arc<SyncState>>),
+    (history, places): (
+        Arc<crate::ops::admin::history::History>,
+        Arc<crate::upstream::places::Places>,
+    ),
 ) -> Service<Admin> {
     let admin = Admin {
         catalog: Arc::clone(catalog),
@@ -251,6 +260,8 @@ fn admin_service(
         },
         registry,
         records: Default::default(),
+        history,
+        places,
     };
     let mut admin_service = Service::new("admin".to_owned(), admin);
     admin_service.add_tcp(&config.admin_listen.to_string());
@@ -296,6 +307,16 @@ fn stores(
             (memory.clone(), memory, None)
         }
     })
+}
+
+/// Samples the traffic for the console's chart every 5 s.
+struct ConsoleHistory(Arc<crate::ops::admin::history::History>);
+
+#[async_trait]
+impl BackgroundService for ConsoleHistory {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        self.0.run(shutdown).await
+    }
 }
 
 /// Renews the concurrency leases of requests that outlive them, until the runtime stops (after

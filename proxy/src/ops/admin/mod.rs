@@ -19,10 +19,12 @@
 //! | `POST /keys` | issues a key (`plan`, `name`, `expires_in`/`expires_at`, `per_minute`, `per_day`); 201 with the key, shown once |
 //! | `POST /keys/{key id}/revoke`, `POST /keys/{key id}/rotate` | as the `keys` commands; changes are audited as `admin` |
 //! | `GET /usage/top?window=day\|month&limit=N` | the quota holders that spent the most this UTC day or month, from the store's top consumers' index |
+//! | `GET /overview`, `GET /overview/history` | the console's figures now, and its chart's last 15 minutes ([`history`]) |
 
 pub mod bans;
 pub mod guard;
 pub mod health;
+pub mod history;
 pub mod keys;
 pub mod overview;
 pub mod reload;
@@ -68,6 +70,10 @@ pub struct Admin {
     pub registry: Option<Arc<crate::keys::replica::SyncState>>,
     /// The key records as last read for `/key-search`.
     pub records: search::Records,
+    /// The last 15 minutes of traffic, for the console's chart.
+    pub history: Arc<history::History>,
+    /// The places at the backends, for the overview's figures.
+    pub places: Arc<crate::upstream::places::Places>,
 }
 
 #[async_trait]
@@ -145,6 +151,7 @@ impl Admin {
             Handler::ResetUsage => self.reset_usage(id).await,
             Handler::RevokeKey => self.revoke_key(id.to_owned()).await,
             Handler::Overview => self.overview().await,
+            Handler::OverviewHistory => self.history(),
             Handler::Plans => self.plans(),
             Handler::KeyHistory => self.key_history(id.to_owned()).await,
             Handler::KeySearch => {

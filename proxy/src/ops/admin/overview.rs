@@ -1,6 +1,6 @@
 //! Read-only views for the console: `GET /overview`, the gateway's own counters and states in
 //! one answer (a page polls it every few seconds and works out rates from two answers), and
-//! `GET /plans`, the plans in force.
+//! `GET /plans`, the plans in force. (`GET /overview/history`, the chart's: `history.rs`.)
 
 use http::Response;
 use prometheus::core::Collector;
@@ -21,7 +21,7 @@ fn value(kind: MetricType, m: &prometheus::proto::Metric) -> f64 {
 }
 
 /// The sum of every series of a counter or gauge family.
-fn total<C: Collector>(family: &C) -> f64 {
+pub(super) fn total<C: Collector>(family: &C) -> f64 {
     family
         .collect()
         .iter()
@@ -80,6 +80,7 @@ impl Admin {
             },
             "registry": registry,
             "keys": by_label(&METRICS.keys, "status"),
+            "overload": self.overload(),
             "events": {
                 "pending": by_label(&METRICS.events_pending, "sink"),
                 "delivered_total": by_label(&METRICS.events_delivered, "sink"),
@@ -89,6 +90,25 @@ impl Admin {
             },
         });
         json_response(200, body.to_string().into_bytes())
+    }
+
+    /// The backend's protection now: requests at the backends and their limits (`null`: none),
+    /// waiting, the places this node holds for keys' concurrencies, and refusals so far by
+    /// reason.
+    fn overload(&self) -> serde_json::Value {
+        let limits: Vec<Option<usize>> = self
+            .places
+            .limits()
+            .into_iter()
+            .map(|l| (l != usize::MAX).then_some(l))
+            .collect();
+        serde_json::json!({
+            "in_flight": total(&METRICS.upstream_in_flight),
+            "queued": self.places.queued(),
+            "limits": limits,
+            "slots_held": METRICS.concurrency_slots_held.get(),
+            "refusals_total": by_label(&METRICS.overload_refusals, "reason"),
+        })
     }
 
     pub(super) fn plans(&self) -> Response<Vec<u8>> {
@@ -122,6 +142,8 @@ impl Admin {
                     "windows": windows,
                     "costs": costs,
                     "notify_at": p.notify_at.percents().collect::<Vec<_>>(),
+                    "concurrency": p.limits.concurrency(),
+                    "priority": p.priority,
                 })
             })
             .collect();

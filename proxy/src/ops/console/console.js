@@ -115,10 +115,58 @@ async function guarded(work) {
   }
 }
 
+/** An SVG element (the chart draws itself: no script from elsewhere). */
+function svg(tag, attrs, ...children) {
+  const e = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "text") e.textContent = String(v);
+    else if (v !== null && v !== undefined) e.setAttribute(k, String(v));
+  }
+  for (const c of children.flat()) if (c) e.append(c);
+  return e;
+}
+
+/** A line chart of the last 15 minutes of `samples` (`t` in Unix seconds), one line a series
+ * (`{key, label, color, dash}`), with its legend and, for readers of the page, a summary of the
+ * latest values. */
+function chart(title, samples, series, unit) {
+  const W = 600, H = 160, PAD = 28;
+  const now = samples.length ? samples[samples.length - 1].t : Math.floor(Date.now() / 1000);
+  const from = now - 900;
+  const values = series.flatMap((s) => samples.map((p) => p[s.key]).filter((v) => typeof v === "number"));
+  const top = Math.max(1, ...values);
+  const x = (t) => PAD + ((t - from) / 900) * (W - 2 * PAD);
+  const y = (v) => H - PAD - (v / top) * (H - 2 * PAD);
+  const last = samples[samples.length - 1] || {};
+  const fmt = (v) => (typeof v === "number" ? (v >= 10 ? v.toFixed(0) : v.toFixed(1)) : "none");
+  const summary = series.map((s) => `${s.label} ${fmt(last[s.key])}`).join(", ");
+  const lines = series.map((s) => {
+    const points = samples.filter((p) => typeof p[s.key] === "number" && p.t >= from)
+      .map((p) => `${x(p.t).toFixed(1)},${y(p[s.key]).toFixed(1)}`).join(" ");
+    return points ? svg("polyline", { points, fill: "none", stroke: s.color, "stroke-width": 2,
+      "stroke-dasharray": s.dash ? "5 4" : null, "data-series": s.key }) : null;
+  });
+  const picture = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: "100%", role: "img",
+    "aria-label": `${title}, now: ${summary}`, class: "chart" },
+    svg("title", { text: `${title}, now: ${summary}` }),
+    svg("line", { x1: PAD, y1: H - PAD, x2: W - PAD, y2: H - PAD, stroke: "#d8dde3" }),
+    svg("line", { x1: PAD, y1: PAD, x2: W - PAD, y2: PAD, stroke: "#eef1f4" }),
+    svg("text", { x: PAD, y: PAD - 8, "font-size": 11, fill: "#5b6470", text: `${fmt(top)} ${unit}` }),
+    svg("text", { x: PAD, y: H - 8, "font-size": 11, fill: "#5b6470", text: "15 min ago" }),
+    svg("text", { x: W - PAD, y: H - 8, "font-size": 11, fill: "#5b6470", "text-anchor": "end", text: "now" }),
+    lines);
+  const legend = el("p", { class: "legend" }, series.map((s) =>
+    el("span", { class: "key" }, el("span", { class: "swatch" + (s.dash ? " dashed" : "") }), `${s.label} ${fmt(last[s.key])}`)));
+  for (const [i, s] of series.entries()) legend.children[i].firstChild.style.background = s.color;
+  return el("section", { class: "card chart-card", "aria-label": title }, el("h3", {}, title), picture, legend,
+    samples.length ? null : el("p", { class: "muted" }, "Collecting: a point every 5 seconds."));
+}
+
 // ---- pages ---------------------------------------------------------------------------------
 
 async function overviewPage() {
-  const o = await api("GET", "/overview");
+  const [o, history] = await Promise.all([api("GET", "/overview"), api("GET", "/overview/history")]);
+  const samples = history.samples || [];
   const prev = lastOverview;
   lastOverview = o;
   const rate = (k) => {
@@ -147,7 +195,22 @@ async function overviewPage() {
         el("div", { class: "muted" }, `delivered ${delivered}`),
         el("div", { class: "muted" }, `failed tries ${failures}`),
         el("div", { class: "muted" }, `dead-lettered ${events.dead_lettered_total || 0}, dropped ${events.dropped_total || 0}`)),
+      o.overload ? card("At the backends", `${o.overload.in_flight}` +
+          (o.overload.limits.every((l) => l === null) ? "" : ` of ${o.overload.limits.reduce((a, l) => a + (l || 0), 0)}`),
+        el("div", { class: "muted" }, `waiting ${o.overload.queued}, key places held ${o.overload.slots_held}`),
+        el("div", { class: "muted" }, "refused: " + (Object.entries(o.overload.refusals_total || {})
+          .filter(([, n]) => n > 0).map(([k, n]) => `${k} ${n}`).join(", ") || "none"))) : null,
     ),
+    el("div", { class: "charts" },
+      chart("Requests per second", samples, [
+        { key: "admitted", label: "answered", color: "#1f6feb" },
+        { key: "refused", label: "refused (429)", color: "#d97706" },
+        { key: "shed", label: "shed (503)", color: "#b42318" },
+      ], "/s"),
+      chart("At the backends", samples, [
+        { key: "in_flight", label: "in flight", color: "#137333" },
+        { key: "limit", label: "limit", color: "#5b6470", dash: true },
+      ], "requests")),
     el("p", { class: "muted" }, "Updated ", when(o.now), "; refreshed every few seconds."),
   ];
 }
@@ -393,6 +456,8 @@ async function plansPage() {
     plans.map((p) => el("section", { class: "card", "aria-label": "Plan " + p.name },
       el("h3", {}, p.name),
       el("ul", {}, p.windows.map((w) => el("li", {}, `${w.name}: ${w.limit}${w.shadow ? " (shadow)" : ""}`))),
+      p.concurrency ? el("p", {}, `At once: ${p.concurrency} in flight`) : "",
+      p.priority ? el("p", {}, `Priority: ${p.priority > 0 ? "+" : ""}${p.priority}`) : "",
       Object.keys(p.costs).length ? el("p", {}, "Costs: " + Object.entries(p.costs).map(([o, c]) => `${o} ${c}`).join(", ")) : "",
       p.notify_at.length ? el("p", {}, "Notify at: " + p.notify_at.map((n) => n + " %").join(", ")) : ""))];
 }
