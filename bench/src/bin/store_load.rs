@@ -2,13 +2,19 @@
 //! and reports what Redis spent on them: the question is how many decisions one Redis core can
 //! make, which the gateways in front of one 2-core machine cannot show (they saturate first).
 //!
-//! `store-load --redis URL --keys N --batch-max M --concurrency C --seconds S --windows W [--top]`
+//! `store-load --redis URL --keys N --batch-max M --concurrency C --seconds S --windows W
+//! [--key-concurrency K] [--top]`
 //!
 //! C tasks each loop over `acquire` on keys spread over N ids (a plan with room for every
 //! request, so each decision is an admission: the path that writes), with W windows: 2 is the
 //! minute and the day, 4 adds a second and the month, up to 6 (an hour and a week). Before and after, Redis's
 //! `INFO commandstats` (the scripts' own time) and `INFO cpu` (the whole process: parsing,
 //! networking, scripts) are read. One JSON line goes to stdout.
+//!
+//! `--key-concurrency K` gives the limits a concurrency of K (a plan's `concurrency`): each
+//! decision then takes a lease in the same script run, and gives it back (`release`) at once,
+//! the release riding a later run of the lane, as a request ending does; a decision's cost is
+//! then its acquire and its release (issue 32's Redis CPU target counts both).
 //!
 //! `--top` adds the top consumers' index as the gateway runs it: every admitted decision is
 //! added to a `TopTally` (holder the key's id, the store's clock from the verdict), and the
@@ -39,6 +45,7 @@ struct Args {
     seconds: u64,
     threads: usize,
     windows: usize,
+    key_concurrency: u32,
     top: bool,
 }
 
@@ -51,6 +58,7 @@ fn args() -> Result<Args, String> {
         seconds: 5,
         threads: 1,
         windows: 2,
+        key_concurrency: 0,
         top: false,
     };
     let mut it = std::env::args().skip(1);
@@ -73,6 +81,7 @@ fn args() -> Result<Args, String> {
             "--seconds" => a.seconds = number()? as u64,
             "--threads" => a.threads = number()?.max(1),
             "--windows" => a.windows = number()?.clamp(1, 6),
+            "--key-concurrency" => a.key_concurrency = number()? as u32,
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -154,7 +163,7 @@ fn main() -> Result<(), String> {
         .iter()
         .map(|&every| WindowLimit::new(every, 4_000_000_000))
         .collect::<Result<_, _>>()?;
-    let limits = Limits::new(&windows)?;
+    let limits = Limits::new(&windows)?.with_concurrency(a.key_concurrency);
     let ban = Arc::new(BanPolicy::default());
     // Loads the script and opens the connection before anything is counted.
     runtime
@@ -192,6 +201,8 @@ fn main() -> Result<(), String> {
                         i = (i + 1) % ids.len();
                         match store.acquire(&ids[i], limits, 1, &ban).await {
                             Ok(v) => {
+                                // The request ends at once: its lease goes back.
+                                store.release(&ids[i], v.lease);
                                 // As the request path does (`pipeline.rs`): admitted units only.
                                 if let (Some(top), Outcome::Admitted) = (&top, v.outcome) {
                                     top.add(&ids[i], v.now, 1);
@@ -221,11 +232,12 @@ fn main() -> Result<(), String> {
     let flushes = (after.expireat_calls - before.expireat_calls) / 2.0;
     let redis_cpu = after.cpu - before.cpu;
     println!(
-        "{{\"keys\":{},\"batch_max\":{},\"concurrency\":{},\"windows\":{},\"top\":{},\"seconds\":{elapsed:.3},\"decisions\":{decisions},\"errors\":{},\"script_runs\":{},\"script_usec\":{},\"redis_cpu_s\":{redis_cpu:.6},\"redis_cpu_us_per_decision\":{:.3},\"top_flushes\":{flushes},\"top_holders_per_flush\":{:.1},\"zincrby_calls\":{zincrby},\"zincrby_usec\":{},\"top_flush_failures\":{}}}",
+        "{{\"keys\":{},\"batch_max\":{},\"concurrency\":{},\"windows\":{},\"key_concurrency\":{},\"top\":{},\"seconds\":{elapsed:.3},\"decisions\":{decisions},\"errors\":{},\"script_runs\":{},\"script_usec\":{},\"redis_cpu_s\":{redis_cpu:.6},\"redis_cpu_us_per_decision\":{:.3},\"top_flushes\":{flushes},\"top_holders_per_flush\":{:.1},\"zincrby_calls\":{zincrby},\"zincrby_usec\":{},\"top_flush_failures\":{}}}",
         a.keys,
         a.batch_max,
         a.concurrency,
         a.windows,
+        a.key_concurrency,
         a.top,
         errors.load(Ordering::Relaxed),
         after.script_runs - before.script_runs,
