@@ -1237,6 +1237,53 @@ async fn redis_a_decision_nobody_waits_for_gives_back_the_lease_its_answer_took(
     }
 }
 
+/// Redis only: leases no gateway writes (one ending past the longest lease, as a clock that went
+/// back leaves; more pairs than a lease has seconds) are dropped, so they never hold a quota's
+/// places for good.
+#[tokio::test]
+async fn redis_leases_ending_too_far_off_or_too_many_are_dropped() {
+    let server = RedisServer::start();
+    let store = RedisStore::new(&server.url(), "t", Duration::from_millis(2_000)).unwrap();
+    let limits = md(1_000, 10_000).with_concurrency(2);
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as u32;
+    let pair = |end: u32, count: u32| [end.to_le_bytes(), count.to_le_bytes()].concat();
+    // Two places held until an hour from now, one until 60 s from now: only the last holds.
+    let ahead = [pair(now + 3_600, 2), pair(now + 60, 1)].concat();
+    let _: () = ::redis::cmd("SET")
+        .arg("t:leases:{ahead}")
+        .arg(ahead)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let v = store
+        .acquire(&Arc::from("ahead"), limits, 1, &NO_BANS())
+        .await
+        .unwrap();
+    assert_eq!(v.outcome, Outcome::Admitted);
+    assert_eq!(v.lease.in_flight, 2, "the one held and this one");
+    // 2,000 pairs, each a place held for a minute: not a gateway's, dropped whole.
+    let many: Vec<u8> = (0..2_000u32)
+        .flat_map(|i| pair(now + 60, 1 + i % 2))
+        .collect();
+    let _: () = ::redis::cmd("SET")
+        .arg("t:leases:{many}")
+        .arg(many)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let v = store
+        .acquire(&Arc::from("many"), limits, 1, &NO_BANS())
+        .await
+        .unwrap();
+    assert_eq!(v.outcome, Outcome::Admitted);
+    assert_eq!(v.lease.in_flight, 1);
+}
+
 /// Redis only: a dead Redis is an error within the deadline, never a hang.
 #[tokio::test]
 async fn redis_unreachable_fails_within_the_deadline() {

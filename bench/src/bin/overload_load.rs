@@ -72,13 +72,17 @@ fn args() -> Args {
             }
             "--group" => {
                 let parts: Vec<&str> = value.splitn(3, ':').collect();
-                let [name, key, conns] = parts[..] else { usage() };
+                let [name, key, conns] = parts[..] else {
+                    usage()
+                };
                 let conns = conns.parse().unwrap_or_else(|_| usage());
                 a.groups.push((name.to_owned(), key.to_owned(), conns));
             }
             "--burst" => {
                 let parts: Vec<&str> = value.rsplitn(3, ':').collect();
-                let [share, rate, file] = parts[..] else { usage() };
+                let [share, rate, file] = parts[..] else {
+                    usage()
+                };
                 let keys: Vec<String> = std::fs::read_to_string(file)
                     .unwrap_or_else(|_| usage())
                     .lines()

@@ -45,6 +45,9 @@ pub struct Ctx {
     pub shed: Option<Shed>,
     /// It was refused for its quota's requests in flight (429 `concurrency_limited`).
     pub concurrency_limited: bool,
+    /// The gateway answered its `Expect: 100-continue` itself (its body was read before it
+    /// went on): the backend is not asked for another.
+    pub continued: bool,
     pub upstream: Option<SocketAddr>,
     /// The backend's index in the rotation (`upstream` is its address).
     pub backend: Option<usize>,
@@ -78,6 +81,7 @@ impl Ctx {
             queue_time: None,
             shed: None,
             concurrency_limited: false,
+            continued: false,
             upstream: None,
             backend: None,
             upstream_tries: 0,

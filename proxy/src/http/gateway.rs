@@ -74,7 +74,7 @@ impl Gateway {
         let quota_status = Arc::new(QuotaStatus::new(Arc::clone(&store), resilience.clone()));
         let slots = Arc::new(Slots::new(
             Arc::clone(&store),
-            Arc::clone(&resilience.local),
+            &resilience,
             settings.lease_secs,
         ));
         let admission = Admission::new(store, resilience, settings.on_store_error, settings.ban);
@@ -225,6 +225,9 @@ impl ProxyHttp for Gateway {
         // The backend learns who is calling from the gateway, never from the client: the key
         // stays here and client-sent identity headers are replaced.
         upstream.remove_header("authorization");
+        if ctx.continued {
+            upstream.remove_header("expect");
+        }
         if let Some(key) = &ctx.key {
             upstream.insert_header("x-api-key-id", &*key.id)?;
             upstream.insert_header("x-plan", &*key.plan)?;
@@ -286,8 +289,12 @@ impl ProxyHttp for Gateway {
         }
         // Once the head is out, the status and length are promised: an error body written now
         // would be spliced into the live body and delivered as a success. Abort instead (the
-        // connection or stream is dropped unfinished), so the client sees it incomplete.
-        if session.response_written().is_some() {
+        // connection or stream is dropped unfinished), so the client sees it incomplete. (A
+        // `100 Continue` promises nothing.)
+        if session
+            .response_written()
+            .is_some_and(|r| !r.status.is_informational())
+        {
             // Only a backend failure is news; a client that left mid-body is not.
             if *e.esource() == pingora::ErrorSource::Upstream {
                 METRICS.responses_aborted.inc();
@@ -315,7 +322,10 @@ impl ProxyHttp for Gateway {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
-        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let status = session
+            .response_written()
+            .filter(|r| !r.status.is_informational())
+            .map_or(0, |r| r.status.as_u16());
         let plan = ctx.key.as_ref().map_or("none", |k| &*k.plan);
         metric_handles::count_request(&self.env, ctx.route, plan, status);
         metric_handles::observe_request(ctx.route, ctx.started.elapsed().as_secs_f64());

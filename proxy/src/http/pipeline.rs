@@ -25,7 +25,7 @@ use crate::events::{lifecycle, threshold};
 use crate::http::auth::{bearer_token, AuthFailure};
 use crate::http::context::Ctx;
 use crate::http::quota_status::QuotaStatus;
-use crate::http::request::{read_h2_body, refuse_shape, request_id};
+use crate::http::request::{read_body, refuse_shape, request_id};
 use crate::http::responses::{RateHeaders, Refusal};
 use crate::http::routes::Route;
 use crate::http::trace::TraceContext;
@@ -274,12 +274,16 @@ impl Pipeline {
         Err(Stop::refuse(refusal))
     }
 
-    /// An admitted HTTP/2 request's body, read whole under the client read timeout (pingora
-    /// applies none to HTTP/2 bodies): 408 when it stalls, 413 when it is too large.
-    async fn body(&self, session: &mut Session, ctx: &Ctx) -> Step {
-        match read_h2_body(session, self.client_read_timeout).await {
+    /// An admitted request's body, read whole under the client read timeout before it waits for
+    /// a place at the backend (a slow upload holds none): 408 when it stalls, 413 when it is too
+    /// large.
+    async fn body(&self, session: &mut Session, ctx: &mut Ctx) -> Step {
+        match read_body(session, self.client_read_timeout).await {
             Err(e) => Err(Stop::Failed(e)),
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(continued)) => {
+                ctx.continued = continued;
+                Ok(())
+            }
             Ok(Err(why)) => Err(Stop::refuse(Refusal::unread_body(why, ctx.rate.as_ref()))),
         }
     }

@@ -50,7 +50,7 @@ pub fn request_id(req: &RequestHeader) -> String {
 /// Largest request body the interface accepts (the backend enforces it too, with 413).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// Why an HTTP/2 request body was not read whole.
+/// Why a request body was not read whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyRefusal {
     /// The client stalled for longer than the read timeout.
@@ -59,19 +59,25 @@ pub enum BodyRefusal {
     TooLarge,
 }
 
-/// Reads an HTTP/2 request body whole before it is forwarded, each read under `timeout`.
+/// Reads a request body whole before it is forwarded, each read under `timeout`; returns whether
+/// this answered `100 Continue` itself.
 ///
-/// Pingora applies no read timeout to HTTP/2 request bodies (`set_read_timeout` is a no-op
-/// there), so a client that stalls mid-body would hold a backend connection until the upstream
-/// timeout and get 504. Read here, into pingora's retry buffer (64 KiB, the interface's body
-/// limit), the body is sent on from that buffer once the backend connection is up. HTTP/1.x
-/// bodies stream through under the per-read timeout as before.
-pub async fn read_h2_body(
+/// Read here, into pingora's retry buffer (64 KiB, the interface's body limit), the body is
+/// sent on from that buffer once the backend connection is up, so a client that uploads slowly
+/// (or stalls) holds no place at the backend and no backend connection while it does: only its
+/// own key's concurrency. It also puts a read timeout on HTTP/2 bodies, which pingora applies
+/// none to (`set_read_timeout` is a no-op there). An HTTP/1.1 client that waits for `100
+/// Continue` before sending gets it from here (the backend, reached later, is not asked again).
+pub async fn read_body(
     session: &mut pingora::proxy::Session,
     timeout: std::time::Duration,
-) -> pingora::Result<Result<(), BodyRefusal>> {
-    if session.as_http2().is_none() || session.is_body_done() {
-        return Ok(Ok(()));
+) -> pingora::Result<Result<bool, BodyRefusal>> {
+    if session.is_body_done() {
+        return Ok(Ok(false));
+    }
+    let continued = session.as_http2().is_none() && expects_continue(session.req_header());
+    if continued {
+        session.as_mut().write_continue_response().await?;
     }
     session.enable_retry_buffering();
     let mut total = 0usize;
@@ -79,7 +85,7 @@ pub async fn read_h2_body(
         match tokio::time::timeout(timeout, session.read_request_body()).await {
             Err(_) => return Ok(Err(BodyRefusal::Stalled)),
             Ok(chunk) => match chunk? {
-                None => return Ok(Ok(())),
+                None => return Ok(Ok(continued)),
                 Some(bytes) => {
                     total += bytes.len();
                     if total > MAX_BODY_BYTES {
@@ -89,4 +95,12 @@ pub async fn read_h2_body(
             },
         }
     }
+}
+
+/// Whether the request asks for `100 Continue` before it sends its body.
+fn expects_continue(req: &pingora::http::RequestHeader) -> bool {
+    req.headers
+        .get_all(http::header::EXPECT)
+        .iter()
+        .any(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }

@@ -99,7 +99,7 @@ pub fn run(
     let mut server = pingora_server(&config, upgrade);
     let (key_store, registry_state) = key_source(&config, &mut server, &catalog)?;
 
-    let resilience = Resilience::default();
+    let resilience = Resilience::with_lease_secs(config.concurrency_lease_secs);
     let (meter, metering) = metering(&config)?;
     let top = Arc::new(TopTally::default());
     server.add_service(background_service(

@@ -126,6 +126,9 @@ impl Admission {
         let mut store_time = None;
         if store_up {
             let started = Instant::now();
+            if let Some(view) = r.crowded.refused(quota, limits, started) {
+                return Decision::of(Outcome::ConcurrencyLimited, view);
+            }
             let result = self
                 .store
                 .acquire(quota, limits, cost, &self.ban_policy)
@@ -144,11 +147,15 @@ impl Admission {
                         // entry must not come back during an outage.
                         r.ban_cache.forget(quota);
                     }
+                    let view = RateView::new(&v, limits, cost);
+                    if v.outcome == rules::Outcome::ConcurrencyLimited {
+                        r.crowded.remember(quota, view, Instant::now());
+                    }
                     return Decision {
                         ban_started: v.ban_started,
                         store_time,
                         lease: v.lease,
-                        ..Decision::of(v.outcome.into(), RateView::new(&v, limits, cost))
+                        ..Decision::of(v.outcome.into(), view)
                     };
                 }
                 Err(error) => {
@@ -198,5 +205,70 @@ impl Admission {
             degraded: true,
             ..fallback
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::concurrency::Slots;
+    use crate::quota::crowded::CROWDED_FOR;
+    use crate::quota::store::memory::MemoryStore;
+
+    fn key() -> KeyInfo {
+        KeyInfo {
+            id: Arc::from("k"),
+            plan: Arc::from("pro"),
+            overrides: Default::default(),
+            quota: None,
+        }
+    }
+
+    /// A holder at its concurrency is refused on this node for a moment without the store:
+    /// a place freed elsewhere (here: in the store directly, as another node would) is seen
+    /// once the moment has passed, one freed here at once.
+    #[tokio::test]
+    async fn a_holder_at_its_concurrency_is_refused_here_a_moment_without_the_store() {
+        let store = Arc::new(MemoryStore::new());
+        let resilience = Resilience::default();
+        let admission = Admission::new(
+            Arc::clone(&store) as Arc<dyn QuotaStore>,
+            resilience.clone(),
+            OnStoreError::Local,
+            BanPolicy::default(),
+        );
+        let slots = Arc::new(Slots::new(
+            Arc::clone(&store) as Arc<dyn QuotaStore>,
+            &resilience,
+            15,
+        ));
+        let limits = Limits::minute_day(1_000, 1_000)
+            .unwrap()
+            .with_concurrency(1);
+        let (key, now) = (key(), unix_now());
+        let first = admission.decide(&key, limits, 1).await;
+        assert_eq!(first.outcome, Outcome::Admitted);
+        let refused = admission.decide(&key, limits, 1).await;
+        assert_eq!(refused.outcome, Outcome::ConcurrencyLimited);
+        assert!(refused.store_time.is_some(), "the store said so");
+        // Freed as another node frees it: this node keeps refusing for the moment.
+        store.release(key.quota_id(), first.lease);
+        let again = admission.decide(&key, limits, 1).await;
+        assert_eq!(again.outcome, Outcome::ConcurrencyLimited);
+        assert_eq!(again.store_time, None, "answered here");
+        assert_eq!(again.view, refused.view, "with the store's numbers");
+        tokio::time::sleep(CROWDED_FOR).await;
+        let second = admission.decide(&key, limits, 1).await;
+        assert_eq!(second.outcome, Outcome::Admitted, "the store asked again");
+        // Refused again, then freed here: the next request goes to the store at once.
+        let slot = slots.hold(key.quota_id(), second.lease, false, now);
+        assert_eq!(
+            admission.decide(&key, limits, 1).await.outcome,
+            Outcome::ConcurrencyLimited
+        );
+        drop(slot);
+        let third = admission.decide(&key, limits, 1).await;
+        assert_eq!(third.outcome, Outcome::Admitted);
+        assert!(third.store_time.is_some());
     }
 }

@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::base::metrics::METRICS;
-use crate::quota::resilience::LocalLimiter;
+use crate::quota::crowded::Crowded;
+use crate::quota::resilience::{LocalLimiter, Resilience};
 use crate::quota::rules::Lease;
 use crate::quota::store::QuotaStore;
 
@@ -22,10 +23,16 @@ pub const RENEW_TICK: Duration = Duration::from_millis(500);
 pub struct Slots {
     store: Arc<dyn QuotaStore>,
     local: Arc<LocalLimiter>,
+    /// Told of every place given back, so a holder refused here a moment ago is asked of the
+    /// store again at once.
+    crowded: Arc<Crowded>,
     table: Mutex<Table>,
     /// How long before its end a lease is renewed: a third of its length, at least 2 s, so a
     /// renewal that waits out a store deadline or a tick still comes in time.
     renew_before: Duration,
+    /// A lease's length: a renewed lease runs this long from the renewal (by the store's clock,
+    /// which this node does not share: its own is never compared with a lease's end).
+    lease: Duration,
 }
 
 #[derive(Default)]
@@ -72,13 +79,16 @@ fn lock(m: &Mutex<Table>) -> MutexGuard<'_, Table> {
 }
 
 impl Slots {
-    /// Leases taken from `store` (or `local`, while the store is away) last `lease_secs`.
-    pub fn new(store: Arc<dyn QuotaStore>, local: Arc<LocalLimiter>, lease_secs: u64) -> Slots {
+    /// Leases taken from `store` (or `resilience`'s local limiter, while the store is away)
+    /// last `lease_secs`.
+    pub fn new(store: Arc<dyn QuotaStore>, resilience: &Resilience, lease_secs: u64) -> Slots {
         Slots {
             store,
-            local,
+            local: Arc::clone(&resilience.local),
+            crowded: Arc::clone(&resilience.crowded),
             table: Mutex::new(Table::default()),
             renew_before: Duration::from_secs((lease_secs / 3).max(2)),
+            lease: Duration::from_secs(lease_secs),
         }
     }
 
@@ -138,6 +148,7 @@ impl Slots {
     }
 
     fn give_back(&self, held: &Held) {
+        self.crowded.forget(&held.quota);
         if held.local {
             self.local.release(&held.quota, held.lease);
         } else {
@@ -198,9 +209,7 @@ impl Slots {
             match renewed {
                 Ok(lease) => {
                     held.lease = lease;
-                    held.renew_at = Instant::now()
-                        + Duration::from_secs(self.lease_secs_left(&lease))
-                            .saturating_sub(self.renew_before);
+                    held.renew_at = Instant::now() + self.lease.saturating_sub(self.renew_before);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, quota = %held.quota,
@@ -216,15 +225,6 @@ impl Slots {
         if let Some(held) = gone {
             self.give_back(&held);
         }
-    }
-
-    /// A just-renewed lease runs a whole lease length: its end less the renewal's time, as
-    /// near as this node can tell without the store's clock.
-    fn lease_secs_left(&self, lease: &Lease) -> u64 {
-        lease
-            .end
-            .saturating_sub(crate::base::clock::unix_now())
-            .max(self.renew_before.as_secs() + 1)
     }
 
     /// Renews leases as they near their end, and sends releases a failed store call left
@@ -264,7 +264,7 @@ mod tests {
         let store = Arc::new(MemoryStore::with_clock(clock.clone()).with_lease_secs(lease_secs));
         let slots = Arc::new(Slots::new(
             Arc::clone(&store) as Arc<dyn QuotaStore>,
-            Arc::new(LocalLimiter::default()),
+            &Resilience::default(),
             lease_secs,
         ));
         (slots, store, clock)

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::keys::limits::{Limits, WindowLimit, MAX_WINDOWS};
+use crate::quota::crowded::Crowded;
 use crate::quota::rules::{BanPolicy, Lease, Outcome, RateView, Verdict, MINUTE_SECS};
 use crate::quota::store::memory::MemoryStore;
 use crate::quota::store::{QuotaStore, StoreError};
@@ -34,6 +35,8 @@ pub struct Resilience {
     pub ban_cache: Arc<BanCache>,
     /// Counts on this node alone while the shared store fails (`on_store_error = "local"`).
     pub local: Arc<LocalLimiter>,
+    /// Holders the store just refused for their concurrency.
+    pub crowded: Arc<Crowded>,
 }
 
 /// Consecutive failures that open the breaker.
@@ -80,6 +83,19 @@ impl Breaker {
 #[derive(Default)]
 pub struct LocalLimiter {
     counts: MemoryStore,
+}
+
+impl Resilience {
+    /// With this node's own leases (taken while the store is away) lasting `lease_secs`, as the
+    /// store's do.
+    pub fn with_lease_secs(lease_secs: u64) -> Resilience {
+        Resilience {
+            local: Arc::new(LocalLimiter {
+                counts: MemoryStore::new().with_lease_secs(lease_secs),
+            }),
+            ..Resilience::default()
+        }
+    }
 }
 
 /// Windows the local limiter enforces: a minute or shorter.

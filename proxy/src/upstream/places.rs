@@ -51,7 +51,8 @@ pub struct PlaceSettings {
 pub enum Shed {
     /// It waited `upstream_queue_timeout_ms`.
     QueueTimeout,
-    /// The queue was full, and it was the newest of the lowest level there.
+    /// The queue was full: pushed out by a newcomer of a higher level or of a lighter holder
+    /// (see [`FairQueue::victim`]), or refused on arrival.
     QueueFull,
 }
 
@@ -148,8 +149,18 @@ impl Places {
             .iter()
             .map(|a| METRICS.upstream_limit.with_label_values(&[&a.to_string()]))
             .collect::<Vec<_>>();
+        // Without a limit there is none to show (the series stays out of the export).
+        if settings.limit == Limit::Off {
+            for a in rotation.addrs() {
+                let _ = METRICS
+                    .upstream_limit
+                    .remove_label_values(&[&a.to_string()]);
+            }
+        }
         for (gauge, b) in limits.iter().zip(&backends) {
-            gauge.set(b.limit().min(i64::MAX as usize) as i64);
+            if b.limit() != usize::MAX {
+                gauge.set(b.limit() as i64);
+            }
         }
         let gauges =
             |vec: &prometheus::IntGaugeVec| Level::ALL.map(|l| vec.with_label_values(&[l.name()]));
@@ -192,9 +203,9 @@ impl Places {
             state.saturated();
             let mut shed = None;
             if state.queue.len() >= self.settings.queue_max {
-                match state.queue.newest_of_lowest() {
-                    Some((h, l, t)) if l < level => shed = state.queue.remove(&h, l, t),
-                    _ => return Err(Shed::QueueFull),
+                match state.queue.victim(holder, level) {
+                    Some((h, l, t)) => shed = state.queue.remove(&h, l, t),
+                    None => return Err(Shed::QueueFull),
                 }
             }
             let (reply, answer) = oneshot::channel();
@@ -461,8 +472,10 @@ impl Waiting {
                     self.answer = None;
                     return None;
                 }
-                // Popped that very moment: its answer is on its way.
-                let grant = self.answer.take()?.await.ok();
+                // Popped that very moment: its answer is on its way. The receiver stays in
+                // `self` while awaited, so a request dropped here still gives the place back.
+                let grant = self.answer.as_mut()?.await.ok();
+                self.answer = None;
                 grant
             }
         }
@@ -484,6 +497,9 @@ impl Drop for Waiting {
             removed
         };
         if !removed {
+            // Closed first, so a grant sent after this look fails at the sender, which gives
+            // the place back itself; one sent before is found here.
+            answer.close();
             if let Ok(Grant::Place { backend, .. }) = answer.try_recv() {
                 self.places.give_back_unused(backend);
             }

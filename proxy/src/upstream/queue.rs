@@ -126,18 +126,34 @@ impl<W> FairQueue<W> {
         Some(waiter)
     }
 
-    /// The newest waiter of the lowest level with waiters: who is refused when the queue is
-    /// full and someone of a higher level arrives.
-    pub fn newest_of_lowest(&self) -> Option<(Arc<str>, Level, Ticket)> {
-        let level = Level::ALL
+    /// Who is pushed out when the queue is full and `holder` arrives at `level`: the newest
+    /// waiter of the holder with the most waiting at the lowest level below `level`; else, at
+    /// `level` itself, the newest of the holder with the most waiting if that is more than one
+    /// above what `holder` has (so a full queue is shared out, and a heavy key that filled it
+    /// cannot keep everyone else out); else nobody, and the newcomer is refused.
+    pub fn victim(&self, holder: &str, level: Level) -> Option<(Arc<str>, Level, Ticket)> {
+        if let Some(lower) = Level::ALL
             .into_iter()
-            .find(|l| self.by_level[l.index()] > 0)?;
+            .take_while(|l| *l < level)
+            .find(|l| self.by_level[l.index()] > 0)
+        {
+            return self.heaviest(lower).map(|(h, t, _)| (h, lower, t));
+        }
+        let tier = &self.tiers[level.index()];
+        let own = tier.waiting.get(holder).map_or(0, VecDeque::len);
+        let (heavy, ticket, count) = self.heaviest(level)?;
+        (count > own + 1).then_some((heavy, level, ticket))
+    }
+
+    /// The holder with the most waiters at `level` (the newest waiting breaking ties), its
+    /// newest waiter's ticket and how many it has waiting.
+    fn heaviest(&self, level: Level) -> Option<(Arc<str>, Ticket, usize)> {
         self.tiers[level.index()]
             .waiting
             .iter()
-            .filter_map(|(holder, queue)| Some((holder, queue.back()?.0)))
-            .max_by_key(|(_, ticket)| *ticket)
-            .map(|(holder, ticket)| (Arc::clone(holder), level, ticket))
+            .filter_map(|(holder, queue)| Some((holder, queue.back()?.0, queue.len())))
+            .max_by_key(|(_, ticket, count)| (*count, *ticket))
+            .map(|(holder, ticket, count)| (Arc::clone(holder), ticket, count))
     }
 }
 
@@ -175,19 +191,57 @@ mod tests {
     }
 
     #[test]
-    fn a_waiter_that_gives_up_leaves_and_the_newest_of_the_lowest_is_found() {
+    fn a_waiter_that_gives_up_leaves_and_a_full_queue_pushes_out_the_lowest_first() {
         let mut q = FairQueue::default();
-        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let (a, b, c): (Arc<str>, Arc<str>, Arc<str>) = ("a".into(), "b".into(), "c".into());
         let t1 = q.push(&a, Level::Low, "a1");
         let t2 = q.push(&b, Level::Low, "b1");
         let t3 = q.push(&a, Level::Normal, "a2");
-        assert_eq!(q.newest_of_lowest(), Some((Arc::clone(&b), Level::Low, t2)));
+        // Equal at the lowest level: the newest goes.
+        assert_eq!(
+            q.victim("c", Level::Normal),
+            Some((Arc::clone(&b), Level::Low, t2))
+        );
         assert_eq!(q.remove("b", Level::Low, t2), Some("b1"));
         assert_eq!(q.remove("b", Level::Low, t2), None, "gone already");
-        assert_eq!(q.newest_of_lowest(), Some((Arc::clone(&a), Level::Low, t1)));
+        assert_eq!(
+            q.victim("c", Level::High),
+            Some((Arc::clone(&a), Level::Low, t1))
+        );
         assert_eq!(q.remove("a", Level::Low, t1), Some("a1"));
-        assert_eq!(q.newest_of_lowest(), Some((a, Level::Normal, t3)));
+        // Nobody lower, and `a` has a single waiter at this level: the newcomer is refused.
+        assert_eq!(q.victim("c", Level::Normal), None);
+        assert_eq!(q.victim("c", Level::Low), None);
+        assert_eq!(
+            q.victim("c", Level::High),
+            Some((Arc::clone(&a), Level::Normal, t3))
+        );
         assert_eq!(order(&mut q), ["a2"]);
         assert_eq!(q.by_level(), [0; 4]);
+        let _ = c;
+    }
+
+    #[test]
+    fn a_full_queue_taken_by_one_holder_makes_room_for_the_others() {
+        let mut q = FairQueue::default();
+        let (heavy, light): (Arc<str>, Arc<str>) = ("heavy".into(), "light".into());
+        let tickets: Vec<Ticket> = (0..4).map(|_| q.push(&heavy, Level::Normal, "h")).collect();
+        // The heavy holder's newest waiter goes for a light newcomer...
+        assert_eq!(
+            q.victim("light", Level::Normal),
+            Some((Arc::clone(&heavy), Level::Normal, tickets[3]))
+        );
+        // ...but not for one of its own, nor for a lower level.
+        assert_eq!(q.victim("heavy", Level::Normal), None);
+        assert_eq!(q.victim("light", Level::Low), None);
+        q.remove("heavy", Level::Normal, tickets[3]);
+        q.push(&light, Level::Normal, "l1");
+        q.push(&light, Level::Normal, "l2");
+        // 3 against 2: the light one's third would only swap the imbalance, so it is refused.
+        assert_eq!(q.victim("light", Level::Normal), None);
+        assert_eq!(
+            q.victim("third", Level::Normal),
+            Some((heavy, Level::Normal, tickets[2]))
+        );
     }
 }

@@ -98,10 +98,11 @@ const CONCURRENCY_LEASE_SECS: Setting<u64> = Setting::new(
      places frees them within this (from 3 to 600)",
     |v| {
         let n = v.int()?;
-        if (3..=600).contains(&n) {
+        let most = crate::quota::store::memory::MAX_LEASE_SECS;
+        if (3..=most).contains(&n) {
             Ok(n)
         } else {
-            Err(format!("must be from 3 to 600 seconds (got {n})"))
+            Err(format!("must be from 3 to {most} seconds (got {n})"))
         }
     },
 );
@@ -127,12 +128,24 @@ pub struct Store {
 
 pub fn validate(l: &Layers, environment: &str) -> Result<Store, ConfigError> {
     let prefix = Value::Text(format!("pet:{environment}"));
+    let store_timeout: Duration = l.value(&STORE_TIMEOUT_MS)?;
+    let lease = l.required(&CONCURRENCY_LEASE_SECS)?;
+    // A lease is renewed at least two seconds (a third of it) before its end: the renewal's
+    // store call must fit in that with room to spare.
+    if Duration::from_secs((lease.value / 3).max(2)) < store_timeout * 2 {
+        return Err(lease.error(format!(
+            "{} s leaves too little time to renew a lease before it ends with \
+             store_timeout_ms = {}: a third of it must be at least twice the store's deadline",
+            lease.value,
+            store_timeout.as_millis()
+        )));
+    }
     Ok(Store {
         redis_url: l.get(&REDIS_URL)?.and_then(Sourced::transpose),
         key_prefix: l.or(&KEY_PREFIX, prefix)?.value,
         on_store_error: l.value(&ON_STORE_ERROR)?,
-        store_timeout: l.value(&STORE_TIMEOUT_MS)?,
+        store_timeout,
         store_batch_max: l.value(&STORE_BATCH_MAX)?,
-        concurrency_lease_secs: l.value(&CONCURRENCY_LEASE_SECS)?,
+        concurrency_lease_secs: lease.value,
     })
 }

@@ -365,7 +365,12 @@ impl Admin {
                     Some(e) => Err(e.clone()),
                     None => self.store.usage(key.quota_id()).await.map_err(|e| {
                         let text = e.to_string();
-                        if matches!(e, StoreError::Timeout(_) | StoreError::Unavailable(_)) {
+                        if matches!(
+                            e,
+                            StoreError::Timeout(_)
+                                | StoreError::Unavailable(_)
+                                | StoreError::Refused(_)
+                        ) {
                             away = Some(text.clone());
                         }
                         text

@@ -66,6 +66,9 @@ pub struct MemoryStore {
 /// How long a lease lasts by default: the bound on how long a node that died holding places
 /// keeps them from its keys (`concurrency_lease_secs`).
 pub const DEFAULT_LEASE_SECS: u64 = 15;
+/// The longest a lease may last. The Redis scripts drop a lease ending further off than this
+/// (a clock that went back, a primary's replaced by a replica's behind it), so none outlives it.
+pub const MAX_LEASE_SECS: u64 = 600;
 
 impl Default for MemoryStore {
     fn default() -> Self {

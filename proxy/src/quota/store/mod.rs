@@ -24,6 +24,13 @@ pub enum StoreError {
     Timeout(Duration),
     #[error("quota store unreachable: {0}")]
     Unavailable(String),
+    /// Unreachable, and the call surely did not run: no connection, a connection refused or
+    /// found closed as the call was sent, a server that answered it would not (a demoted
+    /// primary, one still loading, refused credentials). What must not run twice (a lease's
+    /// release) may be sent again after this, never after [`StoreError::Unavailable`] or a
+    /// timeout.
+    #[error("quota store unreachable: {0}")]
+    Refused(String),
     #[error("quota store answered something unexpected: {0}")]
     Protocol(String),
 }
@@ -45,7 +52,7 @@ impl StoreError {
     pub fn kind(&self) -> &'static str {
         match self {
             StoreError::Timeout(_) => "timeout",
-            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Unavailable(_) | StoreError::Refused(_) => "unavailable",
             StoreError::Protocol(_) => "protocol",
         }
     }

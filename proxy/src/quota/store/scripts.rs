@@ -241,7 +241,8 @@ end
 /// by the scripts that take, give back, renew or count them.
 ///
 /// `load_leases(key, now)` reads the leases of the quota whose state is `key`, without those
-/// ended at `now`, as a table: `key` the leases' own key, `ends` and `counts` its pairs,
+/// ended at `now` or ending more than `MAX_LEASE_SECS` (600) after it (a clock that went back),
+/// as a table: `key` the leases' own key, `ends` and `counts` its pairs,
 /// `total` the requests in flight, `dirty` whether it must be written. `take(l, end)` adds one
 /// lease ending at `end` and returns `end`; `give_back(l, end)` removes one ending at `end`, if
 /// any; `save_leases(l)` writes them back if changed, expiring with the last one (or deletes
@@ -256,7 +257,9 @@ local function load_leases(key, now)
   -- A missing key reads as false in a script.
   if not v then return l end
   local n = #v / 8
-  if n ~= math.floor(n) or n > 4096 then
+  -- At most one pair per second of the longest lease; a longer string was not written by a
+  -- gateway (and unpacking it whole would overflow Lua's stack).
+  if n ~= math.floor(n) or n > 1024 then
     redis.log(redis.LOG_WARNING, 'pet-gateway: leases ' .. lk .. ' are unreadable (' .. #v ..
       ' bytes); they start again')
     l.dirty = true
@@ -265,7 +268,7 @@ local function load_leases(key, now)
   local f = {struct.unpack('<' .. string.rep('II', n), v)}
   for j = 1, n do
     local e, c = f[2 * j - 1], f[2 * j]
-    if e > now and c > 0 then
+    if e > now and e <= now + 600 and c > 0 then
       local k = #l.ends + 1
       l.ends[k], l.counts[k] = e, c
       l.total = l.total + c

@@ -376,12 +376,12 @@ impl Batches {
                     // The store did not answer this run in time, or at all: the decisions queued
                     // behind it learn so now rather than each waiting out a run of its own, so
                     // that an outage costs a deadline once, not once per queued request. Queued
-                    // releases stay for the lane's next run, and so do this run's when the store
-                    // was unreachable (a connection refused or lost, as across a Redis restart:
-                    // the script did not run); after a timeout they may have been applied, and
-                    // are not sent twice (each lease then ends by itself).
+                    // releases stay for the lane's next run, and so do this run's when it surely
+                    // did not run (`Refused`: as across a Redis restart); after a timeout or a
+                    // connection lost mid-call it may have run, and a release applied twice
+                    // would free another request's place: those leases end by themselves.
                     let transient = !matches!(e, StoreError::Protocol(_));
-                    let unsent = matches!(e, StoreError::Unavailable(_));
+                    let unsent = matches!(e, StoreError::Refused(_));
                     let (again, batch): (Vec<Pending>, Vec<Pending>) = batch
                         .into_iter()
                         .partition(|p| unsent && matches!(p.op, Op::Release { .. }));
@@ -452,7 +452,13 @@ impl Batches {
                         }
                     }
                 }
-                Op::Renew { reply, .. } => drop(reply.send(parse_renewal(one))),
+                // A renewal its caller gave up on moved the lease all the same: the new one
+                // goes back (the caller, renewing again, takes its own).
+                Op::Renew { reply, .. } => {
+                    if let Err(Ok(late)) = reply.send(parse_renewal(one)) {
+                        orphans.push((p.key_id, late.end));
+                    }
+                }
                 Op::Release { .. } => {}
             }
         }

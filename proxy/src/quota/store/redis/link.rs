@@ -159,7 +159,7 @@ impl Link {
             .unwrap_or_else(PoisonError::into_inner)
             .error
             .clone();
-        Err(StoreError::Unavailable(format!(
+        Err(StoreError::Refused(format!(
             "no Redis primary known yet: {}",
             why.unwrap_or_else(|| "the Sentinels have not answered".to_owned())
         )))
@@ -249,7 +249,7 @@ impl Link {
         };
         if matches!(
             result,
-            Err(StoreError::Unavailable(_) | StoreError::Timeout(_))
+            Err(StoreError::Unavailable(_) | StoreError::Refused(_) | StoreError::Timeout(_))
         ) || self.recheck_due()
         {
             self.refresh();
@@ -335,12 +335,12 @@ async fn make(prepared: &Prepared, timeout: Duration) -> Result<Conn, StoreError
                 .set_max_delay(Duration::from_millis(500));
             ConnectionManager::new_lazy_with_config((**client).clone(), config)
                 .map(Conn::Single)
-                .map_err(|e| StoreError::Unavailable(e.to_string()))
+                .map_err(|e| StoreError::Refused(e.to_string()))
         }
         Prepared::Cluster { client, .. } => {
             match tokio::time::timeout(timeout * 4, client.get_async_connection()).await {
                 Err(_) => Err(StoreError::Timeout(timeout * 4)),
-                Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
+                Ok(Err(e)) => Err(StoreError::Refused(e.to_string())),
                 Ok(Ok(c)) => Ok(Conn::Cluster(c)),
             }
         }
@@ -352,17 +352,30 @@ async fn invoke_on<T: redis::FromRedisValue>(
     conn: &mut (impl ConnectionLike + Send),
 ) -> Result<T, StoreError> {
     invocation.invoke_async(conn).await.map_err(|e| {
-        if e.is_io_error()
+        if not_run(&e) {
+            StoreError::Refused(e.to_string())
+        } else if e.is_io_error()
             || e.is_timeout()
             || e.is_connection_dropped()
             || e.is_cluster_error()
-            || needs_another_connection(&e)
         {
             StoreError::Unavailable(e.to_string())
         } else {
             StoreError::Protocol(e.to_string())
         }
     })
+}
+
+/// Whether the call surely did not run: refused at connecting, failed writing it (a broken
+/// pipe: the server had closed the connection, as across a restart, before it was sent), or
+/// answered by a server that would not run it. A connection reset or closed while the answer
+/// was awaited, or a timeout, says nothing of whether it ran.
+fn not_run(e: &redis::RedisError) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    e.is_connection_refusal()
+        || needs_another_connection(e)
+        || text.contains("broken pipe")
+        || text.contains("not connected")
 }
 
 /// A server that is no longer the primary (a failover demoted it), not yet one (loading), or
