@@ -331,6 +331,28 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_must_leave_time_to_renew_it_within_the_stores_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let load = |text: &str| {
+            let path = write(dir.path(), text);
+            Config::load(Some(&path), &Env::default(), &Overrides::default())
+        };
+        // Renewed 5 s before its end: a 3 s deadline fits, a 5 s one does not.
+        let c = load("concurrency_lease_secs = 15\nstore_timeout_ms = 3000\n").unwrap();
+        assert_eq!(c.concurrency_lease_secs, 15);
+        let e = load("concurrency_lease_secs = 15\nstore_timeout_ms = 5000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("concurrency_lease_secs") && e.contains("store_timeout_ms = 5000"),
+            "{e}"
+        );
+        // The shortest lease is renewed 2 s before its end.
+        assert!(load("concurrency_lease_secs = 3\nstore_timeout_ms = 1500\n").is_ok());
+        assert!(load("concurrency_lease_secs = 3\nstore_timeout_ms = 1600\n").is_err());
+    }
+
+    #[test]
     fn pingora_runtime_settings_come_from_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = write(

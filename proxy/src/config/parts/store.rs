@@ -95,7 +95,8 @@ const CONCURRENCY_LEASE_SECS: Setting<u64> = Setting::new(
     Preset::Of(|| Value::Int(crate::quota::store::memory::DEFAULT_LEASE_SECS)),
     "how long a place among a key's requests in flight (a plan's or key's `concurrency`) is \
      held unless given back: a request that outlives it renews it; a node killed while holding \
-     places frees them within this (from 3 to 600)",
+     places frees them within this (from 3 to 600; a third of it must exceed `store_timeout_ms` \
+     by half a second, the time to renew a lease)",
     |v| {
         let n = v.int()?;
         let most = crate::quota::store::memory::MAX_LEASE_SECS;
@@ -130,14 +131,16 @@ pub fn validate(l: &Layers, environment: &str) -> Result<Store, ConfigError> {
     let prefix = Value::Text(format!("pet:{environment}"));
     let store_timeout: Duration = l.value(&STORE_TIMEOUT_MS)?;
     let lease = l.required(&CONCURRENCY_LEASE_SECS)?;
-    // A lease is renewed at least two seconds (a third of it) before its end: the renewal's
-    // store call must fit in that with room to spare.
-    if Duration::from_secs((lease.value / 3).max(2)) < store_timeout * 2 {
+    // A lease is renewed a third of it (two seconds at least) before its end, by a pass every
+    // `RENEW_TICK`: a renewal waiting out the store's whole deadline must still land in time.
+    let renew_before = Duration::from_secs((lease.value / 3).max(2));
+    if renew_before < store_timeout + crate::quota::concurrency::RENEW_TICK {
         return Err(lease.error(format!(
             "{} s leaves too little time to renew a lease before it ends with \
-             store_timeout_ms = {}: a third of it must be at least twice the store's deadline",
+             store_timeout_ms = {}: a third of it must exceed the store's deadline by {} ms",
             lease.value,
-            store_timeout.as_millis()
+            store_timeout.as_millis(),
+            crate::quota::concurrency::RENEW_TICK.as_millis()
         )));
     }
     Ok(Store {
