@@ -13,6 +13,8 @@ use std::time::Duration;
 use e2e::{fresh_minute, RedisCluster, RedisServer};
 use proxy::base::clock::Clock;
 use proxy::keys::limits::{Every, Limits, WindowLimit};
+use proxy::quota::concurrency::Slots;
+use proxy::quota::resilience::Resilience;
 use proxy::quota::rules::{BanPolicy, Binding, Lease, Outcome, RateView};
 use proxy::quota::store::memory::MemoryStore;
 use proxy::quota::store::redis::RedisStore;
@@ -1235,6 +1237,76 @@ async fn redis_a_decision_nobody_waits_for_gives_back_the_lease_its_answer_took(
             "batch_max {batch_max}: it ran, then gave it back"
         );
     }
+}
+
+/// Redis only: a renewal that timed out but ran moved its lease to an end the node never learnt
+/// (its late answer gives that one back); the node must then neither give back nor renew the
+/// old end, which another request's lease of the same second holds: it takes a fresh lease.
+#[tokio::test]
+async fn redis_a_renewal_in_doubt_never_takes_another_requests_place() {
+    let server = RedisServer::start();
+    let open = |timeout_ms| {
+        Arc::new(
+            RedisStore::new(&server.url(), "t", Duration::from_millis(timeout_ms))
+                .unwrap()
+                .with_lease_secs(9),
+        )
+    };
+    let (store_a, store_b) = (open(200), open(2_000));
+    let limits = md(1_000, 10_000).with_concurrency(5);
+    let quota: Arc<str> = Arc::from("doubt");
+    // Two requests (two nodes) whose leases end in the same second.
+    let (a, b) = loop {
+        let a = store_a
+            .acquire(&quota, limits, 1, &NO_BANS())
+            .await
+            .unwrap();
+        let b = store_b
+            .acquire(&quota, limits, 1, &NO_BANS())
+            .await
+            .unwrap();
+        if a.lease.end == b.lease.end {
+            break (a, b);
+        }
+        store_a.release(&quota, a.lease);
+        store_b.release(&quota, b.lease);
+        in_flight_reaches(&*store_b, &quota, 0, Duration::from_secs(2)).await;
+    };
+    let slots = Arc::new(Slots::new(
+        Arc::clone(&store_a) as Arc<dyn QuotaStore>,
+        &Resilience::default(),
+        9,
+    ));
+    // Held as if a second were left of it: its renewal is due now, and both leases still
+    // have seconds to run.
+    let slot = slots.hold(&quota, a.lease, false, a.lease.end - 1);
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = ::redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(500)
+        .arg("WRITE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Times out at 200 ms; Redis runs it when the pause ends, moving a's lease to a new end
+    // (which stays, or is given back by a late answer: either way, not by a's node).
+    slots.renew_due().await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let before = store_b.usage(&quota).await.unwrap().in_flight;
+    assert!(
+        (1..=2).contains(&before),
+        "{before}: b's, and a's moved one if kept"
+    );
+    // The next pass takes a fresh lease beside b's, and does not take b's for the one in
+    // doubt.
+    slots.renew_due().await;
+    let after = store_b.usage(&quota).await.unwrap().in_flight;
+    assert_eq!(after, before + 1, "b's lease kept, a fresh one for a");
+    drop(slot);
+    in_flight_reaches(&*store_b, &quota, before, Duration::from_secs(2)).await;
+    store_b.release(&quota, b.lease);
+    in_flight_reaches(&*store_b, &quota, before - 1, Duration::from_secs(2)).await;
 }
 
 /// Redis only: leases no gateway writes (one ending past the longest lease, as a clock that went

@@ -485,3 +485,70 @@ async fn a_slow_upload_holds_no_place_at_the_backend() {
         .unwrap();
     assert_eq!(answer, "HTTP/1.1 200", "the upload went through once whole");
 }
+
+/// A body trickled a byte at a time, each inside the read timeout, still has a deadline as a
+/// whole (four read timeouts): 408 and the connection closed, so a client cannot hold its
+/// key's concurrency for hours. A body declared past 64 KiB gets 413 before a byte is read,
+/// without a `100 Continue` inviting it.
+#[test]
+fn a_trickled_body_has_a_deadline_and_an_oversized_one_is_refused_unread() {
+    use std::io::{Read, Write};
+    let f = Fixture::new(100, 1_000);
+    plan(&f, "free", "concurrency = 1\n");
+    let key = f.issue("free");
+    let backend = e2e::EchoUpstream::start_with_delay(Duration::from_millis(1));
+    let mut spec = f.spec(backend.addr);
+    spec.extra = "client_read_timeout_ms = 400\n".into();
+    let gw = f.gateway(&spec);
+    let answer_of = |s: &mut std::net::TcpStream| {
+        let mut all = Vec::new();
+        let _ = s.read_to_end(&mut all);
+        String::from_utf8_lossy(&all).into_owned()
+    };
+    let mut s = std::net::TcpStream::connect(gw.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    )
+    .unwrap();
+    let started = Instant::now();
+    s.set_nonblocking(false).unwrap();
+    let mut sent = 0;
+    // A byte every 250 ms (inside the 400 ms read timeout), until the gateway answers.
+    while sent < 100 && s.write_all(b" ").is_ok() {
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(250));
+        if started.elapsed() > Duration::from_secs(4) {
+            break;
+        }
+    }
+    let answer = answer_of(&mut s);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer}"
+    );
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1_500) && took < Duration::from_secs(4),
+        "answered after {took:?} ({sent} bytes sent)"
+    );
+    // Its place among the key's requests in flight is free again.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    assert_eq!(rt.block_on(gw.status(&key)), 200);
+
+    let mut s = std::net::TcpStream::connect(gw.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "POST /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: 70000\r\nExpect: 100-continue\r\n\r\n"
+    )
+    .unwrap();
+    let answer = answer_of(&mut s);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(!answer.contains("100 Continue"), "{answer}");
+    assert!(answer.contains("payload_too_large"), "{answer}");
+}

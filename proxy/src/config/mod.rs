@@ -348,8 +348,12 @@ mod tests {
             "{e}"
         );
         // The shortest lease is renewed 2 s before its end.
-        assert!(load("concurrency_lease_secs = 3\nstore_timeout_ms = 1500\n").is_ok());
-        assert!(load("concurrency_lease_secs = 3\nstore_timeout_ms = 1600\n").is_err());
+        assert!(load("concurrency_lease_secs = 3\nstore_timeout_ms = 500\n").is_ok());
+        assert!(load("concurrency_lease_secs = 3\nstore_timeout_ms = 600\n").is_err());
+        // Unset, the lease is made long enough for the deadline: 3 × ⌈5 s + 1.5 s⌉.
+        let c = load("store_timeout_ms = 5000\n").unwrap();
+        assert_eq!(c.concurrency_lease_secs, 21);
+        assert_eq!(load("").unwrap().concurrency_lease_secs, 15);
     }
 
     #[test]

@@ -59,15 +59,18 @@ pub enum BodyRefusal {
     TooLarge,
 }
 
-/// Reads a request body whole before it is forwarded, each read under `timeout`; returns whether
-/// this answered `100 Continue` itself.
+/// Reads a request body whole before it is forwarded, each read under `timeout` and the whole
+/// of it under [`BODY_READS`] times that; returns whether this answered `100 Continue` itself.
 ///
 /// Read here, into pingora's retry buffer (64 KiB, the interface's body limit), the body is
 /// sent on from that buffer once the backend connection is up, so a client that uploads slowly
 /// (or stalls) holds no place at the backend and no backend connection while it does: only its
 /// own key's concurrency. It also puts a read timeout on HTTP/2 bodies, which pingora applies
 /// none to (`set_read_timeout` is a no-op there). An HTTP/1.1 client that waits for `100
-/// Continue` before sending gets it from here (the backend, reached later, is not asked again).
+/// Continue` before sending gets it from here (the backend, reached later, is not asked again),
+/// unless its declared length is too large already: then 413 without reading a byte. The
+/// deadline on the whole body stops a client that trickles a byte just inside each read's
+/// timeout from holding its key's concurrency for hours.
 pub async fn read_body(
     session: &mut pingora::proxy::Session,
     timeout: std::time::Duration,
@@ -75,16 +78,21 @@ pub async fn read_body(
     if session.is_body_done() {
         return Ok(Ok(false));
     }
+    if declared_length(session.req_header()).is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return Ok(Err(BodyRefusal::TooLarge));
+    }
     let continued = session.as_http2().is_none() && expects_continue(session.req_header());
     if continued {
         session.as_mut().write_continue_response().await?;
     }
     session.enable_retry_buffering();
+    let deadline = tokio::time::Instant::now() + timeout * BODY_READS;
     let mut total = 0usize;
     loop {
-        match tokio::time::timeout(timeout, session.read_request_body()).await {
-            Err(_) => return Ok(Err(BodyRefusal::Stalled)),
-            Ok(chunk) => match chunk? {
+        let read = tokio::time::timeout(timeout, session.read_request_body());
+        match tokio::time::timeout_at(deadline, read).await {
+            Err(_) | Ok(Err(_)) => return Ok(Err(BodyRefusal::Stalled)),
+            Ok(Ok(chunk)) => match chunk? {
                 None => return Ok(Ok(continued)),
                 Some(bytes) => {
                     total += bytes.len();
@@ -97,10 +105,28 @@ pub async fn read_body(
     }
 }
 
-/// Whether the request asks for `100 Continue` before it sends its body.
+/// The whole body must arrive within this many times `client_read_timeout_ms` (40 s by
+/// default: 64 KiB at 1.6 KiB a second).
+pub const BODY_READS: u32 = 4;
+
+/// Whether the request asks for `100 Continue` before it sends its body (HTTP/1.1 only: an
+/// HTTP/1.0 client knows no interim response).
 fn expects_continue(req: &pingora::http::RequestHeader) -> bool {
+    req.version == http::Version::HTTP_11
+        && req
+            .headers
+            .get_all(http::header::EXPECT)
+            .iter()
+            .any(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
+/// The body's length as the request declares it (`Content-Length`), when it does.
+fn declared_length(req: &pingora::http::RequestHeader) -> Option<u64> {
     req.headers
-        .get_all(http::header::EXPECT)
-        .iter()
-        .any(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+        .get(http::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }

@@ -157,8 +157,9 @@ impl Refusal {
         }
     }
 
-    /// An HTTP/2 request body that stalled (408) or was too large (413); the request was
-    /// admitted, so its rate-limit headers go with it. The connection's other streams go on.
+    /// A request body that stalled (408) or was too large (413); the request was admitted, so
+    /// its rate-limit headers go with it. An HTTP/1 connection closes (its unread body would
+    /// otherwise be drained, however slowly it comes); an HTTP/2 one's other streams go on.
     pub fn unread_body(why: crate::http::request::BodyRefusal, rate: Option<&RateView>) -> Refusal {
         let (status, code, message) = match why {
             crate::http::request::BodyRefusal::Stalled => (
@@ -174,6 +175,7 @@ impl Refusal {
         };
         Refusal {
             rate: rate.map_or(RateHeaders::None, |v| RateHeaders::Plan(*v)),
+            close: true,
             ..Refusal::new(status, code, message)
         }
     }

@@ -15,7 +15,7 @@ use crate::base::metrics::METRICS;
 use crate::quota::crowded::Crowded;
 use crate::quota::resilience::{LocalLimiter, Resilience};
 use crate::quota::rules::Lease;
-use crate::quota::store::QuotaStore;
+use crate::quota::store::{QuotaStore, StoreError};
 
 /// How often the renewal task looks for leases near their end.
 pub const RENEW_TICK: Duration = Duration::from_millis(500);
@@ -149,6 +149,10 @@ impl Slots {
 
     fn give_back(&self, held: &Held) {
         self.crowded.forget(&held.quota);
+        if !held.lease.taken() {
+            // Forgotten after a renewal in doubt: nothing of it to give back.
+            return;
+        }
         if held.local {
             self.local.release(&held.quota, held.lease);
         } else {
@@ -157,7 +161,8 @@ impl Slots {
     }
 
     /// Renews every lease whose renewal is due, all at once (the store batches them); a lease
-    /// whose renewal failed keeps its end and is tried again at the next pass.
+    /// whose renewal surely did not run keeps its end and is tried again at the next pass, one
+    /// whose renewal may have run is forgotten and a fresh one taken at the next pass.
     pub async fn renew_due(self: &Arc<Self>) {
         let now = Instant::now();
         let due: Vec<(usize, Arc<str>, Lease, bool)> = {
@@ -199,7 +204,7 @@ impl Slots {
 
     /// A renewal of slot `at` came back: its lease moves on, or, when its request ended
     /// meanwhile, the lease it holds now goes back.
-    fn renewed(&self, at: usize, renewed: Result<Lease, crate::quota::store::StoreError>) {
+    fn renewed(&self, at: usize, renewed: Result<Lease, StoreError>) {
         let gone = {
             let mut table = lock(&self.table);
             let Some(Some(held)) = table.entries.get_mut(at) else {
@@ -212,6 +217,15 @@ impl Slots {
                     held.renew_at = Instant::now() + self.lease.saturating_sub(self.renew_before);
                 }
                 Err(e) => {
+                    // A renewal that may have run (a timeout, a connection lost mid-call) may
+                    // have moved the lease to an end this node never learnt, and a lease gives
+                    // no id of its own: giving back or renewing the old end then would take
+                    // another request's place. So the node forgets it (it ends by itself) and
+                    // the next pass takes a fresh one: the quota counts one too many for a
+                    // while, never one too few.
+                    if !held.local && !matches!(e, StoreError::Refused(_)) {
+                        held.lease.end = 0;
+                    }
                     tracing::warn!(error = %e, quota = %held.quota,
                         "could not renew a concurrency lease; trying again");
                 }

@@ -7,7 +7,9 @@
 //!
 //! What it costs: a place freed on another node is seen here up to [`CROWDED_FOR`] late (a
 //! refusal the store would not have given; the client is told to come back in a second
-//! anyway). A place this node gives back ends the moment at once, so a single node stays exact.
+//! anyway). A place this node gives back ends the moment at once, so a single node stays exact
+//! (but for a place given back while the refusing call was on its way: the refusal is then
+//! remembered after it, for its 100 ms).
 //! Only a refusal with the same limits is repeated (a plan reload that raised the concurrency
 //! asks the store), and only while the store answers: during an outage the node's own limiter
 //! decides.
@@ -45,9 +47,15 @@ impl Crowded {
         if self.len.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        let refused = self.lock();
-        let (at, view) = refused.get(quota)?;
-        (now.duration_since(*at) < CROWDED_FOR && view.limits == limits).then_some(*view)
+        let mut refused = self.lock();
+        let (at, view) = *refused.get(quota)?;
+        if now.duration_since(at) >= CROWDED_FOR {
+            // Passed: dropped here, so that once none is left every request skips the lock.
+            refused.remove(quota);
+            self.len.store(refused.len(), Ordering::Relaxed);
+            return None;
+        }
+        (view.limits == limits).then_some(view)
     }
 
     /// The store refused `quota` at `now` for its concurrency, with `view`.
@@ -96,6 +104,8 @@ mod tests {
             None,
             "its moment passed"
         );
+        assert_eq!(c.len.load(Ordering::Relaxed), 0, "and it is gone");
+        c.remember(&quota, view(limits), t0);
         assert_eq!(c.refused("other", limits, t0), None);
         let raised = limits.with_concurrency(3);
         assert_eq!(

@@ -5,12 +5,13 @@
 //!
 //! - **Measuring** (at the start, then every [`REMEASURE`]): the limit drops to its lower
 //!   bound until [`MEASURE_SAMPLES`] requests sent during the measurement have answered (or
-//!   [`MEASURE_MAX`] has passed and one has); the median of their latencies is the backend's
+//!   [`MEASURE_MAX`] has passed and [`MEASURE_LEAST`] have); the median of their latencies is the backend's
 //!   latency without a queue (`min_rtt`). Only requests sent during it count, not those sent
 //!   before at a higher concurrency.
 //! - **Running**: every window ([`WINDOW`], and at least [`WINDOW_SAMPLES`] answers), the mean
 //!   latency of the answers that came in it (a timed-out request's counts as the time it was
-//!   given), `rtt`, against `min_rtt`. Every answer that came counts, whenever its request was
+//!   given; none counts more than twice what is allowed, so a few slow ones cannot hold the
+//!   limit down), `rtt`, against `min_rtt`. Every answer that came counts, whenever its request was
 //!   sent: counting only requests sent during the window would leave the slow ones (those that
 //!   queued in the backend) to later windows and see less queue than there is, and a backend
 //!   answering in seconds would give a window nothing. The mean, not the median: requests of
@@ -46,11 +47,11 @@ pub const GROWTH: f64 = 1.1;
 pub const REMEASURE: Duration = Duration::from_secs(30);
 /// Answers sent during a measurement that make its median.
 pub const MEASURE_SAMPLES: usize = 16;
-/// A measurement ends after this long with what it has (a slow or idle backend).
+/// A measurement ends after this long with what it has (a slow or idle backend), once it has
+/// [`MEASURE_LEAST`] answers.
 pub const MEASURE_MAX: Duration = Duration::from_secs(2);
-/// A window still short of answers of its own requests after this long takes those of
-/// requests sent before it (a backend answering in seconds).
-pub const SLOW_WINDOW: Duration = Duration::from_secs(2);
+/// The fewest answers a measurement ends on.
+pub const MEASURE_LEAST: usize = 4;
 /// Samples kept per window: enough for a median.
 const KEEP: usize = 256;
 
@@ -79,10 +80,8 @@ pub struct Gradient {
     min_rtt: Option<Duration>,
     next_measure: Instant,
     window_started: Instant,
-    /// Latencies of requests sent in this epoch.
+    /// Latencies of the answers come in this measurement or window.
     samples: Vec<Duration>,
-    /// Latencies of requests sent before it, answered during this window.
-    earlier: Vec<Duration>,
     saturated: bool,
 }
 
@@ -102,7 +101,6 @@ impl Gradient {
             next_measure: now + REMEASURE,
             window_started: now,
             samples: Vec::with_capacity(KEEP),
-            earlier: Vec::new(),
             saturated: false,
         }
     }
@@ -131,16 +129,14 @@ impl Gradient {
     }
 
     /// An answer of a request sent in `epoch` took `rtt`; returns whether the limit changed. A
-    /// measurement takes only requests sent during it; a running window keeps those of
-    /// requests sent before it aside, for a slow backend.
+    /// measurement takes only requests sent during it (not those sent before at a higher
+    /// concurrency); a running window takes any.
     pub fn sample(&mut self, epoch: u32, rtt: Duration, now: Instant) -> bool {
-        let kept = if epoch == self.epoch || self.phase == Phase::Running {
-            &mut self.samples
-        } else {
+        if epoch != self.epoch && self.phase != Phase::Running {
             return false;
-        };
-        if kept.len() < KEEP {
-            kept.push(rtt);
+        }
+        if self.samples.len() < KEEP {
+            self.samples.push(rtt);
         }
         self.tick(now)
     }
@@ -150,10 +146,12 @@ impl Gradient {
         let before = self.limit();
         match self.phase {
             Phase::Measuring { since, resume } => {
-                // Never ended without an answer: a backend slower than the measurement's
-                // bound (or booting) would leave no latency to compare with.
+                // Never ended on one or two answers: a backend slower than the measurement's
+                // bound (or booting, its first connections slow) would leave a minimum of one
+                // odd answer, and the limit would run on it until the next measurement.
                 let enough = self.samples.len() >= MEASURE_SAMPLES
-                    || (!self.samples.is_empty() && now.duration_since(since) >= MEASURE_MAX);
+                    || (self.samples.len() >= MEASURE_LEAST
+                        && now.duration_since(since) >= MEASURE_MAX);
                 if enough {
                     if let Some(median) = median(&mut self.samples) {
                         self.min_rtt = Some(median);
@@ -172,16 +170,9 @@ impl Gradient {
                 self.start_window(now);
             }
             Phase::Running => {
-                let open = now.duration_since(self.window_started);
-                let due = open >= WINDOW && self.samples.len() >= WINDOW_SAMPLES;
-                let slow = open >= SLOW_WINDOW
-                    && self.samples.len() + self.earlier.len() >= WINDOW_SAMPLES;
-                if !due && slow {
-                    let room = KEEP - self.samples.len();
-                    let earlier = self.earlier.len().min(room);
-                    self.samples.extend(self.earlier.drain(..earlier));
-                }
-                if due || slow {
+                let due = now.duration_since(self.window_started) >= WINDOW
+                    && self.samples.len() >= WINDOW_SAMPLES;
+                if due {
                     self.adjust();
                     self.start_window(now);
                 }
@@ -191,7 +182,7 @@ impl Gradient {
     }
 
     fn adjust(&mut self) {
-        let (Some(min_rtt), Some(rtt)) = (self.min_rtt, mean(&self.samples)) else {
+        let Some(min_rtt) = self.min_rtt else {
             return;
         };
         let (min, max) = (
@@ -199,14 +190,13 @@ impl Gradient {
             f64::from(self.bounds.max.max(self.bounds.min).max(1)),
         );
         let allowed = min_rtt.as_secs_f64() * (1.0 + TOLERANCE);
-        eprintln!(
-            "DBG adjust limit {:.2} min {:?} rtt {:?} n {} sat {}",
-            self.limit,
-            min_rtt,
-            rtt,
-            self.samples.len(),
-            self.saturated
-        );
+        // Each answer counts at most twice what is allowed, which already halves the limit (the
+        // most it moves at once): a few slow requests (one key's, a slow operation, timeouts)
+        // cannot drag the mean of the fast ones below the backend's worth.
+        let cap = Duration::from_secs_f64(2.0 * allowed);
+        let Some(rtt) = mean(self.samples.iter().map(|s| (*s).min(cap))) else {
+            return;
+        };
         let rtt = rtt.as_secs_f64().max(f64::MIN_POSITIVE);
         if rtt > allowed {
             let gradient = (allowed / rtt).max(0.5);
@@ -220,15 +210,14 @@ impl Gradient {
         self.epoch = self.epoch.wrapping_add(1);
         self.window_started = now;
         self.samples.clear();
-        self.earlier.clear();
         self.saturated = false;
     }
 }
 
 /// The mean of `samples`, if any.
-fn mean(samples: &[Duration]) -> Option<Duration> {
+fn mean(samples: impl ExactSizeIterator<Item = Duration>) -> Option<Duration> {
     let n = u32::try_from(samples.len()).ok().filter(|n| *n > 0)?;
-    Some(samples.iter().sum::<Duration>() / n)
+    Some(samples.sum::<Duration>() / n)
 }
 
 /// The median of `samples` (reordered), if any.
@@ -379,16 +368,47 @@ mod tests {
     }
 
     #[test]
-    fn a_measurement_without_any_answer_waits_for_one() {
+    fn a_measurement_short_of_answers_waits_for_a_few() {
         let mut now = Instant::now();
         let mut g = Gradient::new(AutoBounds { min: 2, max: 100 }, now);
         now += MEASURE_MAX * 3;
         g.tick(now);
         assert_eq!(g.limit(), 2, "still measuring");
         assert!(g.min_rtt().is_none());
-        g.sample(g.epoch(), Duration::from_secs(4), now);
+        // A first answer slowed by a new connection does not make the minimum on its own.
+        let epoch = g.epoch();
+        g.sample(epoch, Duration::from_secs(9), now);
+        for _ in 1..MEASURE_LEAST {
+            assert!(g.min_rtt().is_none(), "ended on too few answers");
+            now += Duration::from_secs(4);
+            g.sample(epoch, Duration::from_secs(4), now);
+        }
         assert_eq!(g.min_rtt(), Some(Duration::from_secs(4)));
         assert_eq!(g.limit(), 4, "running from twice the lower bound");
+    }
+
+    #[test]
+    fn a_few_slow_requests_do_not_hold_the_limit_down() {
+        let mut now = Instant::now();
+        let mut g = Gradient::new(AutoBounds { min: 4, max: 256 }, now);
+        let service = Duration::from_millis(20);
+        // 32 workers; each window also brings five answers of 2 s (one key's slow requests).
+        let mut slowed = None;
+        for _ in 0..20_000 {
+            let limit = g.limit() as f64;
+            let rtt = service.mul_f64((limit / 32.0).max(1.0));
+            now += rtt.div_f64(limit.min(32.0));
+            g.saturated();
+            let epoch = g.epoch();
+            g.sample(epoch, rtt, now);
+            if slowed != Some(g.epoch()) {
+                slowed = Some(g.epoch());
+                for _ in 0..5 {
+                    g.sample(g.epoch().wrapping_sub(1), Duration::from_secs(2), now);
+                }
+            }
+        }
+        assert!(g.limit() >= 24, "{} with 32 workers", g.limit());
     }
 
     #[test]

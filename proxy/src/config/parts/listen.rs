@@ -31,10 +31,10 @@ const CLIENT_READ_TIMEOUT_MS: Setting<Duration> = Setting::new(
     "client_read_timeout_ms",
     Kind::Int,
     Preset::Value("10000"),
-    "how long a client may stall while sending a request body (then 408; over HTTP/1.1 the \
-     connection closes, over HTTP/2 only the stream ends). HTTP/2 bodies (at most 64 KiB, else \
-     413) are read whole before being forwarded, each read under this timeout, because pingora \
-     applies none to them",
+    "how long a client may stall while sending a request body, and a quarter of the time the \
+     whole body may take (then 408; over HTTP/1.1 the connection closes, over HTTP/2 only the \
+     stream ends). Bodies (at most 64 KiB, else 413) are read whole before the request waits \
+     for a place at the backend, so a slow upload holds none",
     millis,
 );
 const UPGRADE_SOCK: Setting<PathBuf> = Setting::new(

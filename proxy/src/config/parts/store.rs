@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::values::{choice, millis, parse_choice};
 use crate::base::redis::RedisAccess;
 use crate::config::model::ConfigError;
-use crate::config::setting::{Kind, Layers, Preset, Row, Setting, Sourced, Value};
+use crate::config::setting::{Kind, Layers, Origin, Preset, Row, Setting, Sourced, Value};
 use crate::quota::admission::OnStoreError;
 use crate::quota::store::redis::DEFAULT_BATCH_MAX;
 
@@ -96,7 +96,7 @@ const CONCURRENCY_LEASE_SECS: Setting<u64> = Setting::new(
     "how long a place among a key's requests in flight (a plan's or key's `concurrency`) is \
      held unless given back: a request that outlives it renews it; a node killed while holding \
      places frees them within this (from 3 to 600; a third of it must exceed `store_timeout_ms` \
-     by half a second, the time to renew a lease)",
+     by a second and a half, the time to renew a lease; unset, it is made that long)",
     |v| {
         let n = v.int()?;
         let most = crate::quota::store::memory::MAX_LEASE_SECS;
@@ -132,15 +132,26 @@ pub fn validate(l: &Layers, environment: &str) -> Result<Store, ConfigError> {
     let store_timeout: Duration = l.value(&STORE_TIMEOUT_MS)?;
     let lease = l.required(&CONCURRENCY_LEASE_SECS)?;
     // A lease is renewed a third of it (two seconds at least) before its end, by a pass every
-    // `RENEW_TICK`: a renewal waiting out the store's whole deadline must still land in time.
-    let renew_before = Duration::from_secs((lease.value / 3).max(2));
-    if renew_before < store_timeout + crate::quota::concurrency::RENEW_TICK {
+    // `RENEW_TICK`: a renewal waiting out the store's whole deadline must still land in time,
+    // and a lease's end is a whole second of the store's clock (up to a second sooner).
+    let margin = crate::quota::concurrency::RENEW_TICK + Duration::from_secs(1);
+    let lease_secs = match lease.origin {
+        // Unset: the default, made longer for a store deadline too long for it, so that a
+        // configuration that never names concurrency does not fail for it.
+        Origin::Default => lease
+            .value
+            .max(3 * (store_timeout + margin).as_secs_f64().ceil() as u64)
+            .min(crate::quota::store::memory::MAX_LEASE_SECS),
+        _ => lease.value,
+    };
+    let renew_before = Duration::from_secs((lease_secs / 3).max(2));
+    if renew_before < store_timeout + margin {
         return Err(lease.error(format!(
             "{} s leaves too little time to renew a lease before it ends with \
              store_timeout_ms = {}: a third of it must exceed the store's deadline by {} ms",
-            lease.value,
+            lease_secs,
             store_timeout.as_millis(),
-            crate::quota::concurrency::RENEW_TICK.as_millis()
+            margin.as_millis()
         )));
     }
     Ok(Store {
@@ -149,6 +160,6 @@ pub fn validate(l: &Layers, environment: &str) -> Result<Store, ConfigError> {
         on_store_error: l.value(&ON_STORE_ERROR)?,
         store_timeout,
         store_batch_max: l.value(&STORE_BATCH_MAX)?,
-        concurrency_lease_secs: lease.value,
+        concurrency_lease_secs: lease_secs,
     })
 }

@@ -104,9 +104,10 @@ const UPSTREAM_QUEUE_MAX: Setting<usize> = Setting::new(
     "upstream_queue_max",
     Kind::Int,
     Preset::Value("1024"),
-    "requests waiting for a place at once, on this node; past it the newest waiter of the \
-     lowest level waiting gets 503 `overloaded` (or the newcomer, when none is lower); 0: none \
-     wait",
+    "requests waiting for a place at once, on this node; past it a newcomer pushes out the \
+     newest waiter of the heaviest holder at the lowest level below its own, or at its own level \
+     one of a holder with at least two more waiting than its own, and that one gets 503 \
+     `overloaded`; else the newcomer does. 0: none wait",
     Value::int,
 );
 const UPSTREAM_RESERVED_SHARE: Setting<u32> = Setting::new(

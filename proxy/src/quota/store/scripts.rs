@@ -241,7 +241,9 @@ end
 /// by the scripts that take, give back, renew or count them.
 ///
 /// `load_leases(key, now)` reads the leases of the quota whose state is `key`, without those
-/// ended at `now` or ending more than `MAX_LEASE_SECS` (600) after it (a clock that went back),
+/// ended at `now` or ending more than `MAX_LEASE_SECS` (600) and a minute after it (a clock that
+/// went back; the minute spares a replica's clock a little behind its primary's after a
+/// failover),
 /// as a table: `key` the leases' own key, `ends` and `counts` its pairs,
 /// `total` the requests in flight, `dirty` whether it must be written. `take(l, end)` adds one
 /// lease ending at `end` and returns `end`; `give_back(l, end)` removes one ending at `end`, if
@@ -268,7 +270,7 @@ local function load_leases(key, now)
   local f = {struct.unpack('<' .. string.rep('II', n), v)}
   for j = 1, n do
     local e, c = f[2 * j - 1], f[2 * j]
-    if e > now and e <= now + 600 and c > 0 then
+    if e > now and e <= now + 660 and c > 0 then
       local k = #l.ends + 1
       l.ends[k], l.counts[k] = e, c
       l.total = l.total + c

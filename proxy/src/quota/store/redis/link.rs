@@ -333,7 +333,7 @@ async fn make(prepared: &Prepared, timeout: Duration) -> Result<Conn, StoreError
                 .set_response_timeout(Some(timeout))
                 .set_number_of_retries(1)
                 .set_max_delay(Duration::from_millis(500));
-            ConnectionManager::new_lazy_with_config((**client).clone(), config)
+            ConnectionManager::new_lazy_with_config(resp3(client)?, config)
                 .map(Conn::Single)
                 .map_err(|e| StoreError::Refused(e.to_string()))
         }
@@ -345,6 +345,21 @@ async fn make(prepared: &Prepared, timeout: Duration) -> Result<Conn, StoreError
             }
         }
     }
+}
+
+/// `client` speaking RESP3: its connection manager then hears of a connection the server
+/// closed (a restart, a failover's `CLIENT KILL`) as it happens and reconnects at once, rather
+/// than at the next call, which would fail without telling whether it ran. So the releases of
+/// requests that end after a Redis restart reach the new server, and only calls in flight at
+/// the very moment are in doubt.
+fn resp3(client: &redis::Client) -> Result<redis::Client, StoreError> {
+    let info = client.get_connection_info().clone();
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(redis::ProtocolVersion::RESP3);
+    redis::Client::open(info.set_redis_settings(settings))
+        .map_err(|e| StoreError::Refused(e.to_string()))
 }
 
 async fn invoke_on<T: redis::FromRedisValue>(
@@ -366,16 +381,13 @@ async fn invoke_on<T: redis::FromRedisValue>(
     })
 }
 
-/// Whether the call surely did not run: refused at connecting, failed writing it (a broken
-/// pipe: the server had closed the connection, as across a restart, before it was sent), or
-/// answered by a server that would not run it. A connection reset or closed while the answer
-/// was awaited, or a timeout, says nothing of whether it ran.
+/// Whether the call surely did not run: refused at connecting, or answered by a server that
+/// would not run it. Anything else says nothing of whether it ran: a connection closed while
+/// the answer was awaited reads as a broken pipe, just like one found closed before sending,
+/// and a timeout is a timeout. (A release sent again after it ran would free another
+/// request's place.)
 fn not_run(e: &redis::RedisError) -> bool {
-    let text = e.to_string().to_ascii_lowercase();
-    e.is_connection_refusal()
-        || needs_another_connection(e)
-        || text.contains("broken pipe")
-        || text.contains("not connected")
+    e.is_connection_refusal() || needs_another_connection(e)
 }
 
 /// A server that is no longer the primary (a failover demoted it), not yet one (loading), or
