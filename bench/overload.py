@@ -85,16 +85,25 @@ class Overload:
         self.cpu_key = bench.append_keys(self.keys_file, "bench", 1, "cpu")[0]
         self.plain_key = bench.append_keys(self.keys_file, "open", 1, "plain")[0]
         (self.work / "burst-keys.txt").write_text("\n".join(self.burst) + "\n")
+        # The build before this work knows no `concurrency` in a plan: plans and a key of its own.
+        self.old_plans = self.work / "plans-before"
+        self.old_plans.mkdir()
+        (self.old_plans / "open.toml").write_text(roomy)
+        self.old_keys_file = self.work / "keys-before.toml"
+        self.old_key = bench.write_keys(self.old_keys_file, "open", 1, "before")[0]
 
-    def gateway(self, name, upstream, settings, binary=None):
-        """pet-gateway, one thread, its log off, bans off, on `upstream`."""
+    def gateway(self, name, upstream, settings, binary=None, before=False):
+        """pet-gateway, one thread, its log off, bans off, on `upstream`; `before`: the keys
+        and plans the build before this work reads."""
+        keys_file, plans = ((self.old_keys_file, self.old_plans) if before
+                            else (self.keys_file, self.plans))
         port, admin = bench.free_port(), bench.free_port()
         slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
         cfg = self.work / f"{slug}.toml"
         cfg.write_text(
             f'environment = "bench"\nlisten = "127.0.0.1:{port}"\n'
             f'admin_listen = "127.0.0.1:{admin}"\nupstreams = ["127.0.0.1:{upstream}"]\n'
-            f'keys_file = "{self.keys_file}"\nplans_dir = "{self.plans}"\n'
+            f'keys_file = "{keys_file}"\nplans_dir = "{plans}"\n'
             f'upgrade_sock = "{self.work}/{slug}.sock"\nthreads = 1\n{settings}'
             "[ban]\nstrikes = 1000000000\n")
         env = {**os.environ, "RUST_LOG": "warn"}
@@ -149,7 +158,8 @@ class Overload:
         if burst:
             args += ["--burst", f"{self.work / 'burst-keys.txt'}:{int(3 * CAPACITY)}:10"]
         out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
-        return {r["group"]: r for r in map(json.loads, out.split("\n")) if r} if out else {}
+        rows = (json.loads(line) for line in out.splitlines() if line.strip())
+        return {r["group"]: r for r in rows}
 
     # ---- the rows ----------------------------------------------------------------------
 
@@ -215,13 +225,14 @@ class Overload:
                 ("all off: no places, no concurrency", 'upstream_max_in_flight = "off"\n',
                  self.plain_key, None)]
         if self.baseline:
-            rows.append(("previous build (before issue 32)", "", self.plain_key,
+            rows.append(("previous build (before issue 32)", "", self.old_key,
                          self.baseline / "pet-gateway"))
         started = []
         for name, settings, key, binary in rows:
             if not self.wanted(name):
                 continue
-            port, pids, _ = self.gateway("cpu " + name, static, settings, binary)
+            port, pids, _ = self.gateway("cpu " + name, static, settings, binary,
+                                         before=binary is not None)
             url = f"http://127.0.0.1:{port}/v1/pets"
             bench.wrk(url, 1, headers=(f"Authorization: Bearer {key}",))
             started.append({"name": name, "url": url, "pids": pids, "key": key, "runs": []})

@@ -859,6 +859,33 @@ async fn in_flight_reaches(store: &dyn QuotaStore, quota: &str, want: u64, withi
     }
 }
 
+/// Leases ending in the same second, given back at once (one batch on Redis, where they travel
+/// as one entry with their number): each one frees its place.
+async fn releases_of_one_second_given_back_together_each_count(subject: &Subject) {
+    let store = &*subject.store;
+    let limits = md(100, 1_000).with_concurrency(6);
+    let quota: Arc<str> = Arc::from("together");
+    let mut leases = Vec::new();
+    for _ in 0..6 {
+        let v = store.acquire(&quota, limits, 1, &NO_BANS()).await.unwrap();
+        assert_eq!(v.outcome, Outcome::Admitted);
+        leases.push(v.lease);
+    }
+    let ends: std::collections::BTreeSet<u64> = leases.iter().map(|l| l.end).collect();
+    assert!(ends.len() <= 2, "taken within a second or two: {ends:?}");
+    // Five go back together; the sixth is still held.
+    for lease in &leases[..5] {
+        store.release(&quota, *lease);
+    }
+    in_flight_reaches(store, &quota, 1, Duration::from_secs(2)).await;
+    for _ in 0..5 {
+        let v = store.acquire(&quota, limits, 1, &NO_BANS()).await.unwrap();
+        assert_eq!(v.outcome, Outcome::Admitted);
+    }
+    let full = store.acquire(&quota, limits, 1, &NO_BANS()).await.unwrap();
+    assert_eq!(full.outcome, Outcome::ConcurrencyLimited);
+}
+
 async fn a_concurrency_admits_that_many_at_once_and_a_release_makes_room(subject: &Subject) {
     let store = &*subject.store;
     subject.fresh_minute(Duration::from_secs(15));
@@ -1086,6 +1113,10 @@ macro_rules! store_suite {
             #[tokio::test]
             async fn a_concurrency_admits_that_many_at_once_and_a_release_makes_room() {
                 super::a_concurrency_admits_that_many_at_once_and_a_release_makes_room(&$store()).await
+            }
+            #[tokio::test]
+            async fn releases_of_one_second_given_back_together_each_count() {
+                super::releases_of_one_second_given_back_together_each_count(&$store()).await
             }
             #[tokio::test]
             async fn a_concurrency_refusal_strikes_nothing_and_a_full_window_wins() {

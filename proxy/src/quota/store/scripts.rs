@@ -340,8 +340,8 @@ end
 /// - then *L*, how many sets of limits follow, and each set: *m*, its number of windows, then
 ///   per window its length code (`Every::code`) and its limit, negative for a shadow window
 ///   (counted, never refusing), then its concurrency (0: none);
-/// - then per entry *i*, two numbers: a decision's set of limits (from 1) and its cost; or 0
-///   and the end of a lease to give back; or -1 and the end of a lease to renew.
+/// - then per entry *i*, two numbers: a decision's set of limits (from 1) and its cost; or -1
+///   and the end of a lease to renew; or `-1 - n` and the end of `n` leases to give back.
 ///
 /// Returns, in entry order: per decision `3 + m` integers, `{outcome, now, ban_until,
 /// count_1..count_m}` (the counts in its set's window order, its cost included when admitted),
@@ -401,8 +401,9 @@ for i = 1, #KEYS do
   local which = tonumber(ARGV[p])
   local cost = tonumber(ARGV[p + 1])
   p = p + 2
-  if which == 0 then
-    give_back(leases_of(key), cost)
+  if which < -1 then
+    local l = leases_of(key)
+    for _ = 1, -1 - which do give_back(l, cost) end
   elseif which < 0 then
     local l = leases_of(key)
     give_back(l, cost)

@@ -159,7 +159,10 @@ pub(super) async fn index_ban(
 
 /// One `ACQUIRE` run of `entries` under the ban policy's arguments `policy`
 /// (`batch::policy_args`), leases lasting `lease_secs`. Each distinct set of limits is sent
-/// once, however many decisions of the batch share it (most share a plan's).
+/// once, however many decisions of the batch share it (most share a plan's). The releases go
+/// first (their requests ended before the run: the places they free are free for its
+/// decisions), those of one quota and one end as one entry with their number: a busy quota's
+/// releases cost the script one entry a second, not one each.
 pub(super) fn acquire_invocation<'a, 'k>(
     script: &'a redis::Script,
     prefix: &str,
@@ -169,12 +172,29 @@ pub(super) fn acquire_invocation<'a, 'k>(
 ) -> redis::ScriptInvocation<'a> {
     let mut invocation = script.prepare_invoke();
     let mut sets: Vec<&Limits> = Vec::new();
+    let mut releases: Vec<(&str, u64, u64)> = Vec::new();
     for entry in entries.clone() {
-        invocation.key(quota_key(prefix, entry.key_id()));
-        if let Entry::Decide { limits, .. } = entry {
-            if !sets.contains(&limits) {
-                sets.push(limits);
+        match entry {
+            Entry::Release { key_id, end } => {
+                match releases.iter_mut().find(|r| r.0 == key_id && r.1 == end) {
+                    Some(r) => r.2 += 1,
+                    None => releases.push((key_id, end, 1)),
+                }
             }
+            Entry::Decide { limits, .. } => {
+                if !sets.contains(&limits) {
+                    sets.push(limits);
+                }
+            }
+            Entry::Renew { .. } => {}
+        }
+    }
+    for (key_id, _, _) in &releases {
+        invocation.key(quota_key(prefix, key_id));
+    }
+    for entry in entries.clone() {
+        if !matches!(entry, Entry::Release { .. }) {
+            invocation.key(quota_key(prefix, entry.key_id()));
         }
     }
     for a in policy {
@@ -192,15 +212,16 @@ pub(super) fn acquire_invocation<'a, 'k>(
         }
         invocation.arg(limits.concurrency().unwrap_or(0));
     }
+    for (_, end, n) in &releases {
+        invocation.arg(-1 - *n as i64).arg(*end);
+    }
     for entry in entries {
         match entry {
             Entry::Decide { limits, cost, .. } => {
                 let set = sets.iter().position(|s| *s == limits).unwrap_or(0) + 1;
                 invocation.arg(set).arg(cost);
             }
-            Entry::Release { end, .. } => {
-                invocation.arg(0).arg(end);
-            }
+            Entry::Release { .. } => {}
             Entry::Renew { end, .. } => {
                 invocation.arg(-1).arg(end);
             }
