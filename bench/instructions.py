@@ -16,6 +16,11 @@ Usage events (issue 24): `--metering` sets `metering_file`; `--notify-at` gives 
 far away, so no notice is made: the check's cost, not a notice's); `--webhook` also sets
 `events_webhook_url` (a receiver of this script's answering 204), its secret file and spool. The
 webhook's work is in the gateway's background threads, which callgrind counts too.
+
+Overload protection (issue 32): `--overload` measures, instead of the scenarios above, the
+embedded store admitting with all of it off (`upstream_max_in_flight = "off"`, a plan without a
+`concurrency`) and all of it on (places 64, a plan's `concurrency = 64`, the default priority
+table), for builds that know it (the build before it would refuse a plan with a concurrency).
 """
 
 import argparse
@@ -81,7 +86,7 @@ def start_receiver():
 
 
 def measure(bin_dir, work, static, plans, keys_file, redis_url, key, warmup, requests, log="warn",
-            metering=False, webhook=None):
+            metering=False, webhook=None, extra=""):
     procs = bench.Procs()
     try:
         port, admin = bench.free_port(), bench.free_port()
@@ -95,6 +100,7 @@ def measure(bin_dir, work, static, plans, keys_file, redis_url, key, warmup, req
             + (f'metering_file = "{work}/metering.ndjson"\n' if metering else "")
             + (f'events_webhook_url = "{webhook}"\nevents_webhook_secret_file = "{work}/webhook.secret"\n'
                f'events_spool_dir = "{work}/spool"\n' if webhook else "")
+            + extra
             + "[ban]\nstrikes = 1000000000\n")
         command = [str(Path(bin_dir) / "pet-gateway"), "serve", "--config", str(cfg)]
         return counted(procs, work, name, command, port, key, warmup, requests, log)
@@ -145,6 +151,8 @@ def main():
                     help="the plans say notify_at = [80, 100] (with --metering: the threshold check)")
     ap.add_argument("--webhook", action="store_true",
                     help="the gateways also post events to a receiver of this script's (answering 204)")
+    ap.add_argument("--overload", action="store_true",
+                    help="only overload protection off against on (builds from issue 32 on)")
     ap.add_argument("--name", action="append",
                     help="a label for each --bin-dir, in order (default: the folders)")
     ap.add_argument("--chart", help="also draw the table as a PNG bar chart at this path")
@@ -180,9 +188,18 @@ def main():
         if args.redis:
             _, redis_port = bench.start_redis(procs)
             redis_url = f"redis://127.0.0.1:{redis_port}/"
-        rows = [("embedded, admitted", None, admitted), ("embedded, refused (429)", None, refused)]
+        rows = [("embedded, admitted", None, admitted, ""),
+                ("embedded, refused (429)", None, refused, "")]
         if redis_url:
-            rows.append(("Redis, admitted", redis_url, admitted))
+            rows.append(("Redis, admitted", redis_url, admitted, ""))
+        if args.overload:
+            (plans / "held.toml").write_text(
+                "requests_per_minute = 100000000\nrequests_per_day = 1000000000\nconcurrency = 64\n")
+            held = bench.append_keys(keys_file, "held", 1, "held")[0]
+            rows = [("admitted, overload protection off", None, admitted,
+                     'upstream_max_in_flight = "off"\n'),
+                    ("admitted, all on: places 64, concurrency 64, priorities", None, held,
+                     "upstream_max_in_flight = 64\n")]
         if args.only_passthrough:
             rows = []
         dirs = args.bin_dir
@@ -197,9 +214,9 @@ def main():
                        for d in dirs]
             table.append(("pingora pass-through", figures))
             print("| pingora pass-through | " + " | ".join(f"{f:,.0f}" for f in figures) + " |", flush=True)
-        for label, url, key in rows:
+        for label, url, key, extra in rows:
             figures = [measure(d, work, static, plans, keys_file, url, key, args.warmup, args.requests,
-                               args.log, args.metering, webhook)
+                               args.log, args.metering, webhook, extra)
                        for d in dirs]
             table.append((label, figures))
             print(f"| {label} | " + " | ".join(f"{f:,.0f}" for f in figures) + " |", flush=True)

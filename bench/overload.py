@@ -15,6 +15,9 @@ every answer (`overload-load`). Rows:
   a client timeout of 2 s. Targets: goodput at least 90 % of the capacity, the p99 of admitted
   requests within 2x unloaded plus the queue's 1 s, every createPet served while listPets is
   shed, no client waiting past its timeout.
+- The adaptive limit following the backend: a backend whose workers change 4 -> 2 -> 8 under
+  more load than it takes; for each change, how long until the gateway's limit is within
+  [0.75, 1.5] x the workers and stays there (target 5 s), read from its metrics every 100 ms.
 - CPU a request with all of it on (places, concurrency, priorities) against off, through a fast
   upstream (a static nginx), wrk -c32, alternated rounds, proxy CPU from /proc; beside the build
   given with --baseline-dir (the one before this work) when there is one. Target: <= +1 us.
@@ -35,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -213,6 +217,50 @@ class Overload:
                   file=sys.stderr, flush=True)
         return rows
 
+    def adaptive_follow(self, phase_s=15):
+        """Seconds the adaptive limit takes to follow each change of the backend's workers."""
+        backend = self.backend()
+        port, _, admin = self.gateway(
+            "follow", backend,
+            'upstream_max_in_flight = "auto"\nupstream_auto_min = 1\nupstream_auto_max = 64\n'
+            f'upstream_queue_timeout_ms = {QUEUE_MS}\nupstream_reserved_share = 0\n')
+        args = [str(bench.BIN / "overload-load"), "--url", f"http://127.0.0.1:{port}",
+                "--seconds", str(3 * phase_s + 2), "--timeout-ms", str(CLIENT_TIMEOUT_MS),
+                "--group", f"load:{self.light}:24"]
+        load = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rows = []
+        try:
+            # The first phase starts with the gateway: the limit learnt from nothing.
+            for workers in (4, 2, 8):
+                urllib.request.urlopen(urllib.request.Request(
+                    f"http://127.0.0.1:{backend}/control/workers/{workers}", method="POST"),
+                    timeout=5).read()
+                changed, seen = time.time(), []
+                while time.time() - changed < phase_s:
+                    seen.append((time.time() - changed, limit_of(admin)))
+                    time.sleep(0.1)
+                inside = lambda v: v is not None and 0.75 * workers <= v <= 1.5 * workers
+                # The first moment it entered the band and stayed there 2 s; then the share of
+                # the phase's rest it spent there (the measurement every 30 s drops it to its
+                # lower bound for a moment).
+                settled, share = None, None
+                for i, (at, _) in enumerate(seen):
+                    window = [v for a, v in seen[i:] if a < at + 2]
+                    if at + 2 <= phase_s and all(inside(v) for v in window):
+                        settled = at
+                        rest = [v for _, v in seen[i:]]
+                        share = sum(map(inside, rest)) / len(rest)
+                        break
+                values = [v for _, v in seen[-20:] if v is not None]
+                rows.append({"workers": workers, "settled_s": settled, "share": share,
+                             "last_2s": (min(values), max(values)) if values else None})
+                print(f"  adaptive: {workers} workers, within the band after {settled} s",
+                      file=sys.stderr, flush=True)
+        finally:
+            load.kill()
+            load.wait()
+        return rows
+
     def cpu_on_off(self):
         """The gateway's CPU a request with all of it on against off (and the previous build),
         through a fast upstream, in alternated rounds."""
@@ -361,6 +409,34 @@ def print_redis(results):
                   f"{without / base:.2f}x.")
 
 
+def limit_of(admin):
+    """`pet_gateway_upstream_limit` from the gateway's metrics (one backend), or None."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=2).read()
+    except OSError:
+        return None
+    for line in text.decode().splitlines():
+        if line.startswith("pet_gateway_upstream_limit"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def print_follow(rows):
+    print("\n### The adaptive limit following the backend (workers 4 -> 2 -> 8, 25 ms each)\n")
+    print("24 connections of one key, more than the backend takes; places between 1 and 64, no "
+          "reserve; the limit read every 100 ms. Seconds from each change until the limit is "
+          "within [0.75, 1.5] x the workers for 2 s (target 5 s), and the share of the phase's "
+          "rest it stays there (the measurement every 30 s drops it to the lower bound).\n")
+    print("| workers now | in the band after | share of the rest in it | limit in the last 2 s |")
+    print("|---:|---:|---:|---|")
+    for r in rows:
+        s = f"{r['settled_s']:.1f} s" if r["settled_s"] is not None else "**never**"
+        share = f"{100 * r['share']:.0f} %" if r["share"] is not None else "-"
+        lo_hi = f"{r['last_2s'][0]:.0f} to {r['last_2s'][1]:.0f}" if r["last_2s"] else "-"
+        now = f"{r['workers']} (from the start)" if r is rows[0] else str(r["workers"])
+        print(f"| {now} | {s} | {share} | {lo_hi} |")
+
+
 def chart(folder, heavy, bursts):
     try:
         import matplotlib
@@ -372,8 +448,10 @@ def chart(folder, heavy, bursts):
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.5))
     names = [r["name"].replace(", ", ",\n", 1) for r in heavy]
     a.bar(range(len(heavy)), [r["alone"]["ok_p99_ms"] for r in heavy], 0.4, label="light alone")
-    a.bar([i + 0.4 for i in range(len(heavy))], [r["light"]["ok_p99_ms"] for r in heavy], 0.4,
-          label="light beside heavy")
+    beside = a.bar([i + 0.4 for i in range(len(heavy))], [r["light"]["ok_p99_ms"] for r in heavy],
+                   0.4, label="light beside heavy (label: its answers/s against alone)")
+    a.bar_label(beside, [f"{r['light']['ok_per_s']:.0f}/{r['alone']['ok_per_s']:.0f}"
+                         for r in heavy], fontsize=7)
     a.set_xticks([i + 0.2 for i in range(len(heavy))], names, fontsize=7, rotation=20, ha="right")
     a.set_ylabel("light key's p99 (ms)")
     a.set_title("Heavy key beside a light one")
@@ -411,12 +489,15 @@ def main():
     o.keys()
     heavy = o.heavy_beside_light()
     bursts = o.bursts()
+    follow = o.adaptive_follow() if o.wanted("adaptive follow") else []
     cpu = [] if args.no_cpu else o.cpu_on_off()
     redis = {} if args.no_redis else o.redis_decisions()
     print(f"\n## Overload protection beside nginx {nginx_version(o.nginx)} and HAProxy "
           f"{haproxy_version(o.haproxy)} ({os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')})")
     print_heavy(heavy)
     print_bursts(bursts)
+    if follow:
+        print_follow(follow)
     if cpu:
         print_cpu(cpu)
     if redis:
