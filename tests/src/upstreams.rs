@@ -4,6 +4,30 @@
 use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
+/// One HTTP/1 request off a keep-alive connection: its head (without the blank line), its body
+/// read and dropped; `None` when the connection ends or breaks.
+fn read_request(reader: &mut std::io::BufReader<std::net::TcpStream>) -> Option<String> {
+    use std::io::{BufRead, Read};
+    let mut head = String::new();
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap_or(0);
+        }
+        if line == "\r\n" {
+            break;
+        }
+        head.push_str(&line);
+    }
+    let mut body = vec![0u8; length];
+    reader.read_exact(&mut body).ok()?;
+    Some(head)
+}
+
 /// An upstream that answers every request with 200 and the request's head as the body, so tests
 /// can see exactly what the gateway forwarded. Thread per connection, keep-alive.
 pub struct EchoUpstream {
@@ -17,7 +41,7 @@ impl EchoUpstream {
 
     /// Like `start`, but every answer waits `delay` first: an in-flight request to hold open.
     pub fn start_with_delay(delay: Duration) -> EchoUpstream {
-        use std::io::{BufRead, BufReader, Read, Write};
+        use std::io::{BufReader, Write};
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind echo upstream");
         let addr = listener.local_addr().expect("addr");
         std::thread::spawn(move || {
@@ -25,29 +49,7 @@ impl EchoUpstream {
                 std::thread::spawn(move || {
                     let mut reader = BufReader::new(stream.try_clone().expect("clone stream"));
                     let mut writer = stream;
-                    loop {
-                        let mut head = String::new();
-                        let mut length = 0usize;
-                        loop {
-                            let mut line = String::new();
-                            match reader.read_line(&mut line) {
-                                Ok(0) | Err(_) => return,
-                                Ok(_) => {}
-                            }
-                            if let Some(v) =
-                                line.to_ascii_lowercase().strip_prefix("content-length:")
-                            {
-                                length = v.trim().parse().unwrap_or(0);
-                            }
-                            if line == "\r\n" {
-                                break;
-                            }
-                            head.push_str(&line);
-                        }
-                        let mut body = vec![0u8; length];
-                        if reader.read_exact(&mut body).is_err() {
-                            return;
-                        }
+                    while let Some(head) = read_request(&mut reader) {
                         std::thread::sleep(delay);
                         let response = format!(
                             "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{head}",
@@ -176,7 +178,7 @@ pub struct ChaosUpstream {
 
 impl ChaosUpstream {
     pub fn start(slow: Duration) -> ChaosUpstream {
-        use std::io::{BufRead, BufReader, Read, Write};
+        use std::io::{BufReader, Write};
         use std::sync::atomic::{AtomicUsize, Ordering};
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind chaos upstream");
         let addr = listener.local_addr().expect("addr");
@@ -187,27 +189,7 @@ impl ChaosUpstream {
                 std::thread::spawn(move || {
                     let mut reader = BufReader::new(stream.try_clone().expect("clone stream"));
                     let mut writer = stream;
-                    loop {
-                        let mut length = 0usize;
-                        loop {
-                            let mut line = String::new();
-                            match reader.read_line(&mut line) {
-                                Ok(0) | Err(_) => return,
-                                Ok(_) => {}
-                            }
-                            if let Some(v) =
-                                line.to_ascii_lowercase().strip_prefix("content-length:")
-                            {
-                                length = v.trim().parse().unwrap_or(0);
-                            }
-                            if line == "\r\n" {
-                                break;
-                            }
-                        }
-                        let mut body = vec![0u8; length];
-                        if reader.read_exact(&mut body).is_err() {
-                            return;
-                        }
+                    while read_request(&mut reader).is_some() {
                         let status = match turn.fetch_add(1, Ordering::Relaxed) % 10 {
                             6 => "500 Internal Server Error",
                             7 => {

@@ -445,6 +445,17 @@ struct Waiting {
 }
 
 impl Waiting {
+    /// Out of the queue; false when it was no longer there (its grant was already sent).
+    fn leave_queue(&self) -> bool {
+        let mut state = lock(&self.places.state);
+        let removed = state
+            .queue
+            .remove(&self.holder, self.level, self.ticket)
+            .is_some();
+        self.places.show_queue(&state);
+        removed
+    }
+
     /// The grant, or `None` when the deadline passed first.
     async fn wait(&mut self, timeout: Duration) -> Option<Grant> {
         let answer = self.answer.as_mut()?;
@@ -459,16 +470,7 @@ impl Waiting {
                 None
             }
             Err(_) => {
-                let removed = {
-                    let mut state = lock(&self.places.state);
-                    let removed = state
-                        .queue
-                        .remove(&self.holder, self.level, self.ticket)
-                        .is_some();
-                    self.places.show_queue(&state);
-                    removed
-                };
-                if removed {
+                if self.leave_queue() {
                     self.answer = None;
                     return None;
                 }
@@ -487,16 +489,7 @@ impl Drop for Waiting {
         let Some(mut answer) = self.answer.take() else {
             return;
         };
-        let removed = {
-            let mut state = lock(&self.places.state);
-            let removed = state
-                .queue
-                .remove(&self.holder, self.level, self.ticket)
-                .is_some();
-            self.places.show_queue(&state);
-            removed
-        };
-        if !removed {
+        if !self.leave_queue() {
             // Closed first, so a grant sent after this look fails at the sender, which gives
             // the place back itself; one sent before is found here.
             answer.close();
