@@ -81,8 +81,9 @@ macro_rules! state_lua {
 local N, FROM, WRITE, EXPIRE = 1, 2, 3, 4
 local SW, SC, BU, LV, LU, RD, RC, LA, EX = 5, 6, 7, 8, 9, 10, 11, 12, 13
 local MAX = 4294967295
-local FORMATS = {}
-for n = 0, 6 do FORMATS[n] = '<IIIIIIIII' .. string.rep('III', n) end
+-- Written out, not built: a script's top level runs on every call.
+local FORMATS = {[0] = '<IIIIIIIII', '<IIIIIIIIIIII', '<IIIIIIIIIIIIIII', '<IIIIIIIIIIIIIIIIII',
+  '<IIIIIIIIIIIIIIIIIIIII', '<IIIIIIIIIIIIIIIIIIIIIIII', '<IIIIIIIIIIIIIIIIIIIIIIIIIII'}
 -- A GET that reads a key of another type (a stray write, an old tool) as no state, logged, rather
 -- than fail the script: in a batch that would fail every other quota's decision with it. The
 -- state's `SET` then replaces it. Any other error (an ACL refusal, say) is raised as before.
@@ -329,52 +330,59 @@ end
 /// several of one quota in a batch are counted exactly as if sent one by one. Each quota's state
 /// (and its leases) is read once and written once per batch, with one `GET` and one `SET`.
 ///
-/// - `KEYS[i]`: entry *i*'s quota state, `<prefix>:windows:{<quota id>}` (a key may repeat);
-///   its leases are `<prefix>:leases:{<quota id>}`, the same key with `leases` for `windows`.
-///   On a Redis Cluster every key of one batch is in one slot.
-/// - `ARGV[1]`: refused requests allowed in one minute before a ban.
-/// - `ARGV[2]`: seconds after a ban's end before the ban level decays to 0.
-/// - `ARGV[3]`: *n*, how many ban lengths follow; `ARGV[4..3+n]`: ban lengths in seconds by
-///   level, the last one repeating.
-/// - `ARGV[4+n]`: a lease's length, seconds.
-/// - then *L*, how many sets of limits follow, and each set: *m*, its number of windows, then
-///   per window its length code (`Every::code`) and its limit, negative for a shadow window
-///   (counted, never refusing), then its concurrency (0: none);
-/// - then per entry *i*, two numbers: a decision's set of limits (from 1) and its cost; or -1
-///   and the end of a lease to renew; or `-1 - n` and the end of `n` leases to give back.
+/// The numbers travel packed, each a little-endian signed 64-bit integer (`struct`'s `i8`), in
+/// two strings: Redis turns each argument into a string and `tonumber` parses it with `strtod`,
+/// some 2,600 instructions a number, against about 700 for one unpacked (bench/RESULTS.md,
+/// issue 33); a quota's key is sent once however many entries of the run name it.
 ///
-/// Returns, in entry order: per decision `3 + m` integers, `{outcome, now, ban_until,
-/// count_1..count_m}` (the counts in its set's window order, its cost included when admitted),
-/// and two more when its set has a concurrency, `{lease_end, in_flight}` (the end of the lease
-/// it took, 0 when none, and the quota's requests in flight); outcome 0 admitted, 1 limited,
-/// 2 banned, 3 banned by this very request, 4 refused for the concurrency (nothing counted, no
-/// strike); per renewal `{lease_end, in_flight}`; nothing per release.
+/// - `KEYS`: the quotas' states, each once, `<prefix>:windows:{<quota id>}`; a quota's leases
+///   are `<prefix>:leases:{<quota id>}`, the same key with `leases` for `windows`. On a Redis
+///   Cluster every key of one batch is in one slot.
+/// - `ARGV[1]`, the head: refused requests allowed in one minute before a ban; seconds after a
+///   ban's end before the ban level decays to 0; *n*, how many ban lengths follow, and the ban
+///   lengths in seconds by level, the last one repeating; a lease's length, seconds; *L*, how
+///   many sets of limits follow, and each set: *m*, its number of windows, then per window its
+///   length code (`Every::code`) and its limit, negative for a shadow window (counted, never
+///   refusing), then its concurrency (0: none).
+/// - `ARGV[2]`, the entries, three numbers each: the number of its quota's key in `KEYS`, then
+///   a decision's set of limits (from 1) and its cost; or -1 and the end of a lease to renew; or
+///   `-1 - n` and the end of `n` leases to give back.
+///
+/// Returns `now` (the script's clock, once), then in entry order: per decision `2 + m`
+/// integers, `{outcome, ban_until, count_1..count_m}` (the counts in its set's window order, its
+/// cost included when admitted), and two more when its set has a concurrency, `{lease_end,
+/// in_flight}` (the end of the lease it took, 0 when none, and the quota's requests in flight);
+/// outcome 0 admitted, 1 limited, 2 banned, 3 banned by this very request, 4 refused for the
+/// concurrency (nothing counted, no strike); per renewal `{lease_end, in_flight}`; nothing per
+/// release.
 pub const ACQUIRE: &str = concat!(
     state_lua!(),
     leases_lua!(),
     r#"
 local now = tonumber(redis.call('TIME')[1])
-local strikes = tonumber(ARGV[1])
-local decay = tonumber(ARGV[2])
-local lengths = tonumber(ARGV[3])
-local lease_secs = tonumber(ARGV[4 + lengths])
+local H, E = ARGV[1], ARGV[2]
+if #H % 8 ~= 0 or #E % 24 ~= 0 then
+  return redis.error_reply('pet-gateway: ACQUIRE wants packed arguments (a node of another version?)')
+end
+local head = {struct.unpack('<' .. string.rep('i8', #H / 8), H)}
+local strikes, decay, lengths = head[1], head[2], head[3]
+local lease_secs = head[4 + lengths]
 local p = 5 + lengths
 -- Each set of limits, flat: its number of windows m, then per window k at 3k - 1, 3k and 3k + 1
 -- its length, its instance now and the most it may hold before a request (a shadow window's
 -- is unbounded: it never refuses), then at 3m + 2 its concurrency (0: none).
 local sets = {}
-local nsets = tonumber(ARGV[p])
+local nsets = head[p]
 p = p + 1
 for i = 1, nsets do
-  local m = tonumber(ARGV[p])
+  local m = head[p]
   local set = {m}
   for k = 1, m do
-    local e = tonumber(ARGV[p + 2 * k - 1])
-    local limit = tonumber(ARGV[p + 2 * k])
+    local e, limit = head[p + 2 * k - 1], head[p + 2 * k]
     set[3 * k - 1], set[3 * k] = e, index_of(e, now)
     if limit < 0 then set[3 * k + 1] = math.huge else set[3 * k + 1] = limit end
   end
-  set[3 * m + 2] = tonumber(ARGV[p + 2 * m + 1])
+  set[3 * m + 2] = head[p + 2 * m + 1]
   sets[i] = set
   p = p + 2 + 2 * m
 end
@@ -389,18 +397,18 @@ local function leases_of(key)
   end
   return l
 end
-local states, order, out = {}, {}, {}
+local states, order, out = {}, {}, {now}
 -- One decision's instances and slots, reused from decision to decision; its counts go straight
 -- into the answer.
 local WS, JS = {}, {}
 local minute, day = math.floor(now / 60), math.floor(now / 86400)
 -- The answer's length so far (`#out` is a search on every call).
-local at = 0
-for i = 1, #KEYS do
-  local key = KEYS[i]
-  local which = tonumber(ARGV[p])
-  local cost = tonumber(ARGV[p + 1])
-  p = p + 2
+local at = 1
+local pos = 1
+for _ = 1, #E / 24 do
+  local ki, which, cost
+  ki, which, cost, pos = struct.unpack('<i8i8i8', E, pos)
+  local key = KEYS[ki]
   if which < -1 then
     local l = leases_of(key)
     for _ = 1, -1 - which do give_back(l, cost) end
@@ -437,7 +445,7 @@ for i = 1, #KEYS do
       local cur, stored = set[3 * k], s[12 + 3 * k]
       local c = 0
       if stored == cur or stored == cur + 1 then c = s[13 + 3 * k] end
-      out[at + 3 + k] = c
+      out[at + 2 + k] = c
       if c + cost > set[3 * k + 1] then fits = false end
     end
   end
@@ -460,7 +468,7 @@ for i = 1, #KEYS do
       if stored == w then c = s[13 + 3 * j] end
     end
     WS[k], JS[k] = w, j
-    out[at + 3 + k] = c
+    out[at + 2 + k] = c
     if c + cost > set[3 * k + 1] then fits = false end
   end
   if s[BU] > now then
@@ -471,8 +479,8 @@ for i = 1, #KEYS do
   elseif fits and exact then
     for k = 1, m do
       local cur, stored = set[3 * k], s[12 + 3 * k]
-      local c = out[at + 3 + k] + cost
-      out[at + 3 + k] = c
+      local c = out[at + 2 + k] + cost
+      out[at + 2 + k] = c
       if stored ~= cur and stored ~= cur + 1 then
         outlive(s, set[3 * k - 1], cur)
         s[12 + 3 * k] = cur
@@ -498,8 +506,8 @@ for i = 1, #KEYS do
       end
     end
     for k = 1, m do
-      local c = out[at + 3 + k] + cost
-      out[at + 3 + k] = c
+      local c = out[at + 2 + k] + cost
+      out[at + 2 + k] = c
       local j, w, e = JS[k], WS[k], set[3 * k - 1]
       if j ~= nil and s[11 + 3 * j] == e and c <= MAX then
         if s[12 + 3 * j] ~= w then
@@ -525,7 +533,7 @@ for i = 1, #KEYS do
     out[at + 1] = 1
     if s[SC] > strikes then
       if s[LU] <= now then s[LV] = 0 end
-      s[BU] = u32(now + tonumber(ARGV[3 + math.min(s[LV] + 1, lengths)]))
+      s[BU] = u32(now + head[3 + math.min(s[LV] + 1, lengths)])
       s[LV] = u32(s[LV] + 1)
       s[LU] = u32(s[BU] + decay)
       s[SC] = 0
@@ -534,11 +542,10 @@ for i = 1, #KEYS do
     end
     s[WRITE] = true
   end
-  out[at + 2] = now
-  if s[BU] > now then out[at + 3] = s[BU] else out[at + 3] = 0 end
-  at = at + 3 + m
+  if s[BU] > now then out[at + 2] = s[BU] else out[at + 2] = 0 end
+  at = at + 2 + m
   if l ~= nil then
-    if out[at - m - 2] == 0 then
+    if out[at - m - 1] == 0 then
       out[at + 1] = take(l, now + lease_secs)
     else
       out[at + 1] = 0

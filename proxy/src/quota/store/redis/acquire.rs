@@ -10,7 +10,7 @@ use crate::keys::limits::{Limits, MAX_WINDOWS};
 use crate::quota::rules::{BanPolicy, Lease, Outcome, Verdict};
 use crate::quota::store::StoreError;
 
-/// `ACQUIRE`'s answer for one decision.
+/// `ACQUIRE`'s answer for one decision (the run's `now` included).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct RawVerdict {
     /// 0 admitted, 1 limited, 2 banned, 3 banned by this very request, 4 refused for the
@@ -40,8 +40,8 @@ pub(super) enum Entry<'k> {
     Renew { key_id: &'k str, end: u64 },
 }
 
-impl Entry<'_> {
-    fn key_id(&self) -> &str {
+impl<'k> Entry<'k> {
+    fn key_id(&self) -> &'k str {
         match self {
             Entry::Decide { key_id, .. }
             | Entry::Release { key_id, .. }
@@ -49,7 +49,7 @@ impl Entry<'_> {
         }
     }
 
-    /// How many integers `ACQUIRE` answers for this entry.
+    /// How many integers `ACQUIRE` answers for this entry (after the run's `now`).
     pub fn width(&self) -> usize {
         match self {
             Entry::Decide { limits, .. } => RawVerdict::width(limits),
@@ -60,23 +60,25 @@ impl Entry<'_> {
 }
 
 impl RawVerdict {
-    /// How many integers `ACQUIRE` answers for a decision under `limits`.
+    /// How many integers `ACQUIRE` answers for a decision under `limits` (after the run's
+    /// `now`).
     pub fn width(limits: &Limits) -> usize {
-        3 + limits.windows().len() + if limits.concurrency().is_some() { 2 } else { 0 }
+        2 + limits.windows().len() + if limits.concurrency().is_some() { 2 } else { 0 }
     }
 
-    /// The decision under `limits` in `values` (exactly [`RawVerdict::width`] of them).
-    pub fn parse(values: &[i64], limits: &Limits) -> Result<RawVerdict, StoreError> {
+    /// The decision under `limits` in `values` (exactly [`RawVerdict::width`] of them), in a
+    /// run whose clock read `now`.
+    pub fn parse(now: i64, values: &[i64], limits: &Limits) -> Result<RawVerdict, StoreError> {
         let bad = || StoreError::Protocol(format!("acquire returned {values:?} for a decision"));
         if values.len() != RawVerdict::width(limits) {
             return Err(bad());
         }
-        let (head, rest) = values.split_at_checked(3).ok_or_else(bad)?;
+        let (head, rest) = values.split_at_checked(2).ok_or_else(bad)?;
         let (counts, lease) = rest.split_at(limits.windows().len());
         let mut raw = RawVerdict {
             outcome: head[0],
-            now: head[1],
-            ban_until: head[2],
+            now,
+            ban_until: head[1],
             counts: [0; MAX_WINDOWS],
             lease_end: lease.first().copied().unwrap_or(0),
             in_flight: lease.get(1).copied().unwrap_or(0),
@@ -157,12 +159,21 @@ pub(super) async fn index_ban(
     }
 }
 
+/// `ACQUIRE`'s answer: the run's clock, and the entries' integers after it.
+pub(super) fn split_reply(values: &[i64]) -> Result<(i64, &[i64]), StoreError> {
+    match values.split_first() {
+        Some((&now, rest)) => Ok((now, rest)),
+        None => Err(StoreError::Protocol("acquire returned nothing".into())),
+    }
+}
+
 /// One `ACQUIRE` run of `entries` under the ban policy's arguments `policy`
 /// (`batch::policy_args`), leases lasting `lease_secs`. Each distinct set of limits is sent
-/// once, however many decisions of the batch share it (most share a plan's). The releases go
-/// first (their requests ended before the run: the places they free are free for its
-/// decisions), those of one quota and one end as one entry with their number: a busy quota's
-/// releases cost the script one entry a second, not one each.
+/// once, however many decisions of the batch share it (most share a plan's), and each quota's
+/// key once, however many entries name it. The releases go first (their requests ended before
+/// the run: the places they free are free for its decisions), those of one quota and one end as
+/// one entry with their number: a busy quota's releases cost the script one entry a second, not
+/// one each.
 pub(super) fn acquire_invocation<'a, 'k>(
     script: &'a redis::Script,
     prefix: &str,
@@ -170,7 +181,6 @@ pub(super) fn acquire_invocation<'a, 'k>(
     lease_secs: u64,
     entries: impl Iterator<Item = Entry<'k>> + Clone,
 ) -> redis::ScriptInvocation<'a> {
-    let mut invocation = script.prepare_invoke();
     let mut sets: Vec<&Limits> = Vec::new();
     let mut releases: Vec<(&str, u64, u64)> = Vec::new();
     for entry in entries.clone() {
@@ -189,45 +199,77 @@ pub(super) fn acquire_invocation<'a, 'k>(
             Entry::Renew { .. } => {}
         }
     }
-    for (key_id, _, _) in &releases {
-        invocation.key(quota_key(prefix, key_id));
-    }
-    for entry in entries.clone() {
-        if !matches!(entry, Entry::Release { .. }) {
-            invocation.key(quota_key(prefix, entry.key_id()));
-        }
-    }
-    for a in policy {
-        invocation.arg(*a);
-    }
-    invocation.arg(lease_secs);
-    invocation.arg(sets.len());
-    for limits in &sets {
-        invocation.arg(limits.windows().len());
-        for w in limits.windows() {
-            let limit = i64::from(w.limit);
-            invocation
-                .arg(w.every.code())
-                .arg(if w.shadow { -limit } else { limit });
-        }
-        invocation.arg(limits.concurrency().unwrap_or(0));
-    }
-    for (_, end, n) in &releases {
-        invocation.arg(-1 - *n as i64).arg(*end);
+    let mut keys = Keys::default();
+    let mut packed = Vec::with_capacity(24 * (releases.len() + 8));
+    for (key_id, end, n) in &releases {
+        pack(
+            &mut packed,
+            [keys.number(key_id), -1 - *n as i64, *end as i64],
+        );
     }
     for entry in entries {
-        match entry {
+        let (first, second) = match entry {
             Entry::Decide { limits, cost, .. } => {
                 let set = sets.iter().position(|s| *s == limits).unwrap_or(0) + 1;
-                invocation.arg(set).arg(cost);
+                (set as i64, cost as i64)
             }
-            Entry::Release { .. } => {}
-            Entry::Renew { end, .. } => {
-                invocation.arg(-1).arg(end);
-            }
-        }
+            Entry::Release { .. } => continue,
+            Entry::Renew { end, .. } => (-1, end as i64),
+        };
+        pack(&mut packed, [keys.number(entry.key_id()), first, second]);
     }
+    let mut invocation = script.prepare_invoke();
+    for key_id in keys.0 {
+        invocation.key(quota_key(prefix, key_id));
+    }
+    invocation.arg(head(policy, lease_secs, &sets)).arg(packed);
     invocation
+}
+
+/// The quotas' keys of a run, each once, and each one's number in `KEYS` (from 1).
+#[derive(Default)]
+struct Keys<'k>(Vec<&'k str>);
+
+impl<'k> Keys<'k> {
+    fn number(&mut self, key_id: &'k str) -> i64 {
+        let at = match self.0.iter().position(|k| *k == key_id) {
+            Some(at) => at,
+            None => {
+                self.0.push(key_id);
+                self.0.len() - 1
+            }
+        };
+        at as i64 + 1
+    }
+}
+
+/// `ACQUIRE`'s head (`ARGV[1]`): the ban policy, the lease's length and the sets of limits.
+fn head(policy: &[u64], lease_secs: u64, sets: &[&Limits]) -> Vec<u8> {
+    let mut head = Vec::with_capacity(8 * (policy.len() + 2 + sets.len() * 14));
+    pack(&mut head, policy.iter().map(|a| *a as i64));
+    pack(&mut head, [lease_secs as i64, sets.len() as i64]);
+    for limits in sets {
+        pack(&mut head, [limits.windows().len() as i64]);
+        for w in limits.windows() {
+            let limit = i64::from(w.limit);
+            pack(
+                &mut head,
+                [
+                    i64::from(w.every.code()),
+                    if w.shadow { -limit } else { limit },
+                ],
+            );
+        }
+        pack(&mut head, [i64::from(limits.concurrency().unwrap_or(0))]);
+    }
+    head
+}
+
+/// Numbers as `ACQUIRE` unpacks them: little-endian signed 64-bit integers.
+fn pack(out: &mut Vec<u8>, numbers: impl IntoIterator<Item = i64>) {
+    for n in numbers {
+        out.extend_from_slice(&n.to_le_bytes());
+    }
 }
 
 /// `ACQUIRE`'s `ARGV[1..3+n]` for `ban`.

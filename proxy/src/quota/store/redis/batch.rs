@@ -357,10 +357,11 @@ impl Batches {
                 batch.iter().map(Pending::entry),
             );
             let result = self.link.run::<Vec<i64>>(&invocation).await;
-            let width: usize = batch.iter().map(|p| p.entry().width()).sum();
+            let width: usize = 1 + batch.iter().map(|p| p.entry().width()).sum::<usize>();
             match result {
                 Ok(values) if values.len() == width => {
-                    self.answer(&guard.lane, batch, &values).await
+                    let (now, values) = values.split_at(1);
+                    self.answer(&guard.lane, batch, now[0], values).await
                 }
                 Ok(values) => {
                     let e = StoreError::Protocol(format!(
@@ -417,7 +418,7 @@ impl Batches {
     /// before anyone is answered, and not by the callers, who may have stopped waiting: `bans
     /// list` must show every ban in force, and a caller that has its answer finds it listed. A
     /// decision whose caller left (its deadline passed) and that took a lease gives it back.
-    async fn answer(&self, lane: &Lane, batch: Vec<Pending>, values: &[i64]) {
+    async fn answer(&self, lane: &Lane, batch: Vec<Pending>, now: i64, values: &[i64]) {
         let mut rest = values;
         let mut parts = Vec::with_capacity(batch.len());
         for p in &batch {
@@ -427,7 +428,7 @@ impl Batches {
         }
         for (p, one) in batch.iter().zip(&parts) {
             if let Op::Decide { limits, .. } = &p.op {
-                if let Some(v) = RawVerdict::parse(one, limits)
+                if let Some(v) = RawVerdict::parse(now, one, limits)
                     .ok()
                     .filter(|v| v.outcome == 3)
                 {
@@ -446,7 +447,7 @@ impl Batches {
         for (p, one) in batch.into_iter().zip(parts) {
             match p.op {
                 Op::Decide { limits, reply, .. } => {
-                    if let Err(Ok(late)) = reply.send(RawVerdict::parse(one, &limits)) {
+                    if let Err(Ok(late)) = reply.send(RawVerdict::parse(now, one, &limits)) {
                         if late.took_lease() {
                             orphans.push((p.key_id, late.lease_end as u64));
                         }

@@ -13,7 +13,8 @@ mod link;
 mod top;
 
 use self::acquire::{
-    acquire_invocation, ban_index, index_ban, policy_args, quota_key, Entry, RawVerdict,
+    acquire_invocation, ban_index, index_ban, policy_args, quota_key, split_reply, Entry,
+    RawVerdict,
 };
 use self::batch::Batches;
 use self::link::Link;
@@ -220,7 +221,8 @@ impl RedisStore {
                     std::iter::once(entry),
                 );
                 let r: Vec<i64> = link.run(&invocation).await?;
-                RawVerdict::parse(&r, &limits)
+                let (now, one) = split_reply(&r)?;
+                RawVerdict::parse(now, one, &limits)
             }
         };
         if limits.concurrency().is_none() {
