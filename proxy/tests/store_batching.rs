@@ -185,6 +185,56 @@ async fn a_batch_of_several_plans_decides_each_under_its_own_limits() {
     assert_eq!(admitted["c"], (1..=50).collect::<Vec<_>>());
 }
 
+/// One quota under two sets of limits by turns in one run (a customer's keys on plans of other
+/// windows): each decision exactly as if sent alone. The script carries a decision's finding
+/// about the state's windows over to the next decision of the same quota and limits; a finding
+/// carried over wrongly would show here as other counts.
+#[tokio::test(flavor = "current_thread")]
+async fn one_quota_under_two_plans_by_turns_in_one_run_counts_as_one_by_one() {
+    let redis = RedisServer::start();
+    let store = store(&redis, Duration::from_secs(2));
+    warm(&store).await;
+    fresh_minute(Duration::from_secs(10));
+    let window =
+        |every: &str, limit: u64| WindowLimit::new(Every::parse(every).unwrap(), limit).unwrap();
+    let monthly = Limits::new(&[window("1m", 100), window("month", 5)]).unwrap();
+    let daily = Limits::new(&[window("1m", 100), window("1d", 8)]).unwrap();
+    let turns: Vec<Limits> = (0..24)
+        .map(|i| if i % 3 == 2 { daily } else { monthly })
+        .collect();
+    let ban = Arc::new(NO_BANS());
+    let before = script_runs(&redis);
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", "300", "ALL"]), "OK");
+    let mut tasks = Vec::new();
+    for limits in turns.clone() {
+        let (store, ban) = (Arc::clone(&store), Arc::clone(&ban));
+        tasks.push(tokio::spawn(async move {
+            store.acquire(&Arc::from("together"), limits, 1, &ban).await
+        }));
+        tokio::task::yield_now().await;
+    }
+    let mut together = Vec::new();
+    for t in tasks {
+        together.push(t.await.unwrap().expect("the store answers"));
+    }
+    assert!(script_runs(&redis) - before <= 2, "the turns share a run");
+    for (i, (limits, v)) in turns.iter().zip(&together).enumerate() {
+        let alone = store
+            .acquire(&Arc::from("alone"), *limits, 1, &ban)
+            .await
+            .expect("the store answers");
+        assert_eq!(
+            (v.outcome, v.counts),
+            (alone.outcome, alone.counts),
+            "decision {i}"
+        );
+    }
+    assert!(
+        together.iter().any(|v| v.outcome == Outcome::Limited),
+        "the month's 5 fill within the 24 turns"
+    );
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn one_hot_key_admits_exactly_the_limit_in_arrival_order() {
     let redis = RedisServer::start();

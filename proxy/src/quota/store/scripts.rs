@@ -376,7 +376,9 @@ local nsets = head[p]
 p = p + 1
 for i = 1, nsets do
   local m = head[p]
-  local set = {m}
+  -- Whole from the start, room for six windows: a table grown an element at a time is
+  -- reallocated as it grows, which cost more than reading the set.
+  local set = {m, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
   for k = 1, m do
     local e, limit = head[p + 2 * k - 1], head[p + 2 * k]
     set[3 * k - 1], set[3 * k] = e, index_of(e, now)
@@ -387,8 +389,10 @@ for i = 1, nsets do
   p = p + 2 + 2 * m
 end
 -- The leases of the quotas this batch touches, each read once: `of(key)` (see `leases_lua`).
-local held, held_order = {}, {}
+-- Made when a run first needs them, as are `WS` and `JS` below: most runs need neither.
+local held, held_order = nil, nil
 local function leases_of(key)
+  if held == nil then held, held_order = {}, {} end
   local l = held[key]
   if l == nil then
     l = load_leases(key, now)
@@ -400,11 +404,12 @@ end
 local states, order, out = {}, {}, {now}
 -- One decision's instances and slots, reused from decision to decision; its counts go straight
 -- into the answer.
-local WS, JS = {}, {}
+local WS, JS = nil, nil
 local minute, day = math.floor(now / 60), math.floor(now / 86400)
 -- The answer's length so far (`#out` is a search on every call).
 local at = 1
 local pos = 1
+local last_s, last_set, last_exact = nil, nil, false
 for _ = 1, #E / 24 do
   local ki, which, cost
   ki, which, cost, pos = struct.unpack('<i8i8i8', E, pos)
@@ -433,12 +438,19 @@ for _ = 1, #E / 24 do
   local n = s[N]
   local matched = 0
   -- The usual case, and the fast path: the state holds exactly these lengths, in this order
-  -- (it was written under these limits), so window k is slot k.
-  local exact = n == m
-  if exact then
-    for k = 1, m do
-      if s[11 + 3 * k] ~= set[3 * k - 1] then exact = false; break end
+  -- (it was written under these limits), so window k is slot k. A decision of the same quota
+  -- under the same limits as the one before takes that one's finding: only the slow path
+  -- below changes a state's lengths, and it is taken only where the finding was false (and
+  -- handles any state).
+  local exact = last_exact
+  if s ~= last_s or set ~= last_set then
+    exact = n == m
+    if exact then
+      for k = 1, m do
+        if s[11 + 3 * k] ~= set[3 * k - 1] then exact = false; break end
+      end
     end
+    last_s, last_set, last_exact = s, set, exact
   end
   if exact then
     for k = 1, m do
@@ -450,6 +462,7 @@ for _ = 1, #E / 24 do
     end
   end
   -- current(), inline, for any other state.
+  if not exact and WS == nil then WS, JS = {}, {} end
   for k = 1, exact and 0 or m do
     local e, cur = set[3 * k - 1], set[3 * k]
     local w, c, j = cur, 0, nil
@@ -559,7 +572,7 @@ for _, key in ipairs(order) do
   local s = states[key]
   if s[WRITE] then save(key, s) end
 end
-for _, key in ipairs(held_order) do
+for _, key in ipairs(held_order or {}) do
   save_leases(held[key])
 end
 return out
