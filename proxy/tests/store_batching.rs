@@ -436,3 +436,52 @@ async fn paused_until_lifted(redis: &RedisServer) {
     let redis_cli_answer = tokio::task::block_in_place(|| redis.cli(&["PING"]));
     assert_eq!(redis_cli_answer, "PONG");
 }
+
+/// The script's numbers travel packed (issue 33), and one `struct.unpack` call returns at most
+/// some 8,000 of them: a ban ladder (or a run's sets of limits) longer than that is read in parts,
+/// not refused with "too many results" (which failed every decision of the run), and a ban
+/// policy's "never" past `i64::MAX` stays "never" rather than wrapping to a negative number that
+/// bans on the first refusal.
+#[tokio::test(flavor = "current_thread")]
+async fn a_ban_ladder_past_luas_stack_and_a_never_past_i64_still_decide() {
+    let redis = RedisServer::start();
+    let store = store(&redis, Duration::from_secs(2));
+    warm(&store).await;
+    fresh_minute(Duration::from_secs(10));
+    let limits = Limits::minute_day(1, 1_000).unwrap();
+    let ladder = BanPolicy {
+        strikes: 0,
+        durations: (1..=9_000).map(|i| 60 + i).collect(),
+        decay_secs: 600,
+    };
+    let key = Arc::<str>::from("ladder");
+    let first = store.acquire(&key, limits, 1, &ladder).await.unwrap();
+    assert_eq!(first.outcome, Outcome::Admitted);
+    let banned = store.acquire(&key, limits, 1, &ladder).await.unwrap();
+    assert_eq!(
+        banned.outcome,
+        Outcome::Banned,
+        "strikes 0: the first refusal bans"
+    );
+    assert_eq!(
+        banned.ban_until,
+        banned.now + 61,
+        "the first rung of the ladder"
+    );
+
+    let never = BanPolicy {
+        strikes: u64::MAX,
+        durations: vec![u64::MAX],
+        decay_secs: u64::MAX,
+    };
+    let key = Arc::<str>::from("never");
+    for i in 0..5 {
+        let v = store.acquire(&key, limits, 1, &never).await.unwrap();
+        let expected = if i == 0 {
+            Outcome::Admitted
+        } else {
+            Outcome::Limited
+        };
+        assert_eq!(v.outcome, expected, "request {i}: {v:?}");
+    }
+}

@@ -364,7 +364,22 @@ local H, E = ARGV[1], ARGV[2]
 if #H % 8 ~= 0 or #E % 24 ~= 0 then
   return redis.error_reply('pet-gateway: ACQUIRE wants packed arguments (a node of another version?)')
 end
-local head = {struct.unpack('<' .. string.rep('i8', #H / 8), H)}
+-- In one call when it is short (as it nearly always is: a dozen numbers); a call returns at most
+-- some 8,000 values (Lua's stack), and many sets of limits or a long ban ladder are longer.
+local head
+local nh = #H / 8
+if nh <= 256 then
+  head = {struct.unpack('<' .. string.rep('i8', nh), H)}
+else
+  head = {}
+  local full = '<' .. string.rep('i8', 256)
+  for first = 1, nh, 256 do
+    local take = math.min(256, nh - first + 1)
+    local chunk = {struct.unpack(take == 256 and full or '<' .. string.rep('i8', take), H,
+      8 * (first - 1) + 1)}
+    for k = 1, take do head[first + k - 1] = chunk[k] end
+  end
+end
 local strikes, decay, lengths = head[1], head[2], head[3]
 local lease_secs = head[4 + lengths]
 local p = 5 + lengths

@@ -3,6 +3,7 @@
 //! or renewed), its answers, and the index of active bans. Used alike by a run of one decision
 //! and by a group-committed batch.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::link::Link;
@@ -204,50 +205,59 @@ pub(super) fn acquire_invocation<'a, 'k>(
     for (key_id, end, n) in &releases {
         pack(
             &mut packed,
-            [keys.number(key_id), -1 - *n as i64, *end as i64],
+            [keys.number(key_id), -1 - number(*n), number(*end)],
         );
     }
     for entry in entries {
         let (first, second) = match entry {
             Entry::Decide { limits, cost, .. } => {
                 let set = sets.iter().position(|s| *s == limits).unwrap_or(0) + 1;
-                (set as i64, cost as i64)
+                (set as i64, number(cost))
             }
             Entry::Release { .. } => continue,
-            Entry::Renew { end, .. } => (-1, end as i64),
+            Entry::Renew { end, .. } => (-1, number(end)),
         };
         pack(&mut packed, [keys.number(entry.key_id()), first, second]);
     }
     let mut invocation = script.prepare_invoke();
-    for key_id in keys.0 {
+    for key_id in keys.order {
         invocation.key(quota_key(prefix, key_id));
     }
     invocation.arg(head(policy, lease_secs, &sets)).arg(packed);
     invocation
 }
 
-/// The quotas' keys of a run, each once, and each one's number in `KEYS` (from 1).
+/// The quotas' keys of a run, each once, and each one's number in `KEYS` (from 1). By a map: a
+/// run holds up to `store_batch_max` (1,024) quotas, and a scan per entry would be quadratic.
 #[derive(Default)]
-struct Keys<'k>(Vec<&'k str>);
+struct Keys<'k> {
+    order: Vec<&'k str>,
+    numbers: HashMap<&'k str, i64>,
+}
 
 impl<'k> Keys<'k> {
     fn number(&mut self, key_id: &'k str) -> i64 {
-        let at = match self.0.iter().position(|k| *k == key_id) {
-            Some(at) => at,
-            None => {
-                self.0.push(key_id);
-                self.0.len() - 1
-            }
-        };
-        at as i64 + 1
+        let next = self.order.len() as i64 + 1;
+        let n = *self.numbers.entry(key_id).or_insert(next);
+        if n == next {
+            self.order.push(key_id);
+        }
+        n
     }
+}
+
+/// A number of ours as the script's signed 64 bits: one past `i64::MAX` (a ban policy's "never"
+/// written as `u64::MAX` in a flag, say) stays the largest, as it was when numbers went as
+/// text, rather than wrapping to a negative one.
+fn number(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// `ACQUIRE`'s head (`ARGV[1]`): the ban policy, the lease's length and the sets of limits.
 fn head(policy: &[u64], lease_secs: u64, sets: &[&Limits]) -> Vec<u8> {
     let mut head = Vec::with_capacity(8 * (policy.len() + 2 + sets.len() * 14));
-    pack(&mut head, policy.iter().map(|a| *a as i64));
-    pack(&mut head, [lease_secs as i64, sets.len() as i64]);
+    pack(&mut head, policy.iter().map(|a| number(*a)));
+    pack(&mut head, [number(lease_secs), sets.len() as i64]);
     for limits in sets {
         pack(&mut head, [limits.windows().len() as i64]);
         for w in limits.windows() {
