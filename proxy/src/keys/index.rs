@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use crate::keys::digests;
 use crate::keys::limits::{Every, Limits};
 
 /// What the gateway needs to know about a valid key on the hot path.
@@ -142,8 +143,14 @@ impl KeyIndex {
         index
     }
 
+    /// The key in force that `token` names. Its digest comes from this thread's memory of the
+    /// last valid keys when it is there (`digests`), and goes there when the token names a key.
     pub fn lookup(&self, token: &str) -> Option<&KeyInfo> {
-        let at = *self.slots.get(&index_hash(&sha256(token)))?;
+        let (sha, remembered) = digests::digest(token);
+        let at = *self.slots.get(&index_hash(&sha))?;
+        if !remembered {
+            digests::remember(token, sha);
+        }
         self.keys.get(at as usize)
     }
 
@@ -190,4 +197,46 @@ pub(crate) fn index_hash(sha: &[u8; 32]) -> [u8; 16] {
     let mut h = [0u8; 16];
     h.copy_from_slice(&sha[..16]);
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(id: &str, plan: &str) -> KeyInfo {
+        KeyInfo {
+            id: Arc::from(id),
+            plan: Arc::from(plan),
+            overrides: Overrides::default(),
+            quota: None,
+        }
+    }
+
+    fn index(keys: &[(&str, KeyInfo)]) -> KeyIndex {
+        KeyIndex::from_entries(
+            keys.len(),
+            keys.iter()
+                .map(|(token, info)| (index_hash(&sha256(token)), info.clone())),
+        )
+    }
+
+    /// The digest of a valid token is remembered (`digests`), the key is not: a key revoked or
+    /// changed since is found as the index in force has it.
+    #[test]
+    fn a_remembered_token_still_finds_only_what_the_index_in_force_holds() {
+        let token = "pet_test_index_remembers_the_digest_not_the_key_0123456789abcdef_x1";
+        let before = index(&[(token, info("k1", "free"))]);
+        assert_eq!(before.lookup(token).map(|k| &*k.plan), Some("free"));
+        assert!(digests::digest(token).1, "remembered once it named a key");
+        let revoked = index(&[("pet_test_another", info("k2", "free"))]);
+        assert_eq!(revoked.lookup(token), None);
+        let moved = index(&[(token, info("k1", "pro"))]);
+        assert_eq!(moved.lookup(token).map(|k| &*k.plan), Some("pro"));
+        let unknown = "pet_test_never_issued_never_remembered_0000000000000000000000000_z9";
+        assert_eq!(moved.lookup(unknown), None);
+        assert!(
+            !digests::digest(unknown).1,
+            "a token that names no key is not kept"
+        );
+    }
 }

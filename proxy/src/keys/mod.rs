@@ -7,6 +7,7 @@
 //! | [`limits`] | a quota as data: windows ([`limits::Every`], a limit each) and their arithmetic |
 //! | [`plans`] | the plan files: a plan's [`limits::Limits`] and its costs |
 //! | [`index`] | the hot-path index: a key's hash to its [`index::KeyInfo`] |
+//! | [`digests`] | the SHA-256 of the last valid tokens, remembered per thread for the index |
 //! | [`record`] | a key's record, the keys file's model, validation and status |
 //! | [`file`] | the keys file on disk: locked, atomic writes that keep owner and mode |
 //! | [`registry`] | the fleet-wide key registry in Redis (records and change feed) |
@@ -18,6 +19,7 @@
 
 pub mod audit;
 pub mod catalog;
+pub mod digests;
 pub mod file;
 pub mod format;
 pub mod index;

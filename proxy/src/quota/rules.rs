@@ -598,9 +598,17 @@ impl RateView {
     /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers): every enforced window.
     pub fn policy_header(&self) -> String {
         let mut out = String::with_capacity(40 * self.limits.windows().len());
+        self.push_policy(&mut out);
+        out
+    }
+
+    /// [`RateView::policy_header`] written at the end of `out`.
+    pub fn push_policy(&self, out: &mut String) {
+        let start = out.len();
         for w in self.limits.enforced() {
             push_item(
-                &mut out,
+                out,
+                out.len() > start,
                 &w.every.name(),
                 "q",
                 w.limit(),
@@ -608,27 +616,33 @@ impl RateView {
                 w.every.secs_at(self.now),
             );
         }
-        out
     }
 
     /// `RateLimit` (draft-ietf-httpapi-ratelimit-headers): each enforced window's remaining
     /// units and seconds to its reset.
     pub fn ratelimit_header(&self) -> String {
         let mut out = String::with_capacity(40 * self.limits.windows().len());
+        self.push_ratelimit(&mut out);
+        out
+    }
+
+    /// [`RateView::ratelimit_header`] written at the end of `out`.
+    pub fn push_ratelimit(&self, out: &mut String) {
+        let start = out.len();
         for (w, &remaining) in self.limits.windows().iter().zip(&self.remaining_by_window) {
             if !w.shadow {
                 let t = w.every.reset(self.now) - self.now;
-                push_item(&mut out, &w.every.name(), "r", remaining.into(), "t", t);
+                let more = out.len() > start;
+                push_item(out, more, &w.every.name(), "r", remaining.into(), "t", t);
             }
         }
-        out
     }
 }
 
-/// One item of the structured headers, `"<name>";<a>=<x>;<b>=<y>`, after a comma when not the
-/// first: written without the formatting machinery, on every response.
-fn push_item(out: &mut String, name: &str, a: &str, x: u64, b: &str, y: u64) {
-    if !out.is_empty() {
+/// One item of the structured headers, `"<name>";<a>=<x>;<b>=<y>`, after a comma when `more`:
+/// written without the formatting machinery, on every response.
+fn push_item(out: &mut String, more: bool, name: &str, a: &str, x: u64, b: &str, y: u64) {
+    if more {
         out.push_str(", ");
     }
     out.push('"');
