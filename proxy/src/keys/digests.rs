@@ -8,14 +8,17 @@
 //! chosen by the token's last bytes (its checksum, for our keys).
 //!
 //! What it may and may not do:
-//! - Only the digests of tokens that named a key in force are kept, so a flood of made-up tokens
-//!   cannot fill it (it would only evict, which costs a hash).
+//! - Only the digests of tokens that named a key of the index (in force, or expired) are kept,
+//!   so a flood of made-up tokens cannot fill it; a remembered token that no longer names one (a
+//!   key revoked) is forgotten when it is next sent.
 //! - A hit still goes through the index: a revoked key is refused at once, as before.
-//! - The token is compared whole and in constant time, so how long a comparison takes says
-//!   nothing about how much of a token matched. That a hit is faster than a miss says only that
+//! - The token is compared whole, every byte whatever the others, so how long a comparison
+//!   takes says nothing about how much of a token matched (a length that differs is seen at
+//!   once: our keys' lengths are public). That a hit is faster than a miss says only that
 //!   this thread saw the token recently, which only one who holds the key can ask.
 //! - The tokens themselves are held (up to [`SLOTS`] a thread) as long as the thread lives or
-//!   until evicted: the plaintext of keys in use, as the request buffers hold it briefly anyway.
+//!   until evicted: the plaintext of keys in use, as the request buffers hold it briefly anyway,
+//!   so a core dump of the gateway holds keys (README, "Keys file").
 
 use std::cell::RefCell;
 
@@ -24,7 +27,7 @@ use sha2::{Digest, Sha256};
 /// Slots a thread.
 pub const SLOTS: usize = 8;
 
-/// Longer tokens are hashed each time (ours are 68 characters).
+/// Longer tokens are hashed each time (ours are 39 characters, 46 with the longest prefix).
 const LONGEST: usize = 96;
 
 #[derive(Clone, Copy)]
@@ -53,7 +56,7 @@ pub fn digest(token: &str) -> ([u8; 32], bool) {
     (Sha256::digest(bytes).into(), false)
 }
 
-/// Keeps `digest` for `token`, which named a key in force.
+/// Keeps `digest` for `token`, which named a key of the index.
 pub fn remember(token: &str, digest: [u8; 32]) {
     let bytes = token.as_bytes();
     if bytes.is_empty() || bytes.len() > LONGEST {
@@ -68,6 +71,21 @@ pub fn remember(token: &str, digest: [u8; 32]) {
     });
 }
 
+/// Forgets `token` (it no longer names a key): a revoked key's token is not kept.
+pub fn forget(token: &str) {
+    let bytes = token.as_bytes();
+    if bytes.is_empty() || bytes.len() > LONGEST {
+        return;
+    }
+    SEEN.with(|seen| {
+        let mut seen = seen.borrow_mut();
+        let slot = &mut seen[slot_of(bytes)];
+        if slot.len == bytes.len() && same(&slot.token[..slot.len], bytes) {
+            *slot = EMPTY;
+        }
+    });
+}
+
 fn remembered(bytes: &[u8]) -> Option<[u8; 32]> {
     if bytes.is_empty() || bytes.len() > LONGEST {
         return None;
@@ -75,18 +93,22 @@ fn remembered(bytes: &[u8]) -> Option<[u8; 32]> {
     SEEN.with(|seen| {
         let seen = seen.borrow();
         let slot = &seen[slot_of(bytes)];
-        (slot.len == bytes.len() && same(&slot.token[..slot.len], bytes)).then_some(slot.digest)
+        same(&slot.token[..slot.len], bytes).then_some(slot.digest)
     })
 }
 
-/// The slot a token goes to: its last two bytes (a key's checksum) and its length.
+/// The slot a non-empty token goes to: its last two bytes (a key's checksum) and its length.
 fn slot_of(bytes: &[u8]) -> usize {
+    debug_assert!(!bytes.is_empty());
     let n = bytes.len();
-    (usize::from(bytes[n - 1]) ^ usize::from(bytes[n.saturating_sub(2)]) << 1 ^ n) % SLOTS
+    (usize::from(bytes[n - 1]) ^ (usize::from(bytes[n.saturating_sub(2)]) << 1) ^ n) % SLOTS
 }
 
 /// Equal, in a time that depends on the length only.
 fn same(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
     let differ = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
     std::hint::black_box(differ) == 0
 }
@@ -129,6 +151,19 @@ mod tests {
         remember(b, sha(b));
         assert_eq!(digest(b), (sha(b), true));
         assert_eq!(digest(a), (sha(a), false), "evicted by b");
+    }
+
+    #[test]
+    fn a_forgotten_token_is_hashed_again_and_others_stay() {
+        let a = "pet_test_forget_me_0000000000_x1";
+        let b = "pet_test_keep_me_00000000000_y2";
+        remember(a, sha(a));
+        remember(b, sha(b));
+        forget(a);
+        assert_eq!(digest(a), (sha(a), false));
+        if slot_of(a.as_bytes()) != slot_of(b.as_bytes()) {
+            assert_eq!(digest(b), (sha(b), true));
+        }
     }
 
     #[test]

@@ -147,7 +147,12 @@ impl KeyIndex {
     /// last valid keys when it is there (`digests`), and goes there when the token names a key.
     pub fn lookup(&self, token: &str) -> Option<&KeyInfo> {
         let (sha, remembered) = digests::digest(token);
-        let at = *self.slots.get(&index_hash(&sha))?;
+        let Some(&at) = self.slots.get(&index_hash(&sha)) else {
+            if remembered {
+                digests::forget(token);
+            }
+            return None;
+        };
         if !remembered {
             digests::remember(token, sha);
         }
@@ -230,6 +235,10 @@ mod tests {
         assert!(digests::digest(token).1, "remembered once it named a key");
         let revoked = index(&[("pet_test_another", info("k2", "free"))]);
         assert_eq!(revoked.lookup(token), None);
+        assert!(
+            !digests::digest(token).1,
+            "a revoked key's token is not kept"
+        );
         let moved = index(&[(token, info("k1", "pro"))]);
         assert_eq!(moved.lookup(token).map(|k| &*k.plan), Some("pro"));
         let unknown = "pet_test_never_issued_never_remembered_0000000000000000000000000_z9";
