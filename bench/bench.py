@@ -269,7 +269,9 @@ def redis_calls(port):
     out = subprocess.run(["redis-cli", "-p", str(port), "info", "commandstats"],
                          capture_output=True, text=True).stdout
     stats = {m.group(1): int(m.group(2)) for m in re.finditer(r"cmdstat_([\w|]+):calls=(\d+)", out)}
-    scripts = sum(v for k, v in stats.items() if k in ("evalsha", "eval", "evalsha_ro", "eval_ro", "script|load"))
+    scripts = sum(v for k, v in stats.items() if k in ("evalsha", "eval", "evalsha_ro", "eval_ro",
+                                                        "script|load", "fcall", "fcall_ro",
+                                                        "function|load"))
     return scripts
 
 

@@ -16,13 +16,17 @@ with leases (issue 32: a lease length after the ban lengths, a concurrency per s
 (issue 33: the same numbers as little-endian 64-bit integers in two strings, each key once).
 The form is recognised from the script's text.
 
+A revision named with `+fcall` (`--rev WORK+fcall`) runs as the gateway runs it on Redis 7
+and later: its ACQUIRE loaded as a Redis Function library (the part before the run once, at
+`FUNCTION LOAD`; issue 33) and called by `FCALL`; without it, by `EVALSHA` as a script.
+
 With `--callgrind`, `redis-server` runs under valgrind's callgrind instead, and each turn's
 figure is the instructions Redis executed a decision (the counters zeroed before the turn and
 dumped after it; everything Redis did in between: reading the commands, the script, the
 replies): a figure that does not move with the machine, where timings on two shared cores move
 by 20 % from run to run. Fewer runs a turn suffice (`--decisions-a-turn 5000`).
 
-Usage: bench/script_cost.py --rev 76f7c5f --rev 1cabfdf --rev WORK --decisions 1,16,128
+Usage: bench/script_cost.py --rev 76f7c5f --rev 1cabfdf --rev WORK --rev WORK+fcall --decisions 1,16,128
 """
 
 import argparse
@@ -53,15 +57,30 @@ def source(rev):
 
 
 def acquire_text(rs):
-    """ACQUIRE as Redis gets it: the macros it names, expanded, then its own text."""
-    macros = dict(re.findall(r'macro_rules! (\w+) \{\s*\(\) => \{\s*r#"(.*?)"#', rs, re.S))
-    m = re.search(r'pub const ACQUIRE: &str = concat!\((.*?)\);\n', rs, re.S)
+    """ACQUIRE as Redis gets it: the macros it names expanded, as often as they nest."""
+    macros = dict(re.findall(r'macro_rules! (\w+) \{\s*\(\) => \{\s*(.*?)\n    \};\n\}', rs,
+                             re.S))
+    m = re.search(r'pub const ACQUIRE: &str = (.*?);\n', rs, re.S)
     if not m:
         raise SystemExit("no ACQUIRE")
-    parts = []
-    for piece in re.finditer(r'(\w+)!\(\)|r#"(.*?)"#', m.group(1), re.S):
-        parts.append(macros[piece.group(1)] if piece.group(1) else piece.group(2))
-    return "".join(parts)
+
+    def expand(text):
+        parts = []
+        for piece in re.finditer(r'(\w+)!\(\)|r#"(.*?)"#', text, re.S):
+            parts.append(expand(macros[piece.group(1)]) if piece.group(1) else piece.group(2))
+        return "".join(parts)
+    return expand(m.group(1))
+
+
+RUN_STARTS = "local now = tonumber(redis.call('TIME')[1])"
+
+
+def library_of(text):
+    """ACQUIRE as a function library (`function.rs`): its part before the run, then the run."""
+    cut = text.index(RUN_STARTS)
+    return ("#!lua name=pet_gateway_bench\n" + text[:cut] +
+            "\nredis.register_function('pet_acquire_bench', function(KEYS, ARGV)\n" +
+            text[cut:] + "\nend)\n")
 
 
 def args_for(text, decisions):
@@ -133,8 +152,10 @@ def cpu_secs(pid):
 
 def script_usec(conn):
     info = conn.call("INFO", "commandstats").decode()
-    m = re.search(r"cmdstat_evalsha:calls=(\d+),usec=(\d+)", info)
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    calls = usec = 0
+    for m in re.finditer(r"cmdstat_(?:evalsha|fcall):calls=(\d+),usec=(\d+)", info):
+        calls, usec = calls + int(m.group(1)), usec + int(m.group(2))
+    return calls, usec
 
 
 def run_batches(conn, command, runs):
@@ -148,9 +169,16 @@ def run_batches(conn, command, runs):
         left -= n
 
 
+def command_for(sha, keys, argv):
+    """EVALSHA of the script `sha`, or FCALL of the bench's function when `sha` is None."""
+    if sha is None:
+        return resp(b"FCALL", b"pet_acquire_bench", str(len(keys)).encode(), *keys, *argv)
+    return resp(b"EVALSHA", sha, str(len(keys)).encode(), *keys, *argv)
+
+
 def turn(conn, pid, sha, keys, argv, runs, decisions):
     """`runs` script runs: (script µs, Redis CPU µs) a decision."""
-    command = resp(b"EVALSHA", sha, str(len(keys)).encode(), *keys, *argv)
+    command = command_for(sha, keys, argv)
     calls0, usec0 = script_usec(conn)
     cpu0 = cpu_secs(pid)
     run_batches(conn, command, runs)
@@ -162,7 +190,7 @@ def turn(conn, pid, sha, keys, argv, runs, decisions):
 
 def counted_turn(conn, pid, out, sha, keys, argv, runs, decisions):
     """`runs` script runs under callgrind: (instructions a decision, None)."""
-    command = resp(b"EVALSHA", sha, str(len(keys)).encode(), *keys, *argv)
+    command = command_for(sha, keys, argv)
     subprocess.run(["callgrind_control", "--zero", str(pid)], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run_batches(conn, command, runs)
@@ -203,7 +231,9 @@ def main():
     ap.add_argument("--callgrind", action="store_true",
                     help="count Redis's instructions a decision instead of timing it")
     args = ap.parse_args()
-    texts = {rev: acquire_text(source(rev)) for rev in args.rev}
+    texts = {rev: acquire_text(source(rev.removesuffix("+fcall"))) for rev in args.rev}
+    if sum(rev.endswith("+fcall") for rev in args.rev) > 1:
+        raise SystemExit("one revision at most may run as a function")
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
@@ -224,7 +254,13 @@ def main():
                     if time.time() > deadline:
                         raise
                     time.sleep(0.05)
-            shas = {rev: conn.call("SCRIPT", "LOAD", text.encode()) for rev, text in texts.items()}
+            shas = {}
+            for rev, text in texts.items():
+                if rev.endswith("+fcall"):
+                    conn.call("FUNCTION", "LOAD", "REPLACE", library_of(text).encode())
+                    shas[rev] = None
+                else:
+                    shas[rev] = conn.call("SCRIPT", "LOAD", text.encode())
             if args.callgrind:
                 print(f"{'decisions a run':>16} {'revision':>10} {'Redis instructions/dec':>23}"
                       f"  (medians of {args.rounds} alternated turns)")

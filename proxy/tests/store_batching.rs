@@ -23,8 +23,9 @@ const NO_BANS: fn() -> BanPolicy = || BanPolicy {
     ..BanPolicy::default()
 };
 
-/// Script runs Redis has executed (`EVALSHA` calls that ran; a first call answered `NOSCRIPT`,
-/// before the script is loaded, counts as failed).
+/// Script runs Redis has executed (`EVALSHA` and `FCALL` calls that ran; a first call answered
+/// `NOSCRIPT` or "Function not found", before the script or the library is loaded, counts as
+/// failed).
 fn script_runs(redis: &RedisServer) -> u64 {
     let stats = redis.cli(&["INFO", "commandstats"]);
     let field = |line: &str, name: &str| -> u64 {
@@ -34,7 +35,11 @@ fn script_runs(redis: &RedisServer) -> u64 {
     };
     stats
         .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| {
+            ["cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_fcall:"]
+                .iter()
+                .any(|c| l.starts_with(c))
+        })
         .map(|l| field(l, "calls") - field(l, "failed_calls"))
         .sum()
 }
@@ -484,4 +489,113 @@ async fn a_ban_ladder_past_luas_stack_and_a_never_past_i64_still_decide() {
         };
         assert_eq!(v.outcome, expected, "request {i}: {v:?}");
     }
+}
+
+/// Calls of `command` Redis has served, `(calls, failed)`.
+fn command_calls(redis: &RedisServer, command: &str) -> (u64, u64) {
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    let field = |line: &str, name: &str| -> u64 {
+        line.split([':', ','])
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+            .unwrap_or(0)
+    };
+    stats
+        .lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+        .map(|l| (field(l, "calls"), field(l, "failed_calls")))
+        .unwrap_or((0, 0))
+}
+
+/// Decisions go by the function (`FCALL`), not the script; a server that lost the library (a
+/// restart without persistence, `FUNCTION FLUSH`, a promoted replica that never had it) gets it
+/// again within the same call, and the counts go on where they were.
+#[tokio::test(flavor = "current_thread")]
+async fn decisions_go_by_the_function_and_a_lost_library_is_loaded_again() {
+    let redis = RedisServer::start();
+    let store = store(&redis, Duration::from_secs(2));
+    warm(&store).await;
+    fresh_minute(Duration::from_secs(10));
+    let limits = Limits::minute_day(5, 1_000).unwrap();
+    let key: Arc<str> = Arc::from("k");
+    let (fcalls, evalshas) = (
+        command_calls(&redis, "fcall").0,
+        command_calls(&redis, "evalsha").0,
+    );
+    for n in 1..=3 {
+        let v = store.acquire(&key, limits, 1, &NO_BANS()).await.unwrap();
+        assert_eq!((v.outcome, v.counts[0]), (Outcome::Admitted, n));
+    }
+    assert_eq!(command_calls(&redis, "fcall").0 - fcalls, 3);
+    assert_eq!(
+        command_calls(&redis, "evalsha").0,
+        evalshas,
+        "no script run"
+    );
+    assert!(redis.cli(&["FUNCTION", "LIST"]).contains("pet_gateway_"));
+
+    assert_eq!(redis.cli(&["FUNCTION", "FLUSH"]), "OK");
+    let outcomes: Vec<(Outcome, u64)> = {
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            let v = store.acquire(&key, limits, 1, &NO_BANS()).await.unwrap();
+            out.push((v.outcome, v.counts[0]));
+        }
+        out
+    };
+    assert_eq!(
+        outcomes,
+        [
+            (Outcome::Admitted, 4),
+            (Outcome::Admitted, 5),
+            (Outcome::Limited, 5)
+        ]
+    );
+    assert!(redis.cli(&["FUNCTION", "LIST"]).contains("pet_gateway_"));
+    assert_eq!(
+        command_calls(&redis, "evalsha").0,
+        evalshas,
+        "no script run"
+    );
+}
+
+/// A user not allowed functions (an ACL from before this version; Redis before 7.0 answers
+/// "unknown command" alike) gets the script, and the same decisions.
+#[tokio::test(flavor = "current_thread")]
+async fn a_user_not_allowed_functions_is_decided_by_the_script() {
+    let redis = RedisServer::start_with(
+        e2e::free_addr(),
+        &[
+            "--user",
+            "default",
+            "on",
+            "nopass",
+            "~*",
+            "&*",
+            "+@all",
+            "-fcall",
+            "-function",
+        ],
+    );
+    let store = store(&redis, Duration::from_secs(2));
+    fresh_minute(Duration::from_secs(10));
+    let limits = Limits::minute_day(2, 1_000).unwrap();
+    let key: Arc<str> = Arc::from("k");
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let v = store.acquire(&key, limits, 1, &NO_BANS()).await.unwrap();
+        seen.push((v.outcome, v.counts[0]));
+    }
+    assert_eq!(
+        seen,
+        [
+            (Outcome::Admitted, 1),
+            (Outcome::Admitted, 2),
+            (Outcome::Limited, 2)
+        ]
+    );
+    let (evalshas, failed) = command_calls(&redis, "evalsha");
+    assert!(
+        evalshas - failed >= 3,
+        "{evalshas} EVALSHA, {failed} failed"
+    );
 }

@@ -128,6 +128,34 @@ fn redis_unbatched() -> Subject {
     }
 }
 
+/// A Redis whose user may not run functions (`FCALL`, `FUNCTION`: an ACL from before they were
+/// used, or Redis before 7.0): decisions go by the script (`EVALSHA`), and must be the same.
+fn redis_by_script() -> Subject {
+    let server = RedisServer::start_with(
+        e2e::free_addr(),
+        &[
+            "--user",
+            "default",
+            "on",
+            "nopass",
+            "~*",
+            "&*",
+            "+@all",
+            "-fcall",
+            "-function",
+        ],
+    );
+    let store = RedisStore::new(&server.url(), "test", Duration::from_millis(500))
+        .expect("store")
+        .with_lease_secs(LEASE_SECS);
+    Subject {
+        store: Arc::new(store),
+        clock: None,
+        redis: Some(server.addr),
+        _servers: Some(Box::new(server)),
+    }
+}
+
 fn cluster() -> Subject {
     let cluster = RedisCluster::start(3, 0);
     let store = RedisStore::new(&cluster.url(), "test", Duration::from_millis(500))
@@ -1134,7 +1162,7 @@ macro_rules! store_suite {
     )*};
 }
 
-store_suite!(memory, redis, redis_unbatched, cluster);
+store_suite!(memory, redis, redis_unbatched, redis_by_script, cluster);
 
 /// Redis only: environments sharing one Redis never share counts, every key expires, and all
 /// of a key's state sits under its hash tag.

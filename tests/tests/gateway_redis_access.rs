@@ -44,7 +44,11 @@ const ADMIN_CLI: &[&str] = &["--user", "default", "--pass", ADMIN_PASSWORD];
 fn script_calls(r: &RedisServer) -> u64 {
     r.cli(&["INFO", "commandstats"])
         .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| {
+            ["cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_fcall:"]
+                .iter()
+                .any(|c| l.starts_with(c))
+        })
         .filter_map(|l| {
             l.split("calls=")
                 .nth(1)?

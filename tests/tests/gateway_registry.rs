@@ -75,7 +75,11 @@ async fn three_nodes_apply_issues_and_revocations_within_a_second_and_survive_re
     let scripts = |r: &RedisServer| -> u64 {
         r.cli(&["INFO", "commandstats"])
             .lines()
-            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter(|l| {
+                ["cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_fcall:"]
+                    .iter()
+                    .any(|c| l.starts_with(c))
+            })
             .filter_map(|l| {
                 l.split("calls=")
                     .nth(1)?

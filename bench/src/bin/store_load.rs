@@ -115,7 +115,7 @@ fn redis_stats(conn: &mut redis::Connection) -> Result<Stats, String> {
     };
     let mut s = Stats::default();
     for line in info.lines() {
-        if line.starts_with("cmdstat_evalsha:") {
+        if line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_fcall:") {
             s.script_runs += field(line, "calls") - field(line, "failed_calls");
             s.script_usec += field(line, "usec");
         }

@@ -324,85 +324,99 @@ end
     };
 }
 
-/// Decides a batch of requests (group commit: one script run for every decision queued while
-/// the previous run was in flight; a batch of one at low load), and gives back or renews the
-/// leases of requests in flight that ride along. Entries are taken in the order given, so
-/// several of one quota in a batch are counted exactly as if sent one by one. Each quota's state
-/// (and its leases) is read once and written once per batch, with one `GET` and one `SET`.
-///
-/// The numbers travel packed, each a little-endian signed 64-bit integer (`struct`'s `i8`), in
-/// two strings: Redis turns each argument into a string and `tonumber` parses it with `strtod`,
-/// some 2,600 instructions a number, against about 700 for one unpacked (bench/RESULTS.md,
-/// issue 33); a quota's key is sent once however many entries of the run name it.
-///
-/// - `KEYS`: the quotas' states, each once, `<prefix>:windows:{<quota id>}`; a quota's leases
-///   are `<prefix>:leases:{<quota id>}`, the same key with `leases` for `windows`. On a Redis
-///   Cluster every key of one batch is in one slot.
-/// - `ARGV[1]`, the head: refused requests allowed in one minute before a ban; seconds after a
-///   ban's end before the ban level decays to 0; *n*, how many ban lengths follow, and the ban
-///   lengths in seconds by level, the last one repeating; a lease's length, seconds; *L*, how
-///   many sets of limits follow, and each set: *m*, its number of windows, then per window its
-///   length code (`Every::code`) and its limit, negative for a shadow window (counted, never
-///   refusing), then its concurrency (0: none).
-/// - `ARGV[2]`, the entries, three numbers each: the number of its quota's key in `KEYS`, then
-///   a decision's set of limits (from 1) and its cost; or -1 and the end of a lease to renew; or
-///   `-1 - n` and the end of `n` leases to give back.
-///
-/// Returns `now` (the script's clock, once), then in entry order: per decision `2 + m`
-/// integers, `{outcome, ban_until, count_1..count_m}` (the counts in its set's window order, its
-/// cost included when admitted), and two more when its set has a concurrency, `{lease_end,
-/// in_flight}` (the end of the lease it took, 0 when none, and the quota's requests in flight);
-/// outcome 0 admitted, 1 limited, 2 banned, 3 banned by this very request, 4 refused for the
-/// concurrency (nothing counted, no strike); per renewal `{lease_end, in_flight}`; nothing per
-/// release.
-pub const ACQUIRE: &str = concat!(
-    state_lua!(),
-    leases_lua!(),
-    r#"
+/// [`ACQUIRE`]'s library part (see [`ACQUIRE_LIBRARY`]).
+macro_rules! acquire_library_lua {
+    () => {
+        concat!(
+            state_lua!(),
+            leases_lua!(),
+            r#"
+-- The head (`ARGV[1]`) read: `head` its numbers, `sets` each set of limits flat: its number of
+-- windows m, then per window k at 3k - 1, 3k and 3k + 1 its length, its instance at `now` and
+-- the most it may hold before a request (a shadow window's is unbounded: it never refuses),
+-- then at 3m + 2 its concurrency (0: none).
+--
+-- Kept by the head's bytes: loaded as a Redis Function, this library's locals outlive a call,
+-- and a fleet sends few distinct heads (one per ban policy and mix of plans in a run), so a
+-- run mostly finds its head read already; a script run by EVALSHA starts with none each time.
+-- The table is a memo of a pure function of the bytes (and of `now` for the instances, worked
+-- out again when the clock moves), so what it holds never changes a decision; at most 64 are
+-- kept (then it starts again), so an odd mix of plans cannot make it grow.
+local heads, nheads = {}, 0
+local function parse_head(H)
+  -- In one call when it is short (as it nearly always is: a dozen numbers); a call returns at
+  -- most some 8,000 values (Lua's stack), and many sets of limits or a long ban ladder are
+  -- longer.
+  local head
+  local nh = #H / 8
+  if nh <= 256 then
+    head = {struct.unpack('<' .. string.rep('i8', nh), H)}
+  else
+    head = {}
+    local full = '<' .. string.rep('i8', 256)
+    for first = 1, nh, 256 do
+      local take = math.min(256, nh - first + 1)
+      local chunk = {struct.unpack(take == 256 and full or '<' .. string.rep('i8', take), H,
+        8 * (first - 1) + 1)}
+      for k = 1, take do head[first + k - 1] = chunk[k] end
+    end
+  end
+  local p = 5 + head[3]
+  local sets = {}
+  for i = 1, head[p] do
+    p = p + 1
+    local m = head[p]
+    -- Whole from the start, room for six windows: a table grown an element at a time is
+    -- reallocated as it grows, which cost more than reading the set.
+    local set = {m, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+    for k = 1, m do
+      local limit = head[p + 2 * k]
+      set[3 * k - 1] = head[p + 2 * k - 1]
+      if limit < 0 then set[3 * k + 1] = math.huge else set[3 * k + 1] = limit end
+    end
+    set[3 * m + 2] = head[p + 2 * m + 1]
+    sets[i] = set
+    p = p + 1 + 2 * m
+  end
+  return {head = head, sets = sets, now = -1}
+end
+local function read_head(H, now)
+  local h = heads[H]
+  if h == nil then
+    h = parse_head(H)
+    if nheads >= 64 then heads, nheads = {}, 0 end
+    heads[H], nheads = h, nheads + 1
+  end
+  if h.now ~= now then
+    local sets = h.sets
+    for i = 1, #sets do
+      local set = sets[i]
+      for k = 1, set[1] do set[3 * k] = index_of(set[3 * k - 1], now) end
+    end
+    h.now = now
+  end
+  return h
+end
+"#
+        )
+    };
+}
+
+/// [`ACQUIRE`]'s run (see [`ACQUIRE_RUN`]).
+macro_rules! acquire_run_lua {
+    () => {
+        r#"
 local now = tonumber(redis.call('TIME')[1])
 local H, E = ARGV[1], ARGV[2]
 if #H % 8 ~= 0 or #E % 24 ~= 0 then
   return redis.error_reply('pet-gateway: ACQUIRE wants packed arguments (a node of another version?)')
 end
--- In one call when it is short (as it nearly always is: a dozen numbers); a call returns at most
--- some 8,000 values (Lua's stack), and many sets of limits or a long ban ladder are longer.
-local head
-local nh = #H / 8
-if nh <= 256 then
-  head = {struct.unpack('<' .. string.rep('i8', nh), H)}
-else
-  head = {}
-  local full = '<' .. string.rep('i8', 256)
-  for first = 1, nh, 256 do
-    local take = math.min(256, nh - first + 1)
-    local chunk = {struct.unpack(take == 256 and full or '<' .. string.rep('i8', take), H,
-      8 * (first - 1) + 1)}
-    for k = 1, take do head[first + k - 1] = chunk[k] end
-  end
-end
+local h = read_head(H, now)
+-- Looked up once a run, not once an entry (a global's lookup is a table's).
+local unpack_numbers = struct.unpack
+local head, sets = h.head, h.sets
 local strikes, decay, lengths = head[1], head[2], head[3]
 local lease_secs = head[4 + lengths]
-local p = 5 + lengths
--- Each set of limits, flat: its number of windows m, then per window k at 3k - 1, 3k and 3k + 1
--- its length, its instance now and the most it may hold before a request (a shadow window's
--- is unbounded: it never refuses), then at 3m + 2 its concurrency (0: none).
-local sets = {}
-local nsets = head[p]
-p = p + 1
-for i = 1, nsets do
-  local m = head[p]
-  -- Whole from the start, room for six windows: a table grown an element at a time is
-  -- reallocated as it grows, which cost more than reading the set.
-  local set = {m, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
-  for k = 1, m do
-    local e, limit = head[p + 2 * k - 1], head[p + 2 * k]
-    set[3 * k - 1], set[3 * k] = e, index_of(e, now)
-    if limit < 0 then set[3 * k + 1] = math.huge else set[3 * k + 1] = limit end
-  end
-  set[3 * m + 2] = head[p + 2 * m + 1]
-  sets[i] = set
-  p = p + 2 + 2 * m
-end
 -- The leases of the quotas this batch touches, each read once: `of(key)` (see `leases_lua`).
 -- Made when a run first needs them, as are `WS` and `JS` below: most runs need neither.
 local held, held_order = nil, nil
@@ -427,7 +441,7 @@ local pos = 1
 local last_s, last_set, last_exact = nil, nil, false
 for _ = 1, #E / 24 do
   local ki, which, cost
-  ki, which, cost, pos = struct.unpack('<i8i8i8', E, pos)
+  ki, which, cost, pos = unpack_numbers('<i8i8i8', E, pos)
   local key = KEYS[ki]
   if which < -1 then
     local l = leases_of(key)
@@ -449,7 +463,7 @@ for _ = 1, #E / 24 do
   local most = set[3 * m + 2]
   local l = nil
   if most > 0 then l = leases_of(key) end
-  local fits = true
+  local fits, outcome = true, 0
   local n = s[N]
   local matched = 0
   -- The usual case, and the fast path: the state holds exactly these lengths, in this order
@@ -472,7 +486,7 @@ for _ = 1, #E / 24 do
       local cur, stored = set[3 * k], s[12 + 3 * k]
       local c = 0
       if stored == cur or stored == cur + 1 then c = s[13 + 3 * k] end
-      out[at + 2 + k] = c
+      out[at + 1 + k] = c
       if c + cost > set[3 * k + 1] then fits = false end
     end
   end
@@ -496,19 +510,19 @@ for _ = 1, #E / 24 do
       if stored == w then c = s[13 + 3 * j] end
     end
     WS[k], JS[k] = w, j
-    out[at + 2 + k] = c
+    out[at + 1 + k] = c
     if c + cost > set[3 * k + 1] then fits = false end
   end
   if s[BU] > now then
-    out[at + 1] = 2
+    outcome = 2
   elseif fits and l ~= nil and l.total >= most then
     -- Every window has room, but the concurrency is in flight: nothing counted, no strike.
-    out[at + 1] = 4
+    outcome = 4
   elseif fits and exact then
     for k = 1, m do
       local cur, stored = set[3 * k], s[12 + 3 * k]
-      local c = out[at + 2 + k] + cost
-      out[at + 2 + k] = c
+      local c = out[at + 1 + k] + cost
+      out[at + 1 + k] = c
       if stored ~= cur and stored ~= cur + 1 then
         outlive(s, set[3 * k - 1], cur)
         s[12 + 3 * k] = cur
@@ -518,7 +532,7 @@ for _ = 1, #E / 24 do
     end
     s[LA] = now
     s[WRITE] = true
-    out[at + 1] = 0
+    outcome = 0
   elseif fits then
     if matched < n then
       -- quota::rules::KeyState::count_elsewhere: running windows of this state the set lacks
@@ -534,8 +548,8 @@ for _ = 1, #E / 24 do
       end
     end
     for k = 1, m do
-      local c = out[at + 2 + k] + cost
-      out[at + 2 + k] = c
+      local c = out[at + 1 + k] + cost
+      out[at + 1 + k] = c
       local j, w, e = JS[k], WS[k], set[3 * k - 1]
       if j ~= nil and s[11 + 3 * j] == e and c <= MAX then
         if s[12 + 3 * j] ~= w then
@@ -549,7 +563,7 @@ for _ = 1, #E / 24 do
     end
     s[LA] = now
     s[WRITE] = true
-    out[at + 1] = 0
+    outcome = 0
   else
     if s[RD] == day then
       s[RC] = math.min(s[RC] + 1, MAX)
@@ -558,7 +572,7 @@ for _ = 1, #E / 24 do
       if (day + 1) * 86400 > s[EX] then s[EXPIRE] = true end
     end
     if s[SW] == minute then s[SC] = math.min(s[SC] + 1, MAX) else s[SW] = minute; s[SC] = 1 end
-    out[at + 1] = 1
+    outcome = 1
     if s[SC] > strikes then
       if s[LU] <= now then s[LV] = 0 end
       s[BU] = u32(now + head[3 + math.min(s[LV] + 1, lengths)])
@@ -566,14 +580,18 @@ for _ = 1, #E / 24 do
       s[LU] = u32(s[BU] + decay)
       s[SC] = 0
       s[EXPIRE] = true
-      out[at + 1] = 3
+      outcome = 3
     end
     s[WRITE] = true
   end
-  if s[BU] > now then out[at + 2] = s[BU] else out[at + 2] = 0 end
-  at = at + 2 + m
+  -- The outcome and the ban's end in one number, `outcome + 8 * ban_until`: each number of the
+  -- answer costs Redis some 870 instructions to write, a sixth of a decision. Exact: a ban's
+  -- end fits 32 bits, and Lua's numbers hold 53.
+  if s[BU] > now then outcome = outcome + 8 * s[BU] end
+  out[at + 1] = outcome
+  at = at + 1 + m
   if l ~= nil then
-    if out[at - m - 1] == 0 then
+    if outcome == 0 then
       out[at + 1] = take(l, now + lease_secs)
     else
       out[at + 1] = 0
@@ -592,7 +610,54 @@ for _, key in ipairs(held_order or {}) do
 end
 return out
 "#
-);
+    };
+}
+
+/// Decides a batch of requests (group commit: one script run for every decision queued while
+/// the previous run was in flight; a batch of one at low load), and gives back or renews the
+/// leases of requests in flight that ride along. Entries are taken in the order given, so
+/// several of one quota in a batch are counted exactly as if sent one by one. Each quota's state
+/// (and its leases) is read once and written once per batch, with one `GET` and one `SET`.
+///
+/// The numbers travel packed, each a little-endian signed 64-bit integer (`struct`'s `i8`), in
+/// two strings: Redis turns each argument into a string and `tonumber` parses it with `strtod`,
+/// some 2,600 instructions a number, against about 700 for one unpacked (bench/RESULTS.md,
+/// issue 33); a quota's key is sent once however many entries of the run name it.
+///
+/// - `KEYS`: the quotas' states, each once, `<prefix>:windows:{<quota id>}`; a quota's leases
+///   are `<prefix>:leases:{<quota id>}`, the same key with `leases` for `windows`. On a Redis
+///   Cluster every key of one batch is in one slot.
+/// - `ARGV[1]`, the head: refused requests allowed in one minute before a ban; seconds after a
+///   ban's end before the ban level decays to 0; *n*, how many ban lengths follow, and the ban
+///   lengths in seconds by level, the last one repeating; a lease's length, seconds; *L*, how
+///   many sets of limits follow, and each set: *m*, its number of windows, then per window its
+///   length code (`Every::code`) and its limit, negative for a shadow window (counted, never
+///   refusing), then its concurrency (0: none).
+/// - `ARGV[2]`, the entries, three numbers each: the number of its quota's key in `KEYS`, then
+///   a decision's set of limits (from 1) and its cost; or -1 and the end of a lease to renew; or
+///   `-1 - n` and the end of `n` leases to give back.
+///
+/// Returns `now` (the script's clock, once), then in entry order: per decision `1 + m`
+/// integers, `{outcome + 8 * ban_until, count_1..count_m}` (`ban_until` 0 when no ban is in
+/// force; the counts in its set's window order, its cost included when admitted), and two more
+/// when its set has a concurrency, `{lease_end, in_flight}` (the end of the lease it took, 0
+/// when none, and the quota's requests in flight); outcome 0 admitted, 1 limited, 2 banned, 3
+/// banned by this very request, 4 refused for the concurrency (nothing counted, no strike); per
+/// renewal `{lease_end, in_flight}`; nothing per release. Every number of the answer costs Redis
+/// as much to write as a tenth of a decision, hence the outcome and the ban's end in one.
+///
+/// Run as a Redis Function where the server allows it (`redis/function.rs`): [`ACQUIRE_LIBRARY`]
+/// once, then [`ACQUIRE_RUN`] per call; otherwise as this script, both parts per call.
+pub const ACQUIRE: &str = concat!(acquire_library_lua!(), acquire_run_lua!());
+
+/// What [`ACQUIRE`] defines before it runs: the state's and the leases' functions and the
+/// reader of its head. As a Redis Function library (`redis/function.rs`) this part runs once,
+/// when the library is loaded, rather than on every call as a script's top level does.
+pub const ACQUIRE_LIBRARY: &str = acquire_library_lua!();
+
+/// [`ACQUIRE`]'s run, the body of the Redis Function that `redis/function.rs` registers
+/// (`KEYS` and `ARGV` its parameters).
+pub const ACQUIRE_RUN: &str = acquire_run_lua!();
 
 /// Ends a ban now and forgets the strikes; the ban level stays, so the next ban still escalates.
 ///

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::function::AcquireCall;
 use super::link::Link;
 use crate::keys::limits::{Limits, MAX_WINDOWS};
 use crate::quota::rules::{BanPolicy, Lease, Outcome, Verdict};
@@ -64,7 +65,7 @@ impl RawVerdict {
     /// How many integers `ACQUIRE` answers for a decision under `limits` (after the run's
     /// `now`).
     pub fn width(limits: &Limits) -> usize {
-        2 + limits.windows().len() + if limits.concurrency().is_some() { 2 } else { 0 }
+        1 + limits.windows().len() + if limits.concurrency().is_some() { 2 } else { 0 }
     }
 
     /// The decision under `limits` in `values` (exactly [`RawVerdict::width`] of them), in a
@@ -74,12 +75,16 @@ impl RawVerdict {
         if values.len() != RawVerdict::width(limits) {
             return Err(bad());
         }
-        let (head, rest) = values.split_at_checked(2).ok_or_else(bad)?;
+        let (&first, rest) = values.split_first().ok_or_else(bad)?;
+        if first < 0 {
+            return Err(bad());
+        }
         let (counts, lease) = rest.split_at(limits.windows().len());
         let mut raw = RawVerdict {
-            outcome: head[0],
+            // `outcome + 8 * ban_until`, one number (see ACQUIRE).
+            outcome: first & 7,
             now,
-            ban_until: head[1],
+            ban_until: first >> 3,
             counts: [0; MAX_WINDOWS],
             lease_end: lease.first().copied().unwrap_or(0),
             in_flight: lease.get(1).copied().unwrap_or(0),
@@ -175,13 +180,12 @@ pub(super) fn split_reply(values: &[i64]) -> Result<(i64, &[i64]), StoreError> {
 /// the run: the places they free are free for its decisions), those of one quota and one end as
 /// one entry with their number: a busy quota's releases cost the script one entry a second, not
 /// one each.
-pub(super) fn acquire_invocation<'a, 'k>(
-    script: &'a redis::Script,
+pub(super) fn acquire_call<'k>(
     prefix: &str,
     policy: &[u64],
     lease_secs: u64,
     entries: impl Iterator<Item = Entry<'k>> + Clone,
-) -> redis::ScriptInvocation<'a> {
+) -> AcquireCall {
     let mut sets: Vec<&Limits> = Vec::new();
     let mut releases: Vec<(&str, u64, u64)> = Vec::new();
     for entry in entries.clone() {
@@ -219,12 +223,11 @@ pub(super) fn acquire_invocation<'a, 'k>(
         };
         pack(&mut packed, [keys.number(entry.key_id()), first, second]);
     }
-    let mut invocation = script.prepare_invoke();
-    for key_id in keys.order {
-        invocation.key(quota_key(prefix, key_id));
+    AcquireCall {
+        keys: keys.order.iter().map(|k| quota_key(prefix, k)).collect(),
+        head: head(policy, lease_secs, &sets),
+        entries: packed,
     }
-    invocation.arg(head(policy, lease_secs, &sets)).arg(packed);
-    invocation
 }
 
 /// The quotas' keys of a run, each once, and each one's number in `KEYS` (from 1). By a map: a

@@ -25,8 +25,9 @@ use redis::cluster_routing::Slot;
 use tokio::sync::oneshot;
 
 use super::acquire::{
-    acquire_invocation, index_ban, parse_renewal, policy_args, policy_matches, Entry, RawVerdict,
+    acquire_call, index_ban, parse_renewal, policy_args, policy_matches, Entry, RawVerdict,
 };
+use super::function::Acquire;
 use super::link::Link;
 use crate::base::metrics::METRICS;
 use crate::keys::limits::Limits;
@@ -36,7 +37,7 @@ use crate::quota::store::StoreError;
 /// The batched half of the Redis store's `acquire`, and its leases' releases and renewals.
 pub(super) struct Batches {
     link: Arc<Link>,
-    script: redis::Script,
+    acquire: Arc<Acquire>,
     prefix: Arc<str>,
     /// The most entries one script run carries.
     max: usize,
@@ -148,6 +149,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Batches {
     pub(super) fn new(
         link: Arc<Link>,
+        acquire: Arc<Acquire>,
         prefix: Arc<str>,
         max: usize,
         per_slot: bool,
@@ -155,7 +157,7 @@ impl Batches {
     ) -> Arc<Batches> {
         Arc::new(Batches {
             link,
-            script: redis::Script::new(crate::quota::store::scripts::ACQUIRE),
+            acquire,
             prefix: Arc::clone(&prefix),
             max: max.max(1),
             lease_secs,
@@ -349,14 +351,13 @@ impl Batches {
                 // Leases alone: any policy will do, none is used.
                 None => Arc::clone(&lock(&self.policy)),
             };
-            let invocation = acquire_invocation(
-                &self.script,
+            let call = acquire_call(
                 &self.prefix,
                 &policy,
                 self.lease_secs,
                 batch.iter().map(Pending::entry),
             );
-            let result = self.link.run::<Vec<i64>>(&invocation).await;
+            let result = self.link.acquire(&self.acquire, &call).await;
             let width: usize = 1 + batch.iter().map(|p| p.entry().width()).sum::<usize>();
             match result {
                 Ok(values) if values.len() == width => {

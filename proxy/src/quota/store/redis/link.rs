@@ -25,6 +25,7 @@ use arc_swap::ArcSwap;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 
+use super::function::{function_missing, Acquire, AcquireCall};
 use crate::base::redis::{Prepared, RedisAccess, RedisAccessError};
 use crate::quota::store::StoreError;
 
@@ -237,6 +238,21 @@ impl Link {
         self.settle(tokio::time::timeout(self.inner.timeout, call).await)
     }
 
+    /// Runs `ACQUIRE` under the deadline (by `FCALL`, or the script: `function.rs`).
+    pub(super) async fn acquire(
+        &self,
+        acquire: &Acquire,
+        call: &AcquireCall,
+    ) -> Result<Vec<i64>, StoreError> {
+        let run = async {
+            match self.conn().await? {
+                Conn::Single(mut c) => acquire.call_on(&mut c, call).await,
+                Conn::Cluster(mut c) => acquire.call_on(&mut c, call).await,
+            }
+        };
+        self.settle(tokio::time::timeout(self.inner.timeout, run).await)
+    }
+
     /// A call's outcome under the deadline; a failure a new connection could cure starts a
     /// refresh.
     fn settle<T>(
@@ -366,19 +382,20 @@ async fn invoke_on<T: redis::FromRedisValue>(
     invocation: &redis::ScriptInvocation<'_>,
     conn: &mut (impl ConnectionLike + Send),
 ) -> Result<T, StoreError> {
-    invocation.invoke_async(conn).await.map_err(|e| {
-        if not_run(&e) {
-            StoreError::Refused(e.to_string())
-        } else if e.is_io_error()
-            || e.is_timeout()
-            || e.is_connection_dropped()
-            || e.is_cluster_error()
-        {
-            StoreError::Unavailable(e.to_string())
-        } else {
-            StoreError::Protocol(e.to_string())
-        }
-    })
+    invocation.invoke_async(conn).await.map_err(classify)
+}
+
+/// A script's or a function's error as the store's: whether it surely did not run, may have
+/// run (the connection), or was answered wrong.
+pub(super) fn classify(e: redis::RedisError) -> StoreError {
+    if not_run(&e) {
+        StoreError::Refused(e.to_string())
+    } else if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_cluster_error()
+    {
+        StoreError::Unavailable(e.to_string())
+    } else {
+        StoreError::Protocol(e.to_string())
+    }
 }
 
 /// Whether the call surely did not run: refused at connecting, or answered by a server that
@@ -387,7 +404,7 @@ async fn invoke_on<T: redis::FromRedisValue>(
 /// and a timeout is a timeout. (A release sent again after it ran would free another
 /// request's place.)
 fn not_run(e: &redis::RedisError) -> bool {
-    e.is_connection_refusal() || needs_another_connection(e)
+    e.is_connection_refusal() || needs_another_connection(e) || function_missing(e)
 }
 
 /// A server that is no longer the primary (a failover demoted it), not yet one (loading), or

@@ -9,14 +9,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 mod acquire;
 mod batch;
+mod function;
 mod link;
 mod top;
 
 use self::acquire::{
-    acquire_invocation, ban_index, index_ban, policy_args, quota_key, split_reply, Entry,
-    RawVerdict,
+    acquire_call, ban_index, index_ban, policy_args, quota_key, split_reply, Entry, RawVerdict,
 };
 use self::batch::Batches;
+use self::function::Acquire;
 use self::link::Link;
 use crate::base::redis::RedisAccess;
 use crate::keys::limits::{Every, Limits};
@@ -35,7 +36,7 @@ pub struct RedisStore {
     batched: bool,
     batch_max: usize,
     lease_secs: u64,
-    acquire: redis::Script,
+    acquire: Arc<Acquire>,
     lift_ban: redis::Script,
     ban_of: redis::Script,
     index_ban: redis::Script,
@@ -68,9 +69,11 @@ impl RedisStore {
         let link =
             Arc::new(Link::new(access, timeout).map_err(|e| StoreConfigError(e.to_string()))?);
         let prefix: Arc<str> = Arc::from(prefix);
+        let acquire = Arc::new(Acquire::new());
         let store = RedisStore {
             batches: Batches::new(
                 Arc::clone(&link),
+                Arc::clone(&acquire),
                 Arc::clone(&prefix),
                 DEFAULT_BATCH_MAX,
                 link.is_cluster(),
@@ -81,7 +84,7 @@ impl RedisStore {
             batched: true,
             batch_max: DEFAULT_BATCH_MAX,
             lease_secs: DEFAULT_LEASE_SECS,
-            acquire: redis::Script::new(scripts::ACQUIRE),
+            acquire,
             lift_ban: redis::Script::new(scripts::LIFT_BAN),
             ban_of: redis::Script::new(scripts::BAN_OF),
             index_ban: redis::Script::new(scripts::INDEX_BAN),
@@ -111,6 +114,7 @@ impl RedisStore {
     fn rebuild_batches(&mut self) {
         self.batches = Batches::new(
             Arc::clone(&self.link),
+            Arc::clone(&self.acquire),
             Arc::clone(&self.prefix),
             self.batch_max,
             self.link.is_cluster(),
@@ -136,24 +140,17 @@ impl RedisStore {
             if self.link.is_cluster() {
                 // One slot a run: one release a run.
                 for entry in entries {
-                    let invocation = acquire_invocation(
-                        &self.acquire,
+                    let call = acquire_call(
                         &self.prefix,
                         &policy,
                         self.lease_secs,
                         std::iter::once(entry),
                     );
-                    self.link.run::<Vec<i64>>(&invocation).await?;
+                    self.link.acquire(&self.acquire, &call).await?;
                 }
             } else {
-                let invocation = acquire_invocation(
-                    &self.acquire,
-                    &self.prefix,
-                    &policy,
-                    self.lease_secs,
-                    entries,
-                );
-                self.link.run::<Vec<i64>>(&invocation).await?;
+                let call = acquire_call(&self.prefix, &policy, self.lease_secs, entries);
+                self.link.acquire(&self.acquire, &call).await?;
             }
         }
         Ok(())
@@ -201,9 +198,9 @@ impl RedisStore {
     ) -> Result<RawVerdict, StoreError> {
         let policy = policy_args(ban);
         let run = {
-            let (link, script, prefix) = (
+            let (link, acquire, prefix) = (
                 Arc::clone(&self.link),
-                self.acquire.clone(),
+                Arc::clone(&self.acquire),
                 Arc::clone(&self.prefix),
             );
             let (key_id, limits, lease_secs) = (Arc::clone(key_id), *limits, self.lease_secs);
@@ -213,14 +210,8 @@ impl RedisStore {
                     limits: &limits,
                     cost,
                 };
-                let invocation = acquire_invocation(
-                    &script,
-                    &prefix,
-                    &policy,
-                    lease_secs,
-                    std::iter::once(entry),
-                );
-                let r: Vec<i64> = link.run(&invocation).await?;
+                let call = acquire_call(&prefix, &policy, lease_secs, std::iter::once(entry));
+                let r = link.acquire(&acquire, &call).await?;
                 let (now, one) = split_reply(&r)?;
                 RawVerdict::parse(now, one, &limits)
             }
