@@ -599,3 +599,27 @@ async fn a_user_not_allowed_functions_is_decided_by_the_script() {
         "{evalshas} EVALSHA, {failed} failed"
     );
 }
+
+/// A command the function runs that the ACL refuses (here `SET`, the state's write) fails the
+/// run, and the run is not sent again by the script: it reached the function, which may have
+/// written part of its keys before the refusal (a second run would count them twice). Redis 7.0
+/// says so with `ERR`, 7.2 and later with `NOPERM` (the unit tests of `function.rs` read both).
+#[tokio::test(flavor = "current_thread")]
+async fn a_refusal_inside_the_function_is_an_error_not_a_second_run_by_the_script() {
+    let redis = RedisServer::start_with(
+        e2e::free_addr(),
+        &[
+            "--user", "default", "on", "nopass", "~*", "&*", "+@all", "-set",
+        ],
+    );
+    let store = store(&redis, Duration::from_secs(2));
+    let limits = Limits::minute_day(2, 1_000).unwrap();
+    let decided = store.acquire(&Arc::from("k"), limits, 1, &NO_BANS()).await;
+    assert!(decided.is_err(), "{decided:?}");
+    let (evalshas, _) = command_calls(&redis, "evalsha");
+    assert_eq!(
+        evalshas, 0,
+        "the script was not sent after the function ran"
+    );
+    assert!(command_calls(&redis, "fcall").0 >= 1);
+}

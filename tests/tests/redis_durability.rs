@@ -95,6 +95,22 @@ async fn day_remaining(gw: &GatewayProcess, key: &str) -> u64 {
     }
 }
 
+/// Decisions Redis ran as the quota function (`FCALL` calls that did not fail): under the
+/// shipped ACL the gateway decides by the function, not by the script it falls back to.
+fn function_calls(redis: &ShippedRedis) -> u64 {
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    let field = |line: &str, name: &str| -> u64 {
+        line.split([':', ','])
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+            .unwrap_or(0)
+    };
+    stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_fcall:"))
+        .map(|l| field(l, "calls") - field(l, "failed_calls"))
+        .unwrap_or(0)
+}
+
 fn no_noperm(redis: &ShippedRedis) {
     // The gateway's background writes (the top consumers' flush, once a second) come after
     // the requests: give them a round.
@@ -132,6 +148,11 @@ async fn a_restart_of_the_shipped_redis_keeps_every_count_and_record() {
         assert_eq!(gw.status(&a).await, 200);
     }
     assert_eq!(day_remaining(&gw, &a).await, 988);
+    assert!(
+        function_calls(&redis) >= 11,
+        "decided by the function: {} FCALLs",
+        function_calls(&redis)
+    );
 
     redis.terminate();
     redis.restart();
@@ -148,6 +169,10 @@ async fn a_restart_of_the_shipped_redis_keeps_every_count_and_record() {
     reaches(&gw, &a, 401, Duration::from_secs(1)).await;
     let later = node(&f, &upstream, &redis, 1);
     reaches(&later, &b, 200, Duration::from_secs(2)).await;
+    assert!(
+        function_calls(&redis) >= 1,
+        "decided by the function after the restart"
+    );
     assert_eq!(
         later.status(&a).await,
         401,
