@@ -38,6 +38,65 @@ impl CaseHeaderName {
 /// A trait that converts into case-sensitive header names.
 pub trait IntoCaseHeaderName {
     fn into_case_header_name(self) -> CaseHeaderName;
+
+    /// The name as the header maps key it, and as it is written on the wire. By default the
+    /// wire form's bytes are parsed into the key (a lookup, a validation and, for a name that
+    /// is not a standard one, an allocation, on every insert); a name made once ahead, such as
+    /// a [`StaticHeaderName`], gives both as they are.
+    fn into_header_names(self) -> Result<(HeaderName, CaseHeaderName)>
+    where
+        Self: Sized,
+    {
+        let case = self.into_case_header_name();
+        let name = HeaderName::try_from(case.as_slice())
+            .or_err(InvalidHTTPHeader, "invalid header name")?;
+        Ok((name, case))
+    }
+}
+
+/// A header name made once, at compile time, with its wire form: inserting it neither parses
+/// nor allocates a name, where inserting a `&'static str` does both each time.
+///
+/// ```
+/// use pingora_http::{ResponseHeader, StaticHeaderName};
+/// const X_REQUEST_ID: StaticHeaderName = StaticHeaderName::from_static("x-request-id");
+/// let mut resp = ResponseHeader::build(200, None).unwrap();
+/// resp.insert_header(&X_REQUEST_ID, "abc").unwrap();
+/// assert_eq!(resp.headers.get("x-request-id").unwrap(), "abc");
+/// ```
+#[derive(Debug, Clone)]
+pub struct StaticHeaderName {
+    name: HeaderName,
+    case: &'static str,
+}
+
+impl StaticHeaderName {
+    /// `name` as it goes on the wire; it must be a valid header name in lower case
+    /// ([`HeaderName::from_static`]'s rule, checked at compile time in a `const`).
+    pub const fn from_static(name: &'static str) -> Self {
+        StaticHeaderName {
+            name: HeaderName::from_static(name),
+            case: name,
+        }
+    }
+
+    /// The name as the header maps key it.
+    pub fn name(&self) -> &HeaderName {
+        &self.name
+    }
+}
+
+impl IntoCaseHeaderName for &StaticHeaderName {
+    fn into_case_header_name(self) -> CaseHeaderName {
+        CaseHeaderName(Bytes::from_static(self.case.as_bytes()))
+    }
+
+    fn into_header_names(self) -> Result<(HeaderName, CaseHeaderName)> {
+        Ok((
+            self.name.clone(),
+            CaseHeaderName(Bytes::from_static(self.case.as_bytes())),
+        ))
+    }
 }
 
 impl IntoCaseHeaderName for CaseHeaderName {
@@ -62,11 +121,20 @@ impl IntoCaseHeaderName for HeaderName {
     fn into_case_header_name(self) -> CaseHeaderName {
         CaseHeaderName(titled_header_name(&self))
     }
+
+    fn into_header_names(self) -> Result<(HeaderName, CaseHeaderName)> {
+        let case = CaseHeaderName(titled_header_name(&self));
+        Ok((self, case))
+    }
 }
 
 impl IntoCaseHeaderName for &HeaderName {
     fn into_case_header_name(self) -> CaseHeaderName {
         CaseHeaderName(titled_header_name(self))
+    }
+
+    fn into_header_names(self) -> Result<(HeaderName, CaseHeaderName)> {
+        Ok((self.clone(), CaseHeaderName(titled_header_name(self))))
     }
 }
 
@@ -114,5 +182,17 @@ mod tests {
         assert_eq!("FoO".into_case_header_name().as_slice(), b"FoO");
         assert_eq!("FoO".to_string().into_case_header_name().as_slice(), b"FoO");
         assert_eq!(header::SERVER.into_case_header_name().as_slice(), b"Server");
+    }
+
+    #[test]
+    fn test_header_names() {
+        const X_ID: StaticHeaderName = StaticHeaderName::from_static("x-id");
+        let (name, case) = (&X_ID).into_header_names().unwrap();
+        assert_eq!((name.as_str(), case.as_slice()), ("x-id", &b"x-id"[..]));
+        let (name, case) = "X-Id".into_header_names().unwrap();
+        assert_eq!((name.as_str(), case.as_slice()), ("x-id", &b"X-Id"[..]));
+        let (name, case) = header::SERVER.into_header_names().unwrap();
+        assert_eq!((name, case.as_slice()), (header::SERVER, &b"Server"[..]));
+        assert!("bad name".into_header_names().is_err());
     }
 }

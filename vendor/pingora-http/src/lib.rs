@@ -43,7 +43,7 @@ use authority::{raw_target_authority, RawTargetAuthority};
 
 mod case_header_name;
 use case_header_name::CaseHeaderName;
-pub use case_header_name::IntoCaseHeaderName;
+pub use case_header_name::{IntoCaseHeaderName, StaticHeaderName};
 
 pub mod prelude {
     pub use crate::RequestHeader;
@@ -237,6 +237,12 @@ impl RequestHeader {
         &'a N: 'a + AsHeaderName,
     {
         remove_header(self.header_name_map.as_mut(), &mut self.base.headers, name)
+    }
+
+    /// Makes room for `additional` more headers at once, in the values and (when kept) the
+    /// names' case, rather than growing (and rehashing) both maps as inserts find them full.
+    pub fn reserve(&mut self, additional: usize) -> Result<()> {
+        reserve_headers(self.header_name_map.as_mut(), &mut self.base.headers, additional)
     }
 
     /// Write the header to the `buf` in HTTP/1.1 wire format.
@@ -593,6 +599,12 @@ impl ResponseHeader {
         remove_header(self.header_name_map.as_mut(), &mut self.base.headers, name)
     }
 
+    /// Makes room for `additional` more headers at once, in the values and (when kept) the
+    /// names' case, rather than growing (and rehashing) both maps as inserts find them full.
+    pub fn reserve(&mut self, additional: usize) -> Result<()> {
+        reserve_headers(self.header_name_map.as_mut(), &mut self.base.headers, additional)
+    }
+
     /// Write the header to the `buf` in HTTP/1.1 wire format.
     ///
     /// The header case will be preserved.
@@ -852,11 +864,7 @@ fn append_header_value<T>(
     name: impl IntoCaseHeaderName,
     value: T,
 ) -> Result<bool> {
-    let case_header_name = name.into_case_header_name();
-    let header_name: HeaderName = case_header_name
-        .as_slice()
-        .try_into()
-        .or_err(InvalidHTTPHeader, "invalid header name")?;
+    let (header_name, case_header_name) = name.into_header_names()?;
     // store the original case in the map
     if let Some(name_map) = name_map {
         // Use the non-panicking `try_append`: the infallible `append` calls
@@ -874,6 +882,22 @@ fn append_header_value<T>(
     )
 }
 
+fn reserve_headers<T>(
+    name_map: Option<&mut CaseMap>,
+    value_map: &mut HMap<T>,
+    additional: usize,
+) -> Result<()> {
+    value_map
+        .try_reserve(additional)
+        .or_err(InvalidHTTPHeader, "header value map size overflows MAX_SIZE")?;
+    if let Some(name_map) = name_map {
+        name_map
+            .try_reserve(additional)
+            .or_err(InvalidHTTPHeader, "header name map size overflows MAX_SIZE")?;
+    }
+    Ok(())
+}
+
 #[inline]
 fn insert_header_value<T>(
     name_map: Option<&mut CaseMap>,
@@ -881,11 +905,7 @@ fn insert_header_value<T>(
     name: impl IntoCaseHeaderName,
     value: T,
 ) -> Result<()> {
-    let case_header_name = name.into_case_header_name();
-    let header_name: HeaderName = case_header_name
-        .as_slice()
-        .try_into()
-        .or_err(InvalidHTTPHeader, "invalid header name")?;
+    let (header_name, case_header_name) = name.into_header_names()?;
     if let Some(name_map) = name_map {
         // store the original case in the map
         name_map.insert(header_name.clone(), case_header_name);
