@@ -19,6 +19,7 @@ use crate::base::metrics::METRICS;
 use crate::http::access_log;
 use crate::http::auth::AuthFailure;
 use crate::http::context::Ctx;
+use crate::http::header_names as names;
 use crate::http::metric_handles;
 use crate::http::pipeline::{Pipeline, Stop};
 use crate::http::quota_status::QuotaStatus;
@@ -229,14 +230,14 @@ impl ProxyHttp for Gateway {
             upstream.remove_header("expect");
         }
         if let Some(key) = &ctx.key {
-            upstream.insert_header("x-api-key-id", &*key.id)?;
-            upstream.insert_header("x-plan", &*key.plan)?;
+            upstream.insert_header(&names::X_API_KEY_ID, &*key.id)?;
+            upstream.insert_header(&names::X_PLAN, &*key.plan)?;
         }
-        upstream.insert_header("x-request-id", &ctx.request_id)?;
+        upstream.insert_header(&names::X_REQUEST_ID, &ctx.request_id)?;
         if let Some(trace) = &ctx.trace {
             // The backend's parent is this gateway's span; an invalid `traceparent` from the
             // client is replaced, never passed on.
-            upstream.insert_header("traceparent", trace.traceparent())?;
+            upstream.insert_header(&names::TRACEPARENT, trace.traceparent())?;
             if trace.parent_id.is_none() {
                 // A new trace: the client's `tracestate` belonged to no valid trace.
                 upstream.remove_header("tracestate");
@@ -258,7 +259,7 @@ impl ProxyHttp for Gateway {
         if let Some(view) = &ctx.rate {
             insert_rate_headers(upstream_response, RateHeaders::Plan(*view));
         }
-        upstream_response.insert_header("x-request-id", &ctx.request_id)?;
+        upstream_response.insert_header(&names::X_REQUEST_ID, &ctx.request_id)?;
         Ok(())
     }
 

@@ -21,6 +21,7 @@ pub mod auth;
 pub mod context;
 pub mod gateway;
 pub mod head_deadline;
+pub mod header_names;
 pub mod metric_handles;
 pub mod pipeline;
 pub mod quota_status;

@@ -12,6 +12,7 @@ use pingora::proxy::Session;
 use pingora::{Error, ErrorSource, ErrorType};
 use serde::Serialize;
 
+use crate::http::header_names as names;
 use crate::quota::rules::{RateView, SimpleLimit};
 
 /// The Error `code` values the gateway emits (the backend emits the rest of the design's list).
@@ -107,12 +108,15 @@ pub fn insert_rate_headers(resp: &mut ResponseHeader, rate: RateHeaders) {
     }
     let buf = Bytes::from(buf);
     let names = [
-        "ratelimit-policy",
-        "ratelimit",
-        "x-ratelimit-limit",
-        "x-ratelimit-remaining",
-        "x-ratelimit-reset",
+        &names::RATELIMIT_POLICY,
+        &names::RATELIMIT,
+        &names::X_RATELIMIT_LIMIT,
+        &names::X_RATELIMIT_REMAINING,
+        &names::X_RATELIMIT_RESET,
     ];
+    // Room for them and the request id at once: an upstream's response head is made to the
+    // size it came with, and growing its two maps (values and names' case) rehashes both.
+    let _ = resp.reserve(names.len() + 1);
     let plan = matches!(rate, RateHeaders::Plan(_));
     let mut start = 0;
     for (i, (name, end)) in names.into_iter().zip(ends).enumerate() {
@@ -137,11 +141,11 @@ pub fn json_head(
         Ok(r) => r,
         Err(_) => ResponseHeader::build(500, Some(10)).expect("500 is a valid status"),
     };
-    let _ = resp.insert_header("content-type", "application/json");
-    let _ = resp.insert_header("content-length", body_len);
-    let _ = resp.insert_header("cache-control", "no-store");
+    let _ = resp.insert_header(&names::CONTENT_TYPE, "application/json");
+    let _ = resp.insert_header(&names::CONTENT_LENGTH, body_len);
+    let _ = resp.insert_header(&names::CACHE_CONTROL, "no-store");
     if !request_id.is_empty() {
-        let _ = resp.insert_header("x-request-id", request_id);
+        let _ = resp.insert_header(&names::X_REQUEST_ID, request_id);
     }
     insert_rate_headers(&mut resp, rate);
     resp
@@ -389,7 +393,7 @@ pub async fn refuse(session: &mut Session, request_id: &str, refusal: Refusal) {
     let body = error_body(refusal.status, refusal.code, refusal.message);
     let mut head = json_head(refusal.status, body.len(), request_id, refusal.rate);
     if let Some(secs) = refusal.retry_after {
-        let _ = head.insert_header("retry-after", secs);
+        let _ = head.insert_header(&names::RETRY_AFTER, secs);
     }
     for (name, value) in refusal.extra_headers {
         let _ = head.insert_header(*name, *value);
