@@ -31,6 +31,10 @@ use crate::protocols::http::HttpTask;
 use crate::protocols::{Digest, SocketAddr, Stream, UniqueID, UniqueIDType};
 use crate::utils::{BufRef, KVRef};
 
+/// How many headers more than an upstream sent its response head is made with room for: what a
+/// proxy commonly adds (rate-limit headers, a request id, a server name) without growing it.
+const RESPONSE_HEADER_ROOM: usize = 8;
+
 /// The HTTP 1.x client session
 pub struct HttpSession {
     buf: Bytes,
@@ -284,9 +288,12 @@ impl HttpSession {
                         // while header_refs doesn't as it is still empty
                         let _num_headers = populate_headers(base, &mut header_refs, resp.headers);
 
+                        // Room for the headers a proxy adds in `response_filter` too: made
+                        // to the parsed count, the head's two maps (values and names' case)
+                        // grew and rehashed at a proxy's first inserts, on every response.
                         let mut response_header = match ResponseHeader::build(
                             resp.code.unwrap(),
-                            Some(resp.headers.len()),
+                            Some(resp.headers.len() + RESPONSE_HEADER_ROOM),
                         ) {
                             Ok(header) => Box::new(header),
                             Err(e) => return self.fail_response_header_read(e),
