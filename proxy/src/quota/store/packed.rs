@@ -29,7 +29,9 @@ struct Entry {
 
 #[derive(Debug)]
 pub(super) struct PackedStates {
-    keys: HashMap<Arc<str>, Entry>,
+    /// By key id: ids the fleet issued, not a client's bytes, so a fast hash (foldhash,
+    /// seeded per process) rather than SipHash, on every decision.
+    keys: HashMap<Arc<str>, Entry, foldhash::fast::RandomState>,
     /// Window lengths (`Every::code`) in slot order, by layout id; 0 is the empty list.
     layouts: Vec<Box<[u32]>>,
     /// (instance, count) of every key's windows, a run per key.
@@ -41,7 +43,7 @@ pub(super) struct PackedStates {
 impl Default for PackedStates {
     fn default() -> Self {
         PackedStates {
-            keys: HashMap::new(),
+            keys: HashMap::default(),
             layouts: vec![Box::from([])],
             slab: Vec::new(),
             free: Default::default(),
