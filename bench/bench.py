@@ -184,8 +184,8 @@ end
 """
 
 
-def wrk(url, seconds, script=None, headers=(), connections=32, cpus=None):
-    args = pinned(cpus, ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s"])
+def wrk(url, seconds, script=None, headers=(), connections=32, cpus=None, threads=1):
+    args = pinned(cpus, ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s"])
     for h in headers:
         args += ["-H", h]
     body = Path(script).read_text() if script else ""

@@ -22,6 +22,13 @@ gets 429 with Retry-After and an unknown key 401), and a row with non-2xx answer
 handful of socket errors stops the run: a misconfigured peer must not pass for a fast one. Each
 proxy then gets one unmeasured second of load (JIT traces, connection pools) before round 1.
 Called by `bench/run --peers`, which builds the binaries and installs the tools first.
+
+`--threads 1,2,4,8` (issue 33, "many cores") measures instead the gateway (embedded, log on)
+and the shared-dict peer (log on) at each count of threads (nginx: workers), with wrk
+`-c32×N` and up to 4 wrk threads. With 12 CPUs or more every process is pinned apart
+(`taskset`): the proxy on CPUs 4..3+N, the upstream and Redis on 2-3, wrk on the last four;
+the table gives each row's CPU a request against its own at one thread, and the gateway's
+against the peer's at the same count.
 """
 
 import argparse
@@ -103,6 +110,8 @@ class Bench:
         self.nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         self.seconds = args.seconds
         self.only = re.compile(args.only) if args.only else None
+        # `--threads` on a machine with cores to spare: every process pinned apart.
+        self.pin = bool(getattr(args, "threads", None)) and CPUS >= 12
 
     def wanted(self, name):
         return not self.only or bool(self.only.search(name))
@@ -112,8 +121,12 @@ class Bench:
         self.static = bench.free_port()
         bench.start_nginx(self.procs, self.nginx, self.work / "static", self.static,
                           f"  server {{ listen 127.0.0.1:{self.static}; location / {{ "
-                          "default_type application/json; return 200 '[]'; } }")
+                          "default_type application/json; return 200 '[]'; } }",
+                          cpus="2-3" if self.pin else None)
         self.redis, self.redis_port = bench.start_redis(self.procs)
+        if self.pin:
+            subprocess.run(["taskset", "-a", "-p", "-c", "2-3", str(self.redis.pid)],
+                           stdout=subprocess.DEVNULL, check=True)
         self.plans = self.work / "plans"
         self.plans.mkdir()
         (self.plans / "unlimited.toml").write_text(
@@ -123,7 +136,7 @@ class Bench:
         self.admitted = bench.write_keys(self.keys_file, "unlimited", 1, "admitted")[0]
         self.tiny = bench.append_keys(self.keys_file, "tiny", 1, "tiny")[0]
 
-    def nginx_from(self, template, name, subs):
+    def nginx_from(self, template, name, subs, cpus=None):
         """nginx run from one of bench/peers' templates, its @NAME@ placeholders filled in."""
         folder = self.work / name
         folder.mkdir()
@@ -137,7 +150,8 @@ class Bench:
             raise SystemExit(f"{template}: placeholders left unfilled: {left}")
         conf = folder / "nginx.conf"
         conf.write_text(text)
-        p = self.procs.start([self.nginx, "-p", str(folder), "-c", str(conf), "-g", "daemon off;"],
+        p = self.procs.start(bench.pinned(cpus, [self.nginx, "-p", str(folder), "-c", str(conf),
+                                                 "-g", "daemon off;"]),
                              stdout=subprocess.DEVNULL, stderr=open(folder / "stderr.log", "w"))
         try:
             bench.wait_port(port)
@@ -151,17 +165,17 @@ class Bench:
             "WORKERS": 1, "ACCESS_LOG": access_log(self.work / slug(name), "plain", log)})
         return Row(name, port, nginx_pids(p), log=log and folder / "access.log")
 
-    def lua_peer(self, name, store, workers, log):
+    def lua_peer(self, name, store, workers, log, cpus=None):
         """The nginx+Lua peer (bench/peers/gateway.lua) on the shared dict or on Redis."""
         p, port, folder = self.nginx_from("nginx-lua.conf.in", slug(name), {
             "WORKERS": workers, "PEERS_DIR": PEERS, "KEYS_FILE": self.keys_file,
             "PLANS_DIR": self.plans, "STORE": store, "REDIS_PORT": self.redis_port,
             "KEY_PREFIX": f"peers:{slug(name)}",
-            "ACCESS_LOG": access_log(self.work / slug(name), "gateway", log)})
+            "ACCESS_LOG": access_log(self.work / slug(name), "gateway", log)}, cpus=cpus)
         return Row(name, port, nginx_pids(p), redis=store == "redis", job=True,
                    log=log and folder / "access.log")
 
-    def gateway(self, name, redis, log, threads=1, metering=False):
+    def gateway(self, name, redis, log, threads=1, metering=False, cpus=None):
         """pet-gateway from bench.py's --bin-dir build. threads=None: as shipped (the config's
         defaults, RUST_LOG unset); else configured as bench.py's rows are (bans off, a 1 s
         store deadline), RUST_LOG=info (log on) or warn (log off)."""
@@ -182,7 +196,8 @@ class Bench:
             env["RUST_LOG"] = "info" if log else "warn"
         cfg.write_text(text)
         logfile = self.work / f"{slug(name)}.log"
-        p = self.procs.start([str(bench.GATEWAY_BIN / "pet-gateway"), "serve", "--config", str(cfg)],
+        p = self.procs.start(bench.pinned(cpus, [str(bench.GATEWAY_BIN / "pet-gateway"), "serve",
+                                                 "--config", str(cfg)]),
                              env=env, stderr=open(logfile, "w"))
         bench.wait_port(port)
         return Row(name, port, lambda: [p.pid], redis=redis, job=True, log=log and logfile)
@@ -228,6 +243,21 @@ class Bench:
         ]
         return [start() for name, start in starts if self.wanted(name)]
 
+    def start_thread_rows(self, counts):
+        """`--threads`: the shared-dict peer and the embedded gateway, log on, at each count."""
+        rows = []
+        for n in counts:
+            cpus = f"4-{3 + n}" if self.pin else None
+            for row in (self.lua_peer(f"nginx+Lua, shared dict, {n} worker(s), log on", "shared",
+                                      n, log=True, cpus=cpus),
+                        self.gateway(f"pet-gateway, embedded, {n} thread(s), log on", redis=False,
+                                     log=True, threads=n, cpus=cpus)):
+                row.threads = n
+                row.load = {"connections": 32 * n, "threads": min(n, 4),
+                            "cpus": f"{CPUS - 4}-{CPUS - 1}" if self.pin else None}
+                rows.append(row)
+        return rows
+
     def verify(self, row):
         """One request per case with curl: the proxy answers, and does the job it claims."""
         status, headers = curl(row.port, self.admitted)
@@ -259,7 +289,8 @@ class Bench:
             redis_cpu = bench.cpu_seconds([self.redis.pid])
             calls = bench.redis_calls(self.redis_port)
         r = bench.measure(row.name, f"http://127.0.0.1:{row.port}/v1/pets", pids, self.seconds,
-                          headers=(f"Authorization: Bearer {self.admitted}",))
+                          headers=(f"Authorization: Bearer {self.admitted}",),
+                          **getattr(row, "load", {}))
         check(row.name, r)
         run = {"rps": r["rps"], "cpu_us": r["cpu_us"]}
         if row.redis:
@@ -341,6 +372,26 @@ def print_table(rows):
         print(f"| {name} | {row.median('rps'):.0f} | {fmt(row.median('cpu_us'))} | {spread} | "
               f"{fmt(row.median('redis_us'))} | {fmt(row.median('redis_calls'), 3)} | "
               f"{fmt(statistics.median(ratio), 2) if ratio else ''} |")
+
+
+def print_threads(rows, args):
+    """`--threads`: CPU a request by count, each against its own at the first count, and the
+    gateway against the peer at the same count (the ratio's median over the rounds)."""
+    print(f"| threads | nginx+Lua µs/req | pet-gateway µs/req | gateway × peer | peer vs 1st | "
+          f"gateway vs 1st | req/s peer / gateway |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    peers = {r.threads: r for r in rows if r.name.startswith("nginx")}
+    gws = {r.threads: r for r in rows if r.name.startswith("pet-gateway")}
+    first = min(peers)
+    for n in sorted(peers):
+        p, g = peers[n], gws[n]
+        ratio = statistics.median(x["cpu_us"] / y["cpu_us"] for x, y in zip(g.runs, p.runs))
+        print(f"| {n} | {fmt(p.median('cpu_us'))} | {fmt(g.median('cpu_us'))} | {ratio:.2f} | "
+              f"{(p.median('cpu_us') / peers[first].median('cpu_us') - 1) * 100:+.0f} % | "
+              f"{(g.median('cpu_us') / gws[first].median('cpu_us') - 1) * 100:+.0f} % | "
+              f"{p.median('rps'):.0f} / {g.median('rps'):.0f} |")
+    print(f"\n{args.rounds} round(s), {args.seconds} s a run, wrk -c32×N with up to 4 threads; "
+          f"{CPUS} CPUs{', every process pinned apart' if CPUS >= 12 else ', shared'}.")
 
 
 def verdict(ok):
@@ -442,6 +493,7 @@ def main():
     ap.add_argument("--only", help="only the rows whose name matches this regex")
     ap.add_argument("--charts", default=str(bench.ROOT / "bench" / "charts"),
                     help="where the PNG chart goes ('' skips it)")
+    ap.add_argument("--threads", help="counts of threads to compare, e.g. 1,2,4,8 (many cores)")
     args = ap.parse_args()
     if args.bin_dir:
         bench.GATEWAY_BIN = Path(args.bin_dir).resolve()
@@ -454,7 +506,8 @@ def main():
     b = Bench(args)
     try:
         b.start_shared()
-        rows = b.start_rows()
+        counts = [int(n) for n in args.threads.split(",")] if args.threads else None
+        rows = b.start_thread_rows(counts) if counts else b.start_rows()
         if not rows:
             raise SystemExit(f"--only {args.only!r} matches no row")
         for row in rows:
@@ -470,6 +523,9 @@ def main():
         b.procs.stop_all()
 
     by_name = {r.name: r for r in rows}
+    if counts:
+        print_threads(rows, args)
+        return
     print_table(by_name)
     print(f"\n{args.rounds} round(s) of wrk -t1 -c32 -d{args.seconds}s per row, the order rotated each "
           f"round; medians. {CPUS} CPUs, shared by wrk, the proxies, the upstream and Redis. Proxy "
