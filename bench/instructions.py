@@ -17,6 +17,11 @@ far away, so no notice is made: the check's cost, not a notice's); `--webhook` a
 `events_webhook_url` (a receiver of this script's answering 204), its secret file and spool. The
 webhook's work is in the gateway's background threads, which callgrind counts too.
 
+A regression check (issue 33): `--check bench/instructions-baseline.json --passthrough --bin-dir
+target/release` fails (exit 1) where a figure is more than 2 % above the baseline's;
+`--write-baseline FILE` writes the first build's figures as the new baseline (commit it with the
+change that moved them, and say why in the commit).
+
 Overload protection (issue 32): `--overload` measures, instead of the scenarios above, the
 embedded store admitting with all of it off (`upstream_max_in_flight = "off"`, a plan without a
 `concurrency`) and all of it on (places 64, a plan's `concurrency = 64`, the default priority
@@ -25,6 +30,7 @@ table), for builds that know it (the build before it would refuse a plan with a 
 
 import argparse
 import http.server
+import json
 import subprocess
 import sys
 import tempfile
@@ -160,6 +166,11 @@ def main():
                     help="keep the callgrind dumps (their folder is printed) for callgrind_annotate")
     ap.add_argument("--log", default="warn",
                     help="RUST_LOG of the gateways: warn (no access log, the default) or info")
+    ap.add_argument("--check", metavar="BASELINE",
+                    help="compare the first --bin-dir's figures with this JSON baseline and fail "
+                         "(exit 1) where one is more than 2 %% above it")
+    ap.add_argument("--write-baseline", metavar="BASELINE",
+                    help="write the first --bin-dir's figures to this JSON baseline")
     args = ap.parse_args()
 
     procs = bench.Procs()
@@ -222,12 +233,44 @@ def main():
             print(f"| {label} | " + " | ".join(f"{f:,.0f}" for f in figures) + " |", flush=True)
         if args.chart:
             chart(Path(args.chart), names, table, args.log)
+        ours = {label: round(figures[0]) for label, figures in table}
+        if args.write_baseline:
+            Path(args.write_baseline).write_text(json.dumps(ours, indent=2) + "\n")
+            print(f"baseline written: {args.write_baseline}", file=sys.stderr)
+        if args.check:
+            failed = check(json.loads(Path(args.check).read_text()), ours)
+            if failed:
+                raise SystemExit(1)
     finally:
         procs.stop_all()
         if args.keep:
             print(f"callgrind dumps kept in {work}", file=sys.stderr)
         else:
             bench.shutil.rmtree(work, ignore_errors=True)
+
+
+# How far above its baseline a figure may go: two runs of one build agree within 0.3 %, so
+# +2 % is a change, not noise.
+TOLERANCE = 1.02
+
+
+def check(baseline, ours):
+    """Each figure of `ours` against `baseline`; prints every row, returns whether one failed.
+    A row of the baseline this run did not measure is said, not failed (`--passthrough`,
+    `--redis` decide which rows run)."""
+    failed = False
+    print("\n| against the baseline | baseline | now | change | |")
+    print("|---|---:|---:|---:|---|")
+    for label, want in baseline.items():
+        if label not in ours:
+            print(f"| {label} | {want:,} | (not measured) | | |")
+            continue
+        got = ours[label]
+        bad = got > want * TOLERANCE
+        failed |= bad
+        print(f"| {label} | {want:,} | {got:,} | {(got / want - 1) * 100:+.1f} % | "
+              f"{'FAIL: above +2 %' if bad else 'ok'} |")
+    return failed
 
 
 def chart(path, names, table, log):
