@@ -258,7 +258,7 @@ def check(baseline, ours):
     """Each figure of `ours` against `baseline`; prints every row, returns whether one failed.
     A row of the baseline this run did not measure is said, not failed (`--passthrough`,
     `--redis` decide which rows run)."""
-    failed = False
+    failed, compared = False, 0
     print("\n| against the baseline | baseline | now | change | |")
     print("|---|---:|---:|---:|---|")
     for label, want in baseline.items():
@@ -266,10 +266,14 @@ def check(baseline, ours):
             print(f"| {label} | {want:,} | (not measured) | | |")
             continue
         got = ours[label]
+        compared += 1
         bad = got > want * TOLERANCE
         failed |= bad
         print(f"| {label} | {want:,} | {got:,} | {(got / want - 1) * 100:+.1f} % | "
               f"{'FAIL: above +2 %' if bad else 'ok'} |")
+    if not compared:
+        print("FAIL: no row of the baseline was measured (a renamed row? --passthrough?)")
+        return True
     return failed
 
 

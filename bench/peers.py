@@ -25,7 +25,7 @@ Called by `bench/run --peers`, which builds the binaries and installs the tools 
 
 `--threads 1,2,4,8` (issue 33, "many cores") measures instead the gateway (embedded, log on)
 and the shared-dict peer (log on) at each count of threads (nginx: workers), with wrk
-`-c32×N` and up to 4 wrk threads. With 12 CPUs or more every process is pinned apart
+`-c32×N` and up to 4 wrk threads. With 8 + N CPUs or more every process is pinned apart
 (`taskset`): the proxy on CPUs 4..3+N, the upstream and Redis on 2-3, wrk on the last four;
 the table gives each row's CPU a request against its own at one thread, and the gateway's
 against the peer's at the same count.
@@ -111,7 +111,9 @@ class Bench:
         self.seconds = args.seconds
         self.only = re.compile(args.only) if args.only else None
         # `--threads` on a machine with cores to spare: every process pinned apart.
-        self.pin = bool(getattr(args, "threads", None)) and CPUS >= 12
+        counts = [int(n) for n in args.threads.split(",")] if getattr(args, "threads", None) else []
+        # Proxy on 4..3+N, wrk on the last four: apart only with 8 + N CPUs.
+        self.pin = bool(counts) and CPUS >= 8 + max(counts)
 
     def wanted(self, name):
         return not self.only or bool(self.only.search(name))
@@ -374,7 +376,7 @@ def print_table(rows):
               f"{fmt(statistics.median(ratio), 2) if ratio else ''} |")
 
 
-def print_threads(rows, args):
+def print_threads(rows, args, pinned):
     """`--threads`: CPU a request by count, each against its own at the first count, and the
     gateway against the peer at the same count (the ratio's median over the rounds)."""
     print(f"| threads | nginx+Lua µs/req | pet-gateway µs/req | gateway × peer | peer vs 1st | "
@@ -391,7 +393,7 @@ def print_threads(rows, args):
               f"{(g.median('cpu_us') / gws[first].median('cpu_us') - 1) * 100:+.0f} % | "
               f"{p.median('rps'):.0f} / {g.median('rps'):.0f} |")
     print(f"\n{args.rounds} round(s), {args.seconds} s a run, wrk -c32×N with up to 4 threads; "
-          f"{CPUS} CPUs{', every process pinned apart' if CPUS >= 12 else ', shared'}.")
+          f"{CPUS} CPUs{', every process pinned apart' if pinned else ', shared'}.")
 
 
 def verdict(ok):
@@ -524,7 +526,7 @@ def main():
 
     by_name = {r.name: r for r in rows}
     if counts:
-        print_threads(rows, args)
+        print_threads(rows, args, b.pin)
         return
     print_table(by_name)
     print(f"\n{args.rounds} round(s) of wrk -t1 -c32 -d{args.seconds}s per row, the order rotated each "

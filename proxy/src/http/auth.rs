@@ -64,11 +64,22 @@ where
 /// RFC 7235 token68: `1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"="`.
 fn is_token68(s: &str) -> bool {
     let body = s.trim_end_matches('=');
-    !body.is_empty()
-        && body.bytes().all(|b| {
-            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'+' | b'/')
-        })
+    !body.is_empty() && body.bytes().all(|b| TOKEN68[usize::from(b)])
 }
+
+/// token68's characters, by byte: one load a byte, where the comparisons cost some 600
+/// instructions for a key's 68 characters on every request.
+static TOKEN68: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] =
+            c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~' | b'+' | b'/');
+        b += 1;
+    }
+    table
+};
 
 #[cfg(test)]
 mod tests {
@@ -80,6 +91,15 @@ mod tests {
             .map(|v| &*Box::leak(v.to_vec().into_boxed_slice()))
             .collect();
         bearer_token(owned.into_iter())
+    }
+
+    #[test]
+    fn the_token68_table_is_the_rules() {
+        for b in 0..=255u8 {
+            let rule =
+                b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'+' | b'/');
+            assert_eq!(TOKEN68[usize::from(b)], rule, "{b}");
+        }
     }
 
     #[test]

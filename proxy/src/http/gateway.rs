@@ -225,9 +225,9 @@ impl ProxyHttp for Gateway {
     ) -> Result<()> {
         // The backend learns who is calling from the gateway, never from the client: the key
         // stays here and client-sent identity headers are replaced.
-        upstream.remove_header("authorization");
+        upstream.remove_header(&http::header::AUTHORIZATION);
         if ctx.continued {
-            upstream.remove_header("expect");
+            upstream.remove_header(&http::header::EXPECT);
         }
         if let Some(key) = &ctx.key {
             upstream.insert_header(&names::X_API_KEY_ID, &*key.id)?;
@@ -240,7 +240,7 @@ impl ProxyHttp for Gateway {
             upstream.insert_header(&names::TRACEPARENT, trace.traceparent())?;
             if trace.parent_id.is_none() {
                 // A new trace: the client's `tracestate` belonged to no valid trace.
-                upstream.remove_header("tracestate");
+                upstream.remove_header(&names::TRACESTATE);
             }
         }
         Ok(())

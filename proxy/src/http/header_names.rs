@@ -1,7 +1,7 @@
 //! The header names the gateway writes, each made once. An insert by a `&'static str` parses
 //! the name, and allocates one that is not a standard header, on every request; one of these
 //! is cloned (a static name's clone allocates nothing) and inserted as it is
-//! (`vendor/pingora-http`, its patch 1). Their wire form is as written here, lower case.
+//! (`vendor/pingora-http`, vendor/README.md's patch 4). Their wire form is as written here, lower case.
 
 use pingora::http::StaticHeaderName;
 
@@ -15,6 +15,8 @@ pub static X_REQUEST_ID: StaticHeaderName = StaticHeaderName::from_static("x-req
 pub static X_API_KEY_ID: StaticHeaderName = StaticHeaderName::from_static("x-api-key-id");
 pub static X_PLAN: StaticHeaderName = StaticHeaderName::from_static("x-plan");
 pub static TRACEPARENT: StaticHeaderName = StaticHeaderName::from_static("traceparent");
+/// Removed by name: a `HeaderName` rather than a string parsed at each removal.
+pub static TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
 pub static CONTENT_TYPE: StaticHeaderName = StaticHeaderName::from_static("content-type");
 pub static CONTENT_LENGTH: StaticHeaderName = StaticHeaderName::from_static("content-length");
 pub static CACHE_CONTROL: StaticHeaderName = StaticHeaderName::from_static("cache-control");

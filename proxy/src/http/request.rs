@@ -51,9 +51,12 @@ thread_local! {
     static ID_STATE: Cell<u64> = Cell::new(rand::random());
 }
 
-/// 128 fresh bits in hex, for a request that brought no id. Unique (a 64-bit generator per
-/// thread, each seeded at random), not secret: an id is echoed to the client and written to
-/// logs, never trusted. The thread's ChaCha generator and `hex::encode` cost some 1,400
+/// 32 hex digits for a request that brought no id: two outputs of the thread's generator, so
+/// 64 bits of state behind them. Unique with high probability (each thread seeded at random;
+/// two ids meet only if two threads' sequences overlap), predictable by whoever sees a few
+/// (wyrand is no cryptographic generator): an id is echoed to the client and written to logs,
+/// and must never be a secret, an idempotency key or anything trusted (a client may send any
+/// id of its own anyway). The thread's ChaCha generator and `hex::encode` cost some 1,400
 /// instructions a request; this, a few hundred.
 fn fresh_id() -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";

@@ -19,8 +19,9 @@ use crate::keys::limits::Every;
 use crate::quota::store::{QuotaStore, StoreError};
 
 /// The holders' maps' hasher: holders are key and customer ids the fleet issued, not a
-/// client's bytes, so a fast hash (foldhash, seeded per process) in place of SipHash, which
-/// cost two hashes of some 400 instructions each on every admitted request.
+/// client's bytes, so a fast hash (foldhash, seeded per process, not from the OS's randomness)
+/// in place of SipHash, which cost two hashes of some 400 instructions each on every admitted
+/// request. Never key these maps by anything a client sends.
 type Fast = foldhash::fast::RandomState;
 
 const SHARDS: usize = 16;

@@ -29,8 +29,9 @@ struct Entry {
 
 #[derive(Debug)]
 pub(super) struct PackedStates {
-    /// By key id: ids the fleet issued, not a client's bytes, so a fast hash (foldhash,
-    /// seeded per process) rather than SipHash, on every decision.
+    /// By key id: ids the fleet issued, not a client's bytes, so a fast hash (foldhash, seeded
+    /// per process, not from the OS's randomness) rather than SipHash, on every decision. Never
+    /// key it by anything a client sends.
     keys: HashMap<Arc<str>, Entry, foldhash::fast::RandomState>,
     /// Window lengths (`Every::code`) in slot order, by layout id; 0 is the empty list.
     layouts: Vec<Box<[u32]>>,
