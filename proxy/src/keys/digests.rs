@@ -59,12 +59,7 @@ pub fn digest(token: &str) -> ([u8; 32], bool) {
 /// Keeps `digest` for `token`, which named a key of the index.
 pub fn remember(token: &str, digest: [u8; 32]) {
     let bytes = token.as_bytes();
-    if bytes.is_empty() || bytes.len() > LONGEST {
-        return;
-    }
-    SEEN.with(|seen| {
-        let mut seen = seen.borrow_mut();
-        let slot = &mut seen[slot_of(bytes)];
+    with_slot(bytes, |slot| {
         slot.len = bytes.len();
         slot.token[..bytes.len()].copy_from_slice(bytes);
         slot.digest = digest;
@@ -74,27 +69,27 @@ pub fn remember(token: &str, digest: [u8; 32]) {
 /// Forgets `token` (it no longer names a key): a revoked key's token is not kept.
 pub fn forget(token: &str) {
     let bytes = token.as_bytes();
-    if bytes.is_empty() || bytes.len() > LONGEST {
-        return;
-    }
-    SEEN.with(|seen| {
-        let mut seen = seen.borrow_mut();
-        let slot = &mut seen[slot_of(bytes)];
-        if slot.len == bytes.len() && same(&slot.token[..slot.len], bytes) {
+    with_slot(bytes, |slot| {
+        if same(&slot.token[..slot.len], bytes) {
             *slot = EMPTY;
         }
     });
 }
 
 fn remembered(bytes: &[u8]) -> Option<[u8; 32]> {
+    with_slot(bytes, |slot| {
+        same(&slot.token[..slot.len], bytes).then_some(slot.digest)
+    })
+    .flatten()
+}
+
+/// `f` on this thread's slot for `bytes`; `None`, without calling it, for a token never
+/// remembered (empty, or longer than [`LONGEST`]).
+fn with_slot<R>(bytes: &[u8], f: impl FnOnce(&mut Slot) -> R) -> Option<R> {
     if bytes.is_empty() || bytes.len() > LONGEST {
         return None;
     }
-    SEEN.with(|seen| {
-        let seen = seen.borrow();
-        let slot = &seen[slot_of(bytes)];
-        same(&slot.token[..slot.len], bytes).then_some(slot.digest)
-    })
+    SEEN.with(|seen| Some(f(&mut seen.borrow_mut()[slot_of(bytes)])))
 }
 
 /// The slot a non-empty token goes to: its last two bytes (a key's checksum) and its length.
