@@ -532,7 +532,7 @@ def main():
     print(f"\n{args.rounds} round(s) of wrk -t1 -c32 -d{args.seconds}s per row, the order rotated each "
           f"round; medians. {CPUS} CPUs, shared by wrk, the proxies, the upstream and Redis. Proxy "
           "CPU: user + system of its processes (/proc/PID/stat) over the run ÷ requests. Redis "
-          "calls: script runs (EVALSHA) per request.")
+          "calls: script runs (EVALSHA, or FCALL for the gateway) per request.")
     print_derived(by_name)
     print_degraded(by_name)
     if args.charts:

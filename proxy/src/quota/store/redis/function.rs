@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
 
-use super::link::classify;
+use super::errors::{classify, function_missing};
 use crate::quota::store::scripts::{ACQUIRE, ACQUIRE_LIBRARY, ACQUIRE_RUN};
 use crate::quota::store::StoreError;
 
@@ -194,13 +194,6 @@ impl Acquire {
             );
         }
     }
-}
-
-/// "Function not found": the server lacks the library (it surely did not run the call).
-pub(super) fn function_missing(e: &redis::RedisError) -> bool {
-    e.code() == Some("ERR")
-        && e.detail()
-            .is_some_and(|d| d.starts_with("Function not found"))
 }
 
 /// `FCALL` or `FUNCTION LOAD` themselves refused (a user not allowed them) or unknown (Redis

@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 mod acquire;
 mod batch;
+mod errors;
 mod function;
 mod link;
 mod top;
