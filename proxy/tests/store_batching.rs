@@ -28,19 +28,12 @@ const NO_BANS: fn() -> BanPolicy = || BanPolicy {
 /// failed).
 fn script_runs(redis: &RedisServer) -> u64 {
     let stats = redis.cli(&["INFO", "commandstats"]);
-    let field = |line: &str, name: &str| -> u64 {
-        line.split([':', ','])
-            .find_map(|f| f.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
-            .unwrap_or(0)
-    };
-    stats
-        .lines()
-        .filter(|l| {
-            ["cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_fcall:"]
-                .iter()
-                .any(|c| l.starts_with(c))
+    ["evalsha", "eval", "fcall"]
+        .iter()
+        .map(|c| {
+            let (calls, failed) = e2e::command_calls(&stats, c);
+            calls - failed
         })
-        .map(|l| field(l, "calls") - field(l, "failed_calls"))
         .sum()
 }
 
@@ -493,17 +486,7 @@ async fn a_ban_ladder_past_luas_stack_and_a_never_past_i64_still_decide() {
 
 /// Calls of `command` Redis has served, `(calls, failed)`.
 fn command_calls(redis: &RedisServer, command: &str) -> (u64, u64) {
-    let stats = redis.cli(&["INFO", "commandstats"]);
-    let field = |line: &str, name: &str| -> u64 {
-        line.split([':', ','])
-            .find_map(|f| f.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
-            .unwrap_or(0)
-    };
-    stats
-        .lines()
-        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
-        .map(|l| (field(l, "calls"), field(l, "failed_calls")))
-        .unwrap_or((0, 0))
+    e2e::command_calls(&redis.cli(&["INFO", "commandstats"]), command)
 }
 
 /// Decisions go by the function (`FCALL`), not the script; a server that lost the library (a
@@ -562,20 +545,7 @@ async fn decisions_go_by_the_function_and_a_lost_library_is_loaded_again() {
 /// "unknown command" alike) gets the script, and the same decisions.
 #[tokio::test(flavor = "current_thread")]
 async fn a_user_not_allowed_functions_is_decided_by_the_script() {
-    let redis = RedisServer::start_with(
-        e2e::free_addr(),
-        &[
-            "--user",
-            "default",
-            "on",
-            "nopass",
-            "~*",
-            "&*",
-            "+@all",
-            "-fcall",
-            "-function",
-        ],
-    );
+    let redis = RedisServer::start_without_functions();
     let store = store(&redis, Duration::from_secs(2));
     fresh_minute(Duration::from_secs(10));
     let limits = Limits::minute_day(2, 1_000).unwrap();

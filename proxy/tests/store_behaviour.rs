@@ -101,7 +101,11 @@ fn memory() -> Subject {
 }
 
 fn redis() -> Subject {
-    let server = RedisServer::start();
+    on_redis(RedisServer::start())
+}
+
+/// The store on `server`, batched as shipped.
+fn on_redis(server: RedisServer) -> Subject {
     let store = RedisStore::new(&server.url(), "test", Duration::from_millis(500))
         .expect("store")
         .with_lease_secs(LEASE_SECS);
@@ -131,29 +135,7 @@ fn redis_unbatched() -> Subject {
 /// A Redis whose user may not run functions (`FCALL`, `FUNCTION`: an ACL from before they were
 /// used, or Redis before 7.0): decisions go by the script (`EVALSHA`), and must be the same.
 fn redis_by_script() -> Subject {
-    let server = RedisServer::start_with(
-        e2e::free_addr(),
-        &[
-            "--user",
-            "default",
-            "on",
-            "nopass",
-            "~*",
-            "&*",
-            "+@all",
-            "-fcall",
-            "-function",
-        ],
-    );
-    let store = RedisStore::new(&server.url(), "test", Duration::from_millis(500))
-        .expect("store")
-        .with_lease_secs(LEASE_SECS);
-    Subject {
-        store: Arc::new(store),
-        clock: None,
-        redis: Some(server.addr),
-        _servers: Some(Box::new(server)),
-    }
+    on_redis(RedisServer::start_without_functions())
 }
 
 fn cluster() -> Subject {

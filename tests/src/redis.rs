@@ -52,6 +52,25 @@ impl RedisServer {
         }
     }
 
+    /// A server whose user may not run functions (`FCALL`, `FUNCTION`): as an ACL from before
+    /// the gateway used them, or a Redis before 7.0, leaves a node.
+    pub fn start_without_functions() -> RedisServer {
+        Self::start_with(
+            free_addr(),
+            &[
+                "--user",
+                "default",
+                "on",
+                "nopass",
+                "~*",
+                "&*",
+                "+@all",
+                "-fcall",
+                "-function",
+            ],
+        )
+    }
+
     pub fn url(&self) -> String {
         format!("redis://{}/", self.addr)
     }
@@ -486,4 +505,20 @@ pub fn repo_root() -> PathBuf {
         .parent()
         .expect("tests/ is inside the repository")
         .to_owned()
+}
+
+/// From `INFO commandstats` output: `command`'s calls and how many of them failed
+/// (`(0, 0)` when it never ran).
+pub fn command_calls(stats: &str, command: &str) -> (u64, u64) {
+    let field = |line: &str, name: &str| -> u64 {
+        line.split([':', ','])
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+            .unwrap_or(0)
+    };
+    let prefix = format!("cmdstat_{command}:");
+    stats
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .map(|l| (field(l, "calls"), field(l, "failed_calls")))
+        .unwrap_or((0, 0))
 }

@@ -98,17 +98,8 @@ async fn day_remaining(gw: &GatewayProcess, key: &str) -> u64 {
 /// Decisions Redis ran as the quota function (`FCALL` calls that did not fail): under the
 /// shipped ACL the gateway decides by the function, not by the script it falls back to.
 fn function_calls(redis: &ShippedRedis) -> u64 {
-    let stats = redis.cli(&["INFO", "commandstats"]);
-    let field = |line: &str, name: &str| -> u64 {
-        line.split([':', ','])
-            .find_map(|f| f.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
-            .unwrap_or(0)
-    };
-    stats
-        .lines()
-        .find(|l| l.starts_with("cmdstat_fcall:"))
-        .map(|l| field(l, "calls") - field(l, "failed_calls"))
-        .unwrap_or(0)
+    let (calls, failed) = e2e::command_calls(&redis.cli(&["INFO", "commandstats"]), "fcall");
+    calls - failed
 }
 
 fn no_noperm(redis: &ShippedRedis) {
