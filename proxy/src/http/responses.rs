@@ -114,8 +114,10 @@ pub fn insert_rate_headers(resp: &mut ResponseHeader, rate: RateHeaders) {
         &names::X_RATELIMIT_REMAINING,
         &names::X_RATELIMIT_RESET,
     ];
-    // Room for them and the request id at once: an upstream's response head is made to the
-    // size it came with, and growing its two maps (values and names' case) rehashes both.
+    // Room for them and the request id at once. An upstream's head already has room for 8 more
+    // (pingora-core patch 5), but a head the gateway builds itself, or one whose upstream sent
+    // many headers, would otherwise grow both its maps (values and names' case) one insert at a
+    // time, rehashing each.
     let _ = resp.reserve(names.len() + 1);
     let plan = matches!(rate, RateHeaders::Plan(_));
     let mut start = 0;

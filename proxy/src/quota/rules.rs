@@ -595,14 +595,16 @@ impl RateView {
         Some(u64::from(self.remaining_by_window[k]))
     }
 
-    /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers): every enforced window.
+    /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers): every enforced window. The
+    /// response path writes it with [`RateView::push_policy`]; this is for tests.
+    #[cfg(test)]
     pub fn policy_header(&self) -> String {
         let mut out = String::with_capacity(40 * self.limits.windows().len());
         self.push_policy(&mut out);
         out
     }
 
-    /// [`RateView::policy_header`] written at the end of `out`.
+    /// `RateLimit-Policy`'s value written at the end of `out`.
     pub fn push_policy(&self, out: &mut String) {
         let start = out.len();
         for w in self.limits.enforced() {
@@ -620,13 +622,14 @@ impl RateView {
 
     /// `RateLimit` (draft-ietf-httpapi-ratelimit-headers): each enforced window's remaining
     /// units and seconds to its reset.
+    #[cfg(test)]
     pub fn ratelimit_header(&self) -> String {
         let mut out = String::with_capacity(40 * self.limits.windows().len());
         self.push_ratelimit(&mut out);
         out
     }
 
-    /// [`RateView::ratelimit_header`] written at the end of `out`.
+    /// `RateLimit`'s value written at the end of `out`.
     pub fn push_ratelimit(&self, out: &mut String) {
         let start = out.len();
         for (w, &remaining) in self.limits.windows().iter().zip(&self.remaining_by_window) {

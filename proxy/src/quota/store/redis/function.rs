@@ -149,12 +149,8 @@ impl Acquire {
             .query_async::<redis::Value>(conn)
             .await?;
         self.loads.fetch_add(1, Ordering::AcqRel);
-        tracing::info!(library = %self.library_name(), "loaded the quota function into Redis");
+        tracing::info!(library = %self.name, "loaded the quota function into Redis");
         Ok(())
-    }
-
-    fn library_name(&self) -> &str {
-        &self.name
     }
 
     fn fcall(&self, call: &AcquireCall) -> redis::Cmd {
@@ -187,7 +183,7 @@ impl Acquire {
         if before == 0 || self.now_ms() >= before {
             tracing::warn!(
                 error = %e,
-                library = %self.library_name(),
+                library = %self.name,
                 "Redis will not run the quota function (Redis before 7.0, an ACL without \
                  +fcall +function|load, or the library failed to load); deciding by EVALSHA for \
                  a minute, which costs Redis more a decision, then trying the function again"
