@@ -42,8 +42,10 @@ pub mod authority;
 use authority::{raw_target_authority, RawTargetAuthority};
 
 mod case_header_name;
+mod unmapped;
 use case_header_name::CaseHeaderName;
 pub use case_header_name::{IntoCaseHeaderName, StaticHeaderName};
+use unmapped::Unmapped;
 
 pub mod prelude {
     pub use crate::RequestHeader;
@@ -88,6 +90,8 @@ pub struct RequestHeader {
     raw_target: RawTarget,
     // whether we send END_STREAM with HEADERS for h2 requests
     send_end_stream: bool,
+    // fields added by the proxy and written after the mapped ones
+    unmapped: Unmapped,
 }
 
 /// How a request-target is stored, and how [`RequestHeader::raw_path`] recovers it.
@@ -155,6 +159,7 @@ impl RequestHeader {
             header_name_map: None,
             raw_target: RawTarget::FromUri,
             send_end_stream: true,
+            unmapped: Unmapped::default(),
         }
     }
 
@@ -245,11 +250,35 @@ impl RequestHeader {
         reserve_headers(self.header_name_map.as_mut(), &mut self.base.headers, additional)
     }
 
+    /// Adds a field that is written after the mapped ones and kept out of the header maps:
+    /// for fields the proxy sets on every message and never reads back (a request id,
+    /// rate-limit figures), where an insert would hash and probe both maps.
+    ///
+    /// It replaces nothing (remove a field of the same name first where one may be there) and
+    /// is not seen by `headers`, `insert_header` or `remove_header`; the wire (HTTP/1 lines,
+    /// HTTP/2 fields), [Self::map()], the case iterator and the parts taken out of the message
+    /// carry it. Framing and connection fields (`Content-Length`, `Transfer-Encoding`,
+    /// `Connection`, `Upgrade`, `TE`, `Trailer`, `Host`, `Expect`, `Keep-Alive`,
+    /// `Proxy-Connection`) are refused: what frames the message reads the maps.
+    pub fn add_unmapped_header(
+        &mut self,
+        name: impl IntoCaseHeaderName,
+        value: impl TryInto<HeaderValue>,
+    ) -> Result<()> {
+        self.unmapped.push(name, value)
+    }
+
+    /// The fields added by [Self::add_unmapped_header()], in the order they were added.
+    pub fn unmapped_headers(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+        self.unmapped.iter()
+    }
+
     /// Write the header to the `buf` in HTTP/1.1 wire format.
     ///
     /// The header case will be preserved.
     pub fn header_to_h1_wire(&self, buf: &mut impl BufMut) {
-        header_to_h1_wire(self.header_name_map.as_ref(), &self.base.headers, buf)
+        header_to_h1_wire(self.header_name_map.as_ref(), &self.base.headers, buf);
+        self.unmapped.to_h1_wire(buf);
     }
 
     /// If case sensitivity is enabled, returns an iterator to iterate over case-sensitive header names and values.
@@ -257,7 +286,12 @@ impl RequestHeader {
     ///
     /// Headers of the same name are visited in insertion order.
     pub fn case_header_iter(&self) -> impl Iterator<Item = (&CaseHeaderName, &HeaderValue)> + '_ {
+        let unmapped = self
+            .header_name_map
+            .as_ref()
+            .map(|_| self.unmapped.case_iter());
         case_header_iter(self.header_name_map.as_ref(), &self.base.headers)
+            .chain(unmapped.into_iter().flatten())
     }
 
     /// Returns true if the request has case-sensitive headers.
@@ -287,6 +321,9 @@ impl RequestHeader {
                     case_header_name::titled_header_name_str(header).unwrap_or(header.as_str());
                 f(HeaderNameVariant::Titled(titled_header), value)?;
             }
+        }
+        for (case_header, val) in self.unmapped.case_iter() {
+            f(HeaderNameVariant::Case(case_header), val)?;
         }
 
         Ok(())
@@ -404,17 +441,20 @@ impl RequestHeader {
     /// rebuilding a [RequestHeader] from the result serializes the URI's origin-form path
     /// instead of the original bytes. [Clone] keeps it; [Self::set_raw_path()] restores it.
     pub fn as_owned_parts(&self) -> ReqParts {
-        clone_req_parts(&self.base)
+        let mut parts = clone_req_parts(&self.base);
+        self.unmapped.join(&mut parts.headers);
+        parts
     }
 }
 
 impl Clone for RequestHeader {
     fn clone(&self) -> Self {
         Self {
-            base: self.as_owned_parts(),
+            base: clone_req_parts(&self.base),
             header_name_map: self.header_name_map.clone(),
             raw_target: self.raw_target.clone(),
             send_end_stream: self.send_end_stream,
+            unmapped: self.unmapped.clone(),
         }
     }
 }
@@ -431,12 +471,14 @@ impl From<ReqParts> for RequestHeader {
             // The Uri is the only target available here, so it is the one that serializes.
             raw_target: RawTarget::FromUri,
             send_end_stream: true,
+            unmapped: Unmapped::default(),
         }
     }
 }
 
 impl From<RequestHeader> for ReqParts {
-    fn from(resp: RequestHeader) -> ReqParts {
+    fn from(mut resp: RequestHeader) -> ReqParts {
+        resp.unmapped.join(&mut resp.base.headers);
         resp.base
     }
 }
@@ -461,6 +503,8 @@ pub struct ResponseHeader {
     header_name_map: Option<CaseMap>,
     // the reason phrase of the response, if unset, a default one will be used
     reason_phrase: Option<String>,
+    // fields added by the proxy and written after the mapped ones
+    unmapped: Unmapped,
 }
 
 impl AsRef<RespParts> for ResponseHeader {
@@ -480,9 +524,10 @@ impl Deref for ResponseHeader {
 impl Clone for ResponseHeader {
     fn clone(&self) -> Self {
         Self {
-            base: self.as_owned_parts(),
+            base: clone_resp_parts(&self.base),
             header_name_map: self.header_name_map.clone(),
             reason_phrase: self.reason_phrase.clone(),
+            unmapped: self.unmapped.clone(),
         }
     }
 }
@@ -494,18 +539,21 @@ impl From<RespParts> for ResponseHeader {
             base: parts,
             header_name_map: None,
             reason_phrase: None,
+            unmapped: Unmapped::default(),
         }
     }
 }
 
 impl From<ResponseHeader> for RespParts {
-    fn from(resp: ResponseHeader) -> RespParts {
+    fn from(mut resp: ResponseHeader) -> RespParts {
+        resp.unmapped.join(&mut resp.base.headers);
         resp.base
     }
 }
 
 impl From<Box<ResponseHeader>> for Box<RespParts> {
-    fn from(resp: Box<ResponseHeader>) -> Box<RespParts> {
+    fn from(mut resp: Box<ResponseHeader>) -> Box<RespParts> {
+        resp.unmapped.join(&mut resp.base.headers);
         Box::new(resp.base)
     }
 }
@@ -526,6 +574,7 @@ impl ResponseHeader {
             base,
             header_name_map: None,
             reason_phrase: None,
+            unmapped: Unmapped::default(),
         }
     }
 
@@ -605,11 +654,35 @@ impl ResponseHeader {
         reserve_headers(self.header_name_map.as_mut(), &mut self.base.headers, additional)
     }
 
+    /// Adds a field that is written after the mapped ones and kept out of the header maps:
+    /// for fields the proxy sets on every message and never reads back (a request id,
+    /// rate-limit figures), where an insert would hash and probe both maps.
+    ///
+    /// It replaces nothing (remove a field of the same name first where one may be there) and
+    /// is not seen by `headers`, `insert_header` or `remove_header`; the wire (HTTP/1 lines,
+    /// HTTP/2 fields), [Self::map()], the case iterator and the parts taken out of the message
+    /// carry it. Framing and connection fields (`Content-Length`, `Transfer-Encoding`,
+    /// `Connection`, `Upgrade`, `TE`, `Trailer`, `Host`, `Expect`, `Keep-Alive`,
+    /// `Proxy-Connection`) are refused: what frames the message reads the maps.
+    pub fn add_unmapped_header(
+        &mut self,
+        name: impl IntoCaseHeaderName,
+        value: impl TryInto<HeaderValue>,
+    ) -> Result<()> {
+        self.unmapped.push(name, value)
+    }
+
+    /// The fields added by [Self::add_unmapped_header()], in the order they were added.
+    pub fn unmapped_headers(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+        self.unmapped.iter()
+    }
+
     /// Write the header to the `buf` in HTTP/1.1 wire format.
     ///
     /// The header case will be preserved.
     pub fn header_to_h1_wire(&self, buf: &mut impl BufMut) {
-        header_to_h1_wire(self.header_name_map.as_ref(), &self.base.headers, buf)
+        header_to_h1_wire(self.header_name_map.as_ref(), &self.base.headers, buf);
+        self.unmapped.to_h1_wire(buf);
     }
 
     /// If case sensitivity is enabled, returns an iterator to iterate over case-sensitive header names and values.
@@ -617,7 +690,12 @@ impl ResponseHeader {
     ///
     /// Headers of the same name are visited in insertion order.
     pub fn case_header_iter(&self) -> impl Iterator<Item = (&CaseHeaderName, &HeaderValue)> + '_ {
+        let unmapped = self
+            .header_name_map
+            .as_ref()
+            .map(|_| self.unmapped.case_iter());
         case_header_iter(self.header_name_map.as_ref(), &self.base.headers)
+            .chain(unmapped.into_iter().flatten())
     }
 
     /// Returns true if the response has case-sensitive headers.
@@ -647,6 +725,9 @@ impl ResponseHeader {
                     case_header_name::titled_header_name_str(header).unwrap_or(header.as_str());
                 f(HeaderNameVariant::Titled(titled_header), value)?;
             }
+        }
+        for (case_header, val) in self.unmapped.case_iter() {
+            f(HeaderNameVariant::Case(case_header), val)?;
         }
 
         Ok(())
@@ -693,7 +774,9 @@ impl ResponseHeader {
 
     /// Clone `self` into [http::response::Parts].
     pub fn as_owned_parts(&self) -> RespParts {
-        clone_resp_parts(&self.base)
+        let mut parts = clone_resp_parts(&self.base);
+        self.unmapped.join(&mut parts.headers);
+        parts
     }
 
     /// Helper function to set the HTTP content length on the response header.
