@@ -69,6 +69,8 @@ LUA_DICT_CPUS = "nginx+Lua, shared dict, workers = CPUs, log on"
 LUA_REDIS_CPUS = "nginx+Lua, Redis, workers = CPUs, log on"
 GW_EMB_SHIPPED = "pet-gateway, embedded, as shipped (threads = CPUs, log on)"
 GW_REDIS_SHIPPED = "pet-gateway, Redis, as shipped (threads = CPUs, log on)"
+# The shipped threading's alternative (issue 33): the same, with pingora's work stealing on.
+GW_EMB_STEALING = "pet-gateway, embedded, threads = CPUs, work stealing on, log on"
 # The as-shipped rows with `metering_file` set, as deploy/'s configs ship it commented (issue 24).
 GW_EMB_SHIPPED_METERED = "pet-gateway, embedded, as shipped, metering on"
 GW_REDIS_SHIPPED_METERED = "pet-gateway, Redis, as shipped, metering on"
@@ -177,7 +179,7 @@ class Bench:
         return Row(name, port, nginx_pids(p), redis=store == "redis", job=True,
                    log=log and folder / "access.log")
 
-    def gateway(self, name, redis, log, threads=1, metering=False, cpus=None):
+    def gateway(self, name, redis, log, threads=1, metering=False, cpus=None, extra=""):
         """pet-gateway from bench.py's --bin-dir build. threads=None: as shipped (the config's
         defaults, RUST_LOG unset); else configured as bench.py's rows are (bans off, a 1 s
         store deadline), RUST_LOG=info (log on) or warn (log off)."""
@@ -186,7 +188,8 @@ class Bench:
         text = (f'environment = "bench"\nlisten = "127.0.0.1:{port}"\n'
                 f'admin_listen = "127.0.0.1:{admin}"\nupstreams = ["127.0.0.1:{self.static}"]\n'
                 f'keys_file = "{self.keys_file}"\nplans_dir = "{self.plans}"\n'
-                f'key_prefix = "peers:{slug(name)}"\nupgrade_sock = "{self.work}/{slug(name)}.sock"\n')
+                f'key_prefix = "peers:{slug(name)}"\nupgrade_sock = "{self.work}/{slug(name)}.sock"\n'
+                + extra)
         if redis:
             text += f'redis_url = "redis://127.0.0.1:{self.redis_port}/"\n'
         if metering:
@@ -238,6 +241,8 @@ class Bench:
             (LUA_REDIS_CPUS, lambda: self.lua_peer(LUA_REDIS_CPUS, "redis", CPUS, log=True)),
             (GW_EMB_SHIPPED, lambda: self.gateway(GW_EMB_SHIPPED, redis=False, log=True, threads=None)),
             (GW_REDIS_SHIPPED, lambda: self.gateway(GW_REDIS_SHIPPED, redis=True, log=True, threads=None)),
+            (GW_EMB_STEALING, lambda: self.gateway(GW_EMB_STEALING, redis=False, log=True, threads=None,
+                                                   extra="work_stealing = true\n")),
             (GW_EMB_SHIPPED_METERED, lambda: self.gateway(GW_EMB_SHIPPED_METERED, redis=False, log=True,
                                                           threads=None, metering=True)),
             (GW_REDIS_SHIPPED_METERED, lambda: self.gateway(GW_REDIS_SHIPPED_METERED, redis=True,
@@ -445,7 +450,11 @@ def print_derived(rows):
             ("(d) gateway embedded, 1 thread, log off ÷ pingora pass-through, 1 thread",
              GW_EMB_OFF, PASSTHROUGH, 1.1),
             ("(e) gateway Redis ÷ gateway embedded, 1 thread, log off",
-             GW_REDIS_OFF, GW_EMB_OFF, 1.1)):
+             GW_REDIS_OFF, GW_EMB_OFF, 1.1),
+            ("(g) gateway embedded, threads = CPUs, work stealing on ÷ nginx+Lua shared dict, "
+             "workers = CPUs, log on", GW_EMB_STEALING, LUA_DICT_CPUS, 1.0),
+            ("(h) work stealing on ÷ off (as shipped), embedded, threads = CPUs "
+             "(below 1: on is cheaper)", GW_EMB_STEALING, GW_EMB_SHIPPED, 1.0)):
         ratios = paired(rows, a, b, lambda x, y: x / y)
         if ratios is None:
             continue

@@ -41,6 +41,16 @@ impl EchoUpstream {
 
     /// Like `start`, but every answer waits `delay` first: an in-flight request to hold open.
     pub fn start_with_delay(delay: Duration) -> EchoUpstream {
+        Self::start_with(delay, "")
+    }
+
+    /// Like `start`, but every answer also carries `extra_head` (header lines, each ending in
+    /// CRLF): a backend that sends fields of its own.
+    pub fn start_answering_with(extra_head: &'static str) -> EchoUpstream {
+        Self::start_with(Duration::ZERO, extra_head)
+    }
+
+    fn start_with(delay: Duration, extra_head: &'static str) -> EchoUpstream {
         use std::io::{BufReader, Write};
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind echo upstream");
         let addr = listener.local_addr().expect("addr");
@@ -52,7 +62,7 @@ impl EchoUpstream {
                     while let Some(head) = read_request(&mut reader) {
                         std::thread::sleep(delay);
                         let response = format!(
-                            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{head}",
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n{extra_head}content-length: {}\r\n\r\n{head}",
                             head.len()
                         );
                         if writer.write_all(response.as_bytes()).is_err() {

@@ -170,6 +170,50 @@ async fn unauthenticated_requests_are_limited_per_address() {
     assert_eq!(body["code"], "rate_limited");
 }
 
+/// A backend that sends its own request id and rate-limit fields: the client gets the
+/// gateway's, each once (the gateway adds its own beside the head's maps, where they replace
+/// nothing by themselves).
+#[tokio::test]
+async fn the_backends_own_request_id_and_rate_limit_fields_are_replaced() {
+    let s = setup();
+    let key = issue_key(&s.keys, &s.plans, "free");
+    let echo = EchoUpstream::start_answering_with(
+        "X-Request-Id: backend-id\r\nX-RateLimit-Limit: 999\r\nratelimit: \"x\";r=1\r\n\
+         X-RateLimit-Remaining: 998\r\nX-Backend: kept\r\n",
+    );
+    let gw = GatewayProcess::start(
+        s.dir.path(),
+        &GatewaySpec::new(echo.addr, &s.keys, &s.plans),
+    );
+    let resp = reqwest::Client::new()
+        .get(gw.url("/v1/pets"))
+        .bearer_auth(&key)
+        .header("x-request-id", "client-id")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let all = |name: &str| -> Vec<String> {
+        resp.headers()
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(all("x-request-id"), ["client-id"]);
+    assert_eq!(all("x-ratelimit-limit"), ["60"]);
+    assert_eq!(all("x-ratelimit-remaining"), ["59"]);
+    assert_eq!(all("ratelimit").len(), 1);
+    assert!(
+        !all("ratelimit")[0].contains("\"x\""),
+        "{:?}",
+        all("ratelimit")
+    );
+    assert_eq!(all("x-ratelimit-reset").len(), 1);
+    assert_eq!(all("ratelimit-policy").len(), 1);
+    assert_eq!(all("x-backend"), ["kept"]);
+}
+
 #[tokio::test]
 async fn the_backend_gets_identity_headers_instead_of_the_key() {
     let s = setup();
@@ -201,6 +245,10 @@ async fn the_backend_gets_identity_headers_instead_of_the_key() {
     );
     assert!(seen.contains("x-plan: free"), "{seen}");
     assert!(seen.contains("x-request-id: trace-123"), "{seen}");
+    // Each once: the client's own are removed, not sent beside the gateway's.
+    for name in ["x-request-id:", "x-api-key-id:", "x-plan:"] {
+        assert_eq!(seen.matches(name).count(), 1, "{name} in {seen}");
+    }
 
     // Without a client id the gateway makes one, sends it upstream and echoes it.
     let resp = client

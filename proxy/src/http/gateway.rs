@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::http::{RequestHeader, ResponseHeader, StaticHeaderName};
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, Result, RetryType};
@@ -23,7 +23,7 @@ use crate::http::header_names as names;
 use crate::http::metric_handles;
 use crate::http::pipeline::{Pipeline, Stop};
 use crate::http::quota_status::QuotaStatus;
-use crate::http::responses::{insert_rate_headers, refuse, RateHeaders, Refusal};
+use crate::http::responses::{add_rate_headers, clear_added_headers, refuse, RateHeaders, Refusal};
 use crate::keys::catalog::Catalog;
 use crate::quota::admission::{Admission, OnStoreError};
 use crate::quota::concurrency::Slots;
@@ -117,6 +117,10 @@ impl Gateway {
         Arc::clone(&self.pipeline.places)
     }
 }
+
+/// What the backend is told about the caller, by the gateway only.
+static IDENTITY_HEADERS: [&StaticHeaderName; 3] =
+    [&names::X_API_KEY_ID, &names::X_PLAN, &names::X_REQUEST_ID];
 
 #[async_trait]
 impl ProxyHttp for Gateway {
@@ -229,11 +233,15 @@ impl ProxyHttp for Gateway {
         if ctx.continued {
             upstream.remove_header(&http::header::EXPECT);
         }
-        if let Some(key) = &ctx.key {
-            upstream.insert_header(&names::X_API_KEY_ID, &*key.id)?;
-            upstream.insert_header(&names::X_PLAN, &*key.plan)?;
+        // Added beside the maps, where they replace nothing: a client's own are removed first.
+        for name in names::held(&upstream.headers, &IDENTITY_HEADERS) {
+            upstream.remove_header(&name);
         }
-        upstream.insert_header(&names::X_REQUEST_ID, &ctx.request_id)?;
+        if let Some(key) = &ctx.key {
+            upstream.add_unmapped_header(&names::X_API_KEY_ID, &*key.id)?;
+            upstream.add_unmapped_header(&names::X_PLAN, &*key.plan)?;
+        }
+        upstream.add_unmapped_header(&names::X_REQUEST_ID, &ctx.request_id)?;
         if let Some(trace) = &ctx.trace {
             // The backend's parent is this gateway's span; an invalid `traceparent` from the
             // client is replaced, never passed on.
@@ -256,10 +264,11 @@ impl ProxyHttp for Gateway {
         if let (Some(place), Some(latency)) = (&mut ctx.place, ctx.upstream_time) {
             place.answered(latency);
         }
+        clear_added_headers(upstream_response, ctx.rate.is_some());
         if let Some(view) = &ctx.rate {
-            insert_rate_headers(upstream_response, RateHeaders::Plan(*view));
+            add_rate_headers(upstream_response, RateHeaders::Plan(*view));
         }
-        upstream_response.insert_header(&names::X_REQUEST_ID, &ctx.request_id)?;
+        upstream_response.add_unmapped_header(&names::X_REQUEST_ID, &ctx.request_id)?;
         Ok(())
     }
 

@@ -3,6 +3,7 @@
 //! is cloned (a static name's clone allocates nothing) and inserted as it is
 //! (`vendor/pingora-http`, vendor/README.md's patch 4). Their wire form is as written here, lower case.
 
+use http::{HeaderMap, HeaderName};
 use pingora::http::StaticHeaderName;
 
 pub static RATELIMIT_POLICY: StaticHeaderName = StaticHeaderName::from_static("ratelimit-policy");
@@ -21,3 +22,21 @@ pub static CONTENT_TYPE: StaticHeaderName = StaticHeaderName::from_static("conte
 pub static CONTENT_LENGTH: StaticHeaderName = StaticHeaderName::from_static("content-length");
 pub static CACHE_CONTROL: StaticHeaderName = StaticHeaderName::from_static("cache-control");
 pub static RETRY_AFTER: StaticHeaderName = StaticHeaderName::from_static("retry-after");
+
+/// Which of `names` a message's map holds, in one pass over its names. The gateway adds some
+/// fields beside the maps (`add_unmapped_header`, vendor/README.md's patch 6), where they
+/// replace nothing: a field of the same name that came with the message is found here and
+/// removed first. A message seldom has one, and this costs less than a removal by each name.
+pub fn held(headers: &HeaderMap, names: &[&StaticHeaderName]) -> Vec<HeaderName> {
+    let mut found = Vec::new();
+    for name in headers.keys() {
+        let first = name.as_str().as_bytes().first();
+        let ours = names
+            .iter()
+            .any(|n| n.name().as_str().as_bytes().first() == first && n.name() == name);
+        if ours && !found.contains(name) {
+            found.push(name.clone());
+        }
+    }
+    found
+}

@@ -7,7 +7,7 @@
 
 use bytes::Bytes;
 use http::HeaderValue;
-use pingora::http::ResponseHeader;
+use pingora::http::{ResponseHeader, StaticHeaderName};
 use pingora::proxy::Session;
 use pingora::{Error, ErrorSource, ErrorType};
 use serde::Serialize;
@@ -86,9 +86,11 @@ pub enum RateHeaders {
     None,
 }
 
-/// The values are written into one buffer and each header's is a slice of it: one allocation on
-/// every response instead of five.
-pub fn insert_rate_headers(resp: &mut ResponseHeader, rate: RateHeaders) {
+/// The rate-limit headers, added beside the head's maps (`add_unmapped_header`,
+/// vendor/README.md's patch 6): nothing reads them back, and an insert hashes and probes two
+/// maps for each. Their values are written into one buffer and each header's is a slice of it:
+/// one allocation instead of five.
+pub fn add_rate_headers(resp: &mut ResponseHeader, rate: RateHeaders) {
     let mut buf = String::with_capacity(160);
     let mut ends = [0usize; 5];
     let (limit, remaining, reset) = match rate {
@@ -107,29 +109,50 @@ pub fn insert_rate_headers(resp: &mut ResponseHeader, rate: RateHeaders) {
         ends[at] = buf.len();
     }
     let buf = Bytes::from(buf);
-    let names = [
-        &names::RATELIMIT_POLICY,
-        &names::RATELIMIT,
-        &names::X_RATELIMIT_LIMIT,
-        &names::X_RATELIMIT_REMAINING,
-        &names::X_RATELIMIT_RESET,
-    ];
-    // Room for them and the request id at once. An upstream's head already has room for 8 more
-    // (pingora-core patch 5), but a head the gateway builds itself, or one whose upstream sent
-    // many headers, would otherwise grow both its maps (values and names' case) one insert at a
-    // time, rehashing each.
-    let _ = resp.reserve(names.len() + 1);
     let plan = matches!(rate, RateHeaders::Plan(_));
     let mut start = 0;
-    for (i, (name, end)) in names.into_iter().zip(ends).enumerate() {
+    for (i, (name, end)) in RATE_HEADERS.into_iter().zip(ends).enumerate() {
         if i >= 2 || plan {
             if let Ok(value) = HeaderValue::from_maybe_shared(buf.slice(start..end)) {
-                let _ = resp.insert_header(name, value);
+                let _ = resp.add_unmapped_header(name, value);
             }
         }
         start = end;
     }
 }
+
+/// The headers [`add_rate_headers`] adds, in its order.
+static RATE_HEADERS: [&StaticHeaderName; 5] = [
+    &names::RATELIMIT_POLICY,
+    &names::RATELIMIT,
+    &names::X_RATELIMIT_LIMIT,
+    &names::X_RATELIMIT_REMAINING,
+    &names::X_RATELIMIT_RESET,
+];
+
+/// Removes the backend's own fields of the names the gateway adds to its answer (the request
+/// id always, the rate-limit headers when `rate`): added beside the maps, they replace nothing
+/// by themselves, and a client must not see two of them.
+pub fn clear_added_headers(resp: &mut ResponseHeader, rate: bool) {
+    let added: &[&StaticHeaderName] = if rate {
+        &ANSWER_HEADERS
+    } else {
+        &ANSWER_HEADERS[..1]
+    };
+    for name in names::held(&resp.headers, added) {
+        resp.remove_header(&name);
+    }
+}
+
+/// The request id and the rate-limit headers.
+static ANSWER_HEADERS: [&StaticHeaderName; 6] = [
+    &names::X_REQUEST_ID,
+    &names::RATELIMIT_POLICY,
+    &names::RATELIMIT,
+    &names::X_RATELIMIT_LIMIT,
+    &names::X_RATELIMIT_REMAINING,
+    &names::X_RATELIMIT_RESET,
+];
 
 /// A complete JSON response head (an Error, or an answer the gateway gives itself); the caller
 /// writes the body after it.
@@ -147,9 +170,9 @@ pub fn json_head(
     let _ = resp.insert_header(&names::CONTENT_LENGTH, body_len);
     let _ = resp.insert_header(&names::CACHE_CONTROL, "no-store");
     if !request_id.is_empty() {
-        let _ = resp.insert_header(&names::X_REQUEST_ID, request_id);
+        let _ = resp.add_unmapped_header(&names::X_REQUEST_ID, request_id);
     }
-    insert_rate_headers(&mut resp, rate);
+    add_rate_headers(&mut resp, rate);
     resp
 }
 
