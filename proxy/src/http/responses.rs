@@ -89,7 +89,8 @@ pub enum RateHeaders {
 /// The rate-limit headers, added beside the head's maps (`add_unmapped_header`,
 /// vendor/README.md's patch 6): nothing reads them back, and an insert hashes and probes two
 /// maps for each. Their values are written into one buffer and each header's is a slice of it:
-/// one allocation instead of five.
+/// one allocation instead of five. Beside the maps, a later `insert_header` of one of these
+/// names would add a second field, not replace it: the gateway inserts none of them.
 pub fn add_rate_headers(resp: &mut ResponseHeader, rate: RateHeaders) {
     let mut buf = String::with_capacity(160);
     let mut ends = [0usize; 5];

@@ -257,9 +257,13 @@ impl RequestHeader {
     /// It replaces nothing (remove a field of the same name first where one may be there) and
     /// is not seen by `headers`, `insert_header` or `remove_header`; the wire (HTTP/1 lines,
     /// HTTP/2 fields), [Self::map()], the case iterator and the parts taken out of the message
-    /// carry it. Framing and connection fields (`Content-Length`, `Transfer-Encoding`,
-    /// `Connection`, `Upgrade`, `TE`, `Trailer`, `Host`, `Expect`, `Keep-Alive`,
-    /// `Proxy-Connection`) are refused: what frames the message reads the maps.
+    /// carry it. Fields that pingora reads from the maps are refused: framing and connection
+    /// (`Content-Length`, `Transfer-Encoding`, `Connection`, `Upgrade`, `TE`, `Trailer`,
+    /// `Host`, `Expect`, `Keep-Alive`, `Proxy-Connection`) and those its modules read or add
+    /// (`Content-Encoding`, `Content-Range`, `Content-Type`, `Vary`, `ETag`, `Date`). A later
+    /// `insert_header` of the same name adds a second field rather than replacing this one.
+    /// On HTTP/2 the fields are hashed into the map when the head is sent, as an insert
+    /// would have been: the saving is HTTP/1's.
     pub fn add_unmapped_header(
         &mut self,
         name: impl IntoCaseHeaderName,
@@ -661,9 +665,13 @@ impl ResponseHeader {
     /// It replaces nothing (remove a field of the same name first where one may be there) and
     /// is not seen by `headers`, `insert_header` or `remove_header`; the wire (HTTP/1 lines,
     /// HTTP/2 fields), [Self::map()], the case iterator and the parts taken out of the message
-    /// carry it. Framing and connection fields (`Content-Length`, `Transfer-Encoding`,
-    /// `Connection`, `Upgrade`, `TE`, `Trailer`, `Host`, `Expect`, `Keep-Alive`,
-    /// `Proxy-Connection`) are refused: what frames the message reads the maps.
+    /// carry it. Fields that pingora reads from the maps are refused: framing and connection
+    /// (`Content-Length`, `Transfer-Encoding`, `Connection`, `Upgrade`, `TE`, `Trailer`,
+    /// `Host`, `Expect`, `Keep-Alive`, `Proxy-Connection`) and those its modules read or add
+    /// (`Content-Encoding`, `Content-Range`, `Content-Type`, `Vary`, `ETag`, `Date`). A later
+    /// `insert_header` of the same name adds a second field rather than replacing this one.
+    /// On HTTP/2 the fields are hashed into the map when the head is sent, as an insert
+    /// would have been: the saving is HTTP/1's.
     pub fn add_unmapped_header(
         &mut self,
         name: impl IntoCaseHeaderName,

@@ -32,8 +32,9 @@ use pingora_error::{Error, ErrorType::*, OrErr, Result};
 pub(crate) struct Unmapped(Vec<(HeaderName, CaseHeaderName, HeaderValue)>);
 
 impl Unmapped {
-    /// Adds a field. Fields that decide a message's framing or connection are refused: the
-    /// code that decides those (and smuggling checks) reads the maps only.
+    /// Adds a field. Fields that decide a message's framing or connection, or that pingora's
+    /// own modules read (compression, ranges, the date), are refused: that code reads the maps
+    /// only.
     pub(crate) fn push(
         &mut self,
         name: impl IntoCaseHeaderName,
@@ -43,14 +44,16 @@ impl Unmapped {
             .try_into()
             .explain_err(InvalidHTTPHeader, |_| "invalid value while adding unmapped")?;
         let (name, case) = name.into_header_names()?;
-        if decides_framing(&name) {
+        if read_from_the_maps(&name) {
             return Error::e_explain(
                 InvalidHTTPHeader,
-                format!("{name} decides framing or the connection; it must be in the header map"),
+                format!("{name} is read from the header map (framing, connection or a module); insert it there"),
             );
         }
         if self.0.capacity() == 0 {
-            self.0.reserve(8);
+            // Room for a proxy's usual few at once (six: a request id and five rate-limit
+            // fields) rather than growing by doubling from one.
+            self.0.reserve_exact(6);
         }
         self.0.push((name, case, value));
         Ok(())
@@ -83,9 +86,16 @@ impl Unmapped {
     }
 }
 
-/// The fields pingora reads to frame a message or to manage its connection.
-fn decides_framing(name: &HeaderName) -> bool {
+/// The fields pingora reads to frame a message or to manage its connection, and those its
+/// modules read (compression, range requests) or add themselves (the date).
+fn read_from_the_maps(name: &HeaderName) -> bool {
     name == header::CONTENT_LENGTH
+        || name == header::CONTENT_ENCODING
+        || name == header::CONTENT_RANGE
+        || name == header::CONTENT_TYPE
+        || name == header::VARY
+        || name == header::ETAG
+        || name == header::DATE
         || name == header::TRANSFER_ENCODING
         || name == header::CONNECTION
         || name == header::UPGRADE
@@ -190,6 +200,12 @@ mod tests {
             "expect",
             "keep-alive",
             "Proxy-Connection",
+            "content-encoding",
+            "content-range",
+            "content-type",
+            "vary",
+            "etag",
+            "date",
         ] {
             assert!(
                 resp.add_unmapped_header(name.to_string(), "1").is_err(),
