@@ -1397,6 +1397,85 @@ async fn redis_leases_ending_too_far_off_or_too_many_are_dropped() {
     assert_eq!(v.lease.in_flight, 1);
 }
 
+/// A loopback relay to `to` whose server side is slow to speak first: the first bytes each
+/// connection's server sends reach the client `delay` late (a TLS handshake or `HELLO` on a
+/// loaded host), everything after at once.
+fn slow_to_open(to: std::net::SocketAddr, delay: Duration) -> std::net::SocketAddr {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = TcpStream::connect(to) else {
+                continue;
+            };
+            let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || std::io::copy(&mut c_in, &mut s_out));
+            let (mut s_in, mut c_out) = (server, client);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 * 1024];
+                let mut first = true;
+                while let Ok(n) = s_in.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if std::mem::take(&mut first) {
+                        std::thread::sleep(delay);
+                    }
+                    if c_out.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = c_out.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    addr
+}
+
+/// Redis only: a connection that takes longer to open than a call's deadline (a TLS handshake
+/// on a loaded host: CI saw one never made) is still made. Calls keep failing at their
+/// deadline meanwhile; the connection's own attempt is not cut off at a call's deadline, or
+/// every attempt would fail the same way and the store would stay unreachable.
+#[tokio::test]
+async fn redis_a_connection_slower_to_open_than_a_call_is_still_made() {
+    let server = RedisServer::start();
+    let relay = slow_to_open(server.addr, Duration::from_millis(150));
+    let store =
+        RedisStore::new(&format!("redis://{relay}/"), "t", Duration::from_millis(50)).unwrap();
+    let started = std::time::Instant::now();
+    let mut failed = 0;
+    loop {
+        let call = std::time::Instant::now();
+        match store
+            .acquire(&Arc::from("k"), md(100, 1_000), 1, &NO_BANS())
+            .await
+        {
+            Ok(v) => {
+                assert_eq!(v.outcome, Outcome::Admitted);
+                break;
+            }
+            Err(e) => {
+                failed += 1;
+                assert!(
+                    call.elapsed() < Duration::from_millis(500),
+                    "a call waited past its deadline: {e}"
+                );
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no connection within 5 s ({failed} calls failed)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        failed > 0,
+        "the first call should have met the slow opening"
+    );
+}
+
 /// Redis only: a dead Redis is an error within the deadline, never a hang.
 #[tokio::test]
 async fn redis_unreachable_fails_within_the_deadline() {

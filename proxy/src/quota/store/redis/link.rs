@@ -345,8 +345,12 @@ impl Inner {
 async fn make(prepared: &Prepared, timeout: Duration) -> Result<Conn, StoreError> {
     match prepared {
         Prepared::Single { client, .. } => {
+            // Opening a connection (TCP, TLS, `HELLO`, `AUTH`) may take longer than a call
+            // on a loaded host: bounded by a call's deadline, every attempt would fail alike
+            // and the store stay unreachable. Calls still fail at their own deadline while it
+            // opens.
             let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(timeout))
+                .set_connection_timeout(Some(timeout.max(REFRESH_STEP)))
                 .set_response_timeout(Some(timeout))
                 .set_number_of_retries(1)
                 .set_max_delay(Duration::from_millis(500));
