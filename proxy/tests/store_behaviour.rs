@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use e2e::{fresh_minute, RedisCluster, RedisServer};
 use proxy::base::clock::Clock;
+use proxy::base::redis::RedisAccess;
 use proxy::keys::limits::{Every, Limits, WindowLimit};
 use proxy::quota::concurrency::Slots;
 use proxy::quota::resilience::Resilience;
@@ -1474,6 +1475,35 @@ async fn redis_a_connection_slower_to_open_than_a_call_is_still_made() {
         failed > 0,
         "the first call should have met the slow opening"
     );
+}
+
+/// Redis only, over TLS: a store's first connection is opened in the background, not only while
+/// a call waits on it. A handshake of several round trips (TLS, then `HELLO`) whose server is
+/// slow, met by one call and then by none for a while (the breaker open, its probe every 250
+/// ms), must be done when the next call comes, not cut off by its bound then.
+#[tokio::test]
+async fn redis_tls_a_first_connection_opens_between_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = e2e::OpensslCa::new(dir.path(), "relay");
+    let (cert, key) = ca.issue("redis-node");
+    let addr = e2e::free_addr();
+    let settings = e2e::tls_settings(addr, &ca.cert, &cert, &key, "no");
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    let ca_path = ca.cert.to_string_lossy().into_owned();
+    let server = RedisServer::start_custom(addr, &settings, &["--tls", "--cacert", &ca_path]);
+    let relay = slow_to_open(server.addr, Duration::from_millis(150));
+    let mut access = RedisAccess::from_url(&format!("rediss://{relay}/")).unwrap();
+    access.tls_files.ca = Some(ca.cert.clone());
+    let store = RedisStore::connecting(access, "t", Duration::from_millis(50)).unwrap();
+    let (quota, limits): (Arc<str>, _) = (Arc::from("k"), md(100, 1_000));
+    let first = store.acquire(&quota, limits, 1, &NO_BANS()).await;
+    assert!(first.is_err(), "the server's first bytes come 150 ms late");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let v = store
+        .acquire(&quota, limits, 1, &NO_BANS())
+        .await
+        .expect("connected meanwhile");
+    assert_eq!(v.outcome, Outcome::Admitted);
 }
 
 /// Redis only: a dead Redis is an error within the deadline, never a hang.

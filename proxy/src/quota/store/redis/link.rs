@@ -354,9 +354,20 @@ async fn make(prepared: &Prepared, timeout: Duration) -> Result<Conn, StoreError
                 .set_response_timeout(Some(timeout))
                 .set_number_of_retries(1)
                 .set_max_delay(Duration::from_millis(500));
-            ConnectionManager::new_lazy_with_config(resp3(client)?, config)
-                .map(Conn::Single)
-                .map_err(|e| StoreError::Refused(e.to_string()))
+            let manager = ConnectionManager::new_lazy_with_config(resp3(client)?, config)
+                .map_err(|e| StoreError::Refused(e.to_string()))?;
+            // Lazy, so that it connects in the runtime that serves requests (this one); but a
+            // lazy first attempt moves on only while a call waits on it, and a handshake of
+            // several round trips met by one call, then by none for a while (the breaker's
+            // probe comes every 250 ms), would run out its bound between them. One `PING`
+            // spawned here drives it to the end; the manager's later attempts are its own.
+            let mut first = manager.clone();
+            tokio::spawn(async move {
+                let _ = redis::cmd("PING")
+                    .query_async::<redis::Value>(&mut first)
+                    .await;
+            });
+            Ok(Conn::Single(manager))
         }
         Prepared::Cluster { client, .. } => {
             match tokio::time::timeout(timeout * 4, client.get_async_connection()).await {
