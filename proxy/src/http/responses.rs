@@ -112,7 +112,7 @@ pub fn add_rate_headers(resp: &mut ResponseHeader, rate: RateHeaders) {
     let buf = Bytes::from(buf);
     let plan = matches!(rate, RateHeaders::Plan(_));
     let mut start = 0;
-    for (i, (name, end)) in RATE_HEADERS.into_iter().zip(ends).enumerate() {
+    for (i, (name, end)) in RATE_HEADERS.iter().copied().zip(ends).enumerate() {
         if i >= 2 || plan {
             if let Ok(value) = HeaderValue::from_maybe_shared(buf.slice(start..end)) {
                 let _ = resp.add_unmapped_header(name, value);
@@ -122,21 +122,12 @@ pub fn add_rate_headers(resp: &mut ResponseHeader, rate: RateHeaders) {
     }
 }
 
-/// The headers [`add_rate_headers`] adds, in its order.
-static RATE_HEADERS: [&StaticHeaderName; 5] = [
-    &names::RATELIMIT_POLICY,
-    &names::RATELIMIT,
-    &names::X_RATELIMIT_LIMIT,
-    &names::X_RATELIMIT_REMAINING,
-    &names::X_RATELIMIT_RESET,
-];
-
 /// Removes the backend's own fields of the names the gateway adds to its answer (the request
 /// id always, the rate-limit headers when `rate`): added beside the maps, they replace nothing
 /// by themselves, and a client must not see two of them.
 pub fn clear_added_headers(resp: &mut ResponseHeader, rate: bool) {
-    let added: &[&StaticHeaderName] = if rate {
-        &ANSWER_HEADERS
+    let added = if rate {
+        &ANSWER_HEADERS[..]
     } else {
         &ANSWER_HEADERS[..1]
     };
@@ -145,7 +136,7 @@ pub fn clear_added_headers(resp: &mut ResponseHeader, rate: bool) {
     }
 }
 
-/// The request id and the rate-limit headers.
+/// The request id, then the rate-limit headers ([`RATE_HEADERS`]).
 static ANSWER_HEADERS: [&StaticHeaderName; 6] = [
     &names::X_REQUEST_ID,
     &names::RATELIMIT_POLICY,
@@ -154,6 +145,9 @@ static ANSWER_HEADERS: [&StaticHeaderName; 6] = [
     &names::X_RATELIMIT_REMAINING,
     &names::X_RATELIMIT_RESET,
 ];
+
+/// The headers [`add_rate_headers`] adds, in its order.
+static RATE_HEADERS: &[&StaticHeaderName] = ANSWER_HEADERS.split_at(1).1;
 
 /// A complete JSON response head (an Error, or an answer the gateway gives itself); the caller
 /// writes the body after it.
