@@ -31,7 +31,7 @@ const UPSTREAM_KEEPALIVE_POOL_SIZE: Setting<usize> = Setting::new(
     "upstream_keepalive_pool_size",
     Kind::Int,
     Preset::Value("128"),
-    "idle backend connections kept for reuse, in all",
+    "idle backend connections kept for reuse, per thread (all threads together: this × `threads`); past it the least recently used one is closed. An idle connection is closed after 60 s, or within a second of its backend closing it",
     |v| at_least_one(v.int()?),
 );
 const UPSTREAM_CONNECT_TIMEOUT_MS: Setting<Duration> = Setting::new(
