@@ -50,12 +50,33 @@ impl EchoUpstream {
         Self::start_with(Duration::ZERO, extra_head)
     }
 
+    /// Like `start`, but a connection left idle for `idle` is closed, as backends with a short
+    /// keep-alive timeout do; `connections` counts those it accepted.
+    pub fn start_closing_idle_after(
+        idle: Duration,
+        connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) -> EchoUpstream {
+        Self::start_inner(Duration::ZERO, "", Some(idle), connections)
+    }
+
     fn start_with(delay: Duration, extra_head: &'static str) -> EchoUpstream {
+        Self::start_inner(delay, extra_head, None, Default::default())
+    }
+
+    fn start_inner(
+        delay: Duration,
+        extra_head: &'static str,
+        idle: Option<Duration>,
+        connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) -> EchoUpstream {
         use std::io::{BufReader, Write};
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind echo upstream");
         let addr = listener.local_addr().expect("addr");
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
+                connections.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                // A read that waits past `idle` fails, and the connection is dropped: closed.
+                let _ = stream.set_read_timeout(idle);
                 std::thread::spawn(move || {
                     let mut reader = BufReader::new(stream.try_clone().expect("clone stream"));
                     let mut writer = stream;

@@ -214,6 +214,40 @@ async fn the_backends_own_request_id_and_rate_limit_fields_are_replaced() {
     assert_eq!(all("x-backend"), ["kept"]);
 }
 
+/// The gateway keeps backend connections open for reuse; a backend that closes an idle one
+/// (a short keep-alive timeout) must never cost a client an error, not even on a `POST`, which
+/// is not retried: a connection its backend closed is found closed before it is used.
+#[tokio::test]
+async fn a_backend_closing_idle_connections_costs_no_request_an_error() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let s = setup();
+    let key = issue_key(&s.keys, &s.plans, "free");
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let echo = EchoUpstream::start_closing_idle_after(Duration::from_millis(100), accepted.clone());
+    let gw = GatewayProcess::start(
+        s.dir.path(),
+        &GatewaySpec::new(echo.addr, &s.keys, &s.plans),
+    );
+    let client = reqwest::Client::new();
+    for i in 0..6 {
+        let resp = client
+            .post(gw.url("/v1/pets"))
+            .bearer_auth(&key)
+            .json(&serde_json::json!({"name": format!("rex{i}"), "species": "dog"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "request {i}: {:?}", resp.text().await);
+        // Past the backend's idle timeout: the connection just used is closed meanwhile.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        6,
+        "each request needed a new connection"
+    );
+}
+
 #[tokio::test]
 async fn the_backend_gets_identity_headers_instead_of_the_key() {
     let s = setup();
