@@ -95,14 +95,17 @@ struct Shard {
 }
 
 impl Shard {
-    /// Takes out the least recently released stream of this shard.
-    fn pop_oldest(&mut self) -> Option<Idle> {
-        let key = self
-            .groups
+    /// The release order and peer key of this shard's least recently released stream.
+    fn oldest(&self) -> Option<(u64, u64)> {
+        self.groups
             .iter()
             .filter_map(|(k, q)| q.front().map(|i| (i.seq, *k)))
-            .min()?
-            .1;
+            .min()
+    }
+
+    /// Takes out the least recently released stream of this shard.
+    fn pop_oldest(&mut self) -> Option<Idle> {
+        let (_, key) = self.oldest()?;
         self.groups.get_mut(&key)?.pop_front()
     }
 }
@@ -219,15 +222,8 @@ impl IdlePool {
     /// Takes out the least recently released stream of the whole pool (the shards' oldest
     /// compared one lock at a time: a stream released meanwhile is younger anyway).
     fn pop_least_recent(&self) -> Option<Idle> {
-        let oldest = |s: &Shard| {
-            s.groups
-                .values()
-                .filter_map(|q| q.front())
-                .map(|i| i.seq)
-                .min()
-        };
         let (_, i) = (0..SHARDS)
-            .filter_map(|i| oldest(&self.shards[i].lock()).map(|seq| (seq, i)))
+            .filter_map(|i| self.shards[i].lock().oldest().map(|(seq, _)| (seq, i)))
             .min()?;
         self.shards[i].lock().pop_oldest()
     }

@@ -255,11 +255,10 @@ impl TransportConnector {
 
     /// Try to find a reusable connection to the given server [Peer]
     pub async fn reused_stream<P: Peer + Send + Sync>(&self, peer: &P) -> Option<Stream> {
-        let stream = self.idle_pool.take(peer.reuse_hash());
-        if stream.is_none() {
+        let Some(stream) = self.idle_pool.take(peer.reuse_hash()) else {
             debug!("No reusable connection found for {peer}");
-        }
-        let stream = stream?;
+            return None;
+        };
         #[cfg(unix)]
         let matches = peer.matches_fd(stream.id());
         #[cfg(windows)]
