@@ -276,6 +276,30 @@ async fn the_admin_listener_requires_its_token_when_one_is_set() {
         String::from_utf8_lossy(&out.stderr).contains("401"),
         "{out:?}"
     );
+    // `health`, the probes' command, says that it lacks the token, and sends it from the
+    // variable a container's environment sets.
+    let out = gateway_cli(&["health", "--admin-listen", &admin]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("wants the admin token"),
+        "{out:?}"
+    );
+    let probe = |token: &str| {
+        std::process::Command::new(e2e::bin_path("pet-gateway"))
+            .args(["health", "--ready", "--admin-listen", &admin])
+            .env("PET_GATEWAY_ADMIN_TOKEN", token)
+            .output()
+            .unwrap()
+    };
+    assert!(probe(token).status.success());
+    assert_eq!(probe("s3cret-admin-token-0124").status.code(), Some(1));
+    drop(gw);
+    let out = gateway_cli(&["health", "--config", &config]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("does not answer"),
+        "{out:?}"
+    );
 
     let open = f.dir.path().join("open-admin.toml");
     let base = format!(

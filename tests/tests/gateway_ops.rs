@@ -415,11 +415,24 @@ async fn health_and_readiness() {
     );
     let ready = client.get(gw.admin_url("/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), 200);
+    let config = gw.config.to_str().unwrap();
+    let probe = |args: &[&str]| gateway_cli(&[&["health", "--config", config], args].concat());
+    assert!(probe(&[]).status.success());
+    assert!(probe(&["--ready"]).status.success());
     backend.process.kill_hard();
     let resp = client.get(gw.admin_url("/readyz")).send().await.unwrap();
     assert_eq!(resp.status(), 503);
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["checks"]["upstream"], "unreachable");
+    // The command's exit code follows the same answers: alive, not ready, and why.
+    assert!(probe(&[]).status.success());
+    let not_ready = probe(&["--ready"]);
+    assert_eq!(not_ready.status.code(), Some(1));
+    let why = String::from_utf8_lossy(&not_ready.stderr);
+    assert!(
+        why.contains("/readyz answered 503") && why.contains("unreachable"),
+        "{why}"
+    );
     assert_eq!(
         client
             .get(gw.admin_url("/healthz"))

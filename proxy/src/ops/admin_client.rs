@@ -2,7 +2,7 @@
 //! listener, with the admin token when one is set.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::time::Duration;
 
 /// A running gateway's admin listener, as the command line reaches it.
@@ -16,7 +16,7 @@ pub struct AdminClient {
 impl AdminClient {
     pub fn of(config: &crate::config::Config) -> AdminClient {
         AdminClient {
-            addr: config.admin_listen,
+            addr: reachable(config.admin_listen),
             token: config.admin_token.clone(),
         }
     }
@@ -24,6 +24,17 @@ impl AdminClient {
     /// One request: `(status, body)`.
     pub fn call(&self, method: &str, path: &str) -> Result<(u16, String), String> {
         call(self.addr, self.token.as_deref(), method, path)
+    }
+}
+
+/// Where a command on the same host reaches a listener bound to `addr`: a wildcard address
+/// (`0.0.0.0:9090` in a container, so that probes from outside reach it) is not one to connect
+/// to, so its family's loopback address on the same port is used instead.
+fn reachable(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => (Ipv4Addr::LOCALHOST, addr.port()).into(),
+        IpAddr::V6(ip) if ip.is_unspecified() => (Ipv6Addr::LOCALHOST, addr.port()).into(),
+        _ => addr,
     }
 }
 
@@ -64,4 +75,18 @@ fn call(
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| format!("the admin listener at {addr} sent no status"))?;
     Ok((status, body.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wildcard_listener_is_reached_on_loopback_and_others_as_they_are() {
+        let at = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert_eq!(reachable(at("0.0.0.0:9090")), at("127.0.0.1:9090"));
+        assert_eq!(reachable(at("[::]:9091")), at("[::1]:9091"));
+        assert_eq!(reachable(at("10.1.2.3:9090")), at("10.1.2.3:9090"));
+        assert_eq!(reachable(at("127.0.0.1:9")), at("127.0.0.1:9"));
+    }
 }

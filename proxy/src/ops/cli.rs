@@ -36,6 +36,17 @@ pub enum Command {
     /// What quota holders spend, through the running gateway's admin listener.
     #[command(subcommand)]
     Usage(UsageCommand),
+    /// Ask the running gateway whether it is alive (`/healthz`) or ready (`/readyz`) and exit
+    /// 0 when it answers 200, 1 otherwise (with why): a container's `HEALTHCHECK` and a
+    /// Kubernetes probe, where there is no curl and the admin listener wants its token.
+    Health {
+        #[command(flatten)]
+        admin: AdminArgs,
+        /// Ask `/readyz` (the config loaded, a backend accepting connections, the quota store
+        /// answering or covered for) instead of `/healthz` (the process serves).
+        #[arg(long)]
+        ready: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,10 +1,11 @@
 //! What each command does, one file per command: [`serve`], [`check`], [`keys`], [`bans`],
-//! [`registry`], [`usage`],
+//! [`registry`], [`usage`], [`health`],
 //! with the output helpers they share in [`output`]. Errors end here as one clear line on
 //! standard error and a non-zero exit code.
 
 mod bans;
 mod check;
+mod health;
 mod keys;
 mod output;
 mod registry;
@@ -24,6 +25,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Bans(cmd) => bans::bans_command(cmd),
         Command::Registry(cmd) => registry::registry_command(cmd),
         Command::Usage(cmd) => usage::usage_command(cmd),
+        Command::Health { admin, ready } => health::health(&admin, ready),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
