@@ -81,6 +81,11 @@ pub struct GatewaySpec {
     pub extra: String,
     /// Environment variables of the process (secrets such as `PET_GATEWAY_REDIS_PASSWORD`).
     pub env: Vec<(String, String)>,
+    /// Backends given by `host:port`, in place of `upstreams`.
+    pub upstream_names: Vec<String>,
+    /// The process runs in a mount namespace of its own where this file is `/etc/hosts`
+    /// (`unshare`, as root): a test moves a host name by rewriting it in place.
+    pub hosts_file: Option<PathBuf>,
 }
 
 impl GatewaySpec {
@@ -94,6 +99,8 @@ impl GatewaySpec {
             plans_dir: plans_dir.to_owned(),
             extra: String::new(),
             env: Vec::new(),
+            upstream_names: Vec::new(),
+            hosts_file: None,
         }
     }
 }
@@ -330,7 +337,14 @@ pub fn write_gateway_config(dir: &Path, spec: &GatewaySpec) -> PathBuf {
 fn write_config(dir: &Path, spec: &GatewaySpec) -> (SocketAddr, SocketAddr, PathBuf) {
     let addr = free_addr();
     let admin = free_addr();
-    let upstreams: Vec<String> = spec.upstreams.iter().map(|u| format!("\"{u}\"")).collect();
+    let upstreams: Vec<String> = if spec.upstream_names.is_empty() {
+        spec.upstreams.iter().map(|u| format!("\"{u}\"")).collect()
+    } else {
+        spec.upstream_names
+            .iter()
+            .map(|u| format!("\"{u}\""))
+            .collect()
+    };
     let mut toml = format!(
         "environment = \"{}\"\nlisten = \"{addr}\"\nadmin_listen = \"{admin}\"\n\
          upstreams = [{}]\nkey_prefix = \"{}\"\nkeys_file = \"{}\"\nplans_dir = \"{}\"\n",
@@ -356,9 +370,24 @@ fn write_config(dir: &Path, spec: &GatewaySpec) -> (SocketAddr, SocketAddr, Path
 /// `pet-gateway serve --config FILE`, its standard error into `log`, with `spec`'s variables.
 fn spawn_serve(config: &Path, log: &Path, spec: &GatewaySpec) -> Process {
     let log_file = std::fs::File::create(log).expect("gateway log file");
+    let mut command = match &spec.hosts_file {
+        None => Command::new(bin_path("pet-gateway")),
+        Some(hosts) => {
+            let mut c = Command::new("unshare");
+            c.args([
+                "--mount",
+                "sh",
+                "-c",
+                "mount --bind \"$0\" /etc/hosts && exec \"$@\"",
+            ])
+            .arg(hosts)
+            .arg(bin_path("pet-gateway"));
+            c
+        }
+    };
     Process::spawn(
         "pet-gateway",
-        Command::new(bin_path("pet-gateway"))
+        command
             .arg("serve")
             .arg("--config")
             .arg(config)

@@ -552,3 +552,111 @@ async fn a_full_redis_refuses_visibly_and_never_resets_a_count() {
         "the count went on from where it was (policy {policy})"
     );
 }
+
+/// A gateway whose backend is given by host name, in a mount namespace of its own where
+/// `hosts` is `/etc/hosts`; `interval` is `upstream_resolve_interval_secs`.
+fn named_backend_gateway(
+    f: &Fixture,
+    hosts: &std::path::Path,
+    port: u16,
+    interval: u64,
+) -> GatewayProcess {
+    let mut spec = f.spec("127.0.0.1:1".parse().unwrap());
+    spec.upstream_names = vec![format!("backend.test:{port}")];
+    spec.hosts_file = Some(hosts.to_owned());
+    spec.extra = format!("upstream_resolve_interval_secs = {interval}\n");
+    f.gateway(&spec)
+}
+
+/// What `GET /v1/pets` through `gw` answers: the status and the body.
+async fn list_pets(gw: &GatewayProcess, key: &str) -> (u16, String) {
+    let resp = reqwest::Client::new()
+        .get(gw.url("/v1/pets"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.text().await.unwrap())
+}
+
+/// A backend at `ip` on `port`, holding one pet named `name` (to tell the backends apart).
+async fn backend_holding(f: &Fixture, ip: &str, port: u16, name: &str) -> Backend {
+    let addr = format!("{ip}:{port}").parse().unwrap();
+    let backend = Backend::start_at(addr, &f.dir.path().join(format!("{name}.db")));
+    let created = reqwest::Client::new()
+        .post(backend.url("/v1/pets"))
+        .json(&serde_json::json!({"name": name, "categoryId": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201, "{name}");
+    backend
+}
+
+/// A backend given by host name that comes back at another address (a restarted container)
+/// is followed: the first request after the move fails to connect, the name is looked up
+/// again, and that same request is answered at the new address, not 502 (the name was looked
+/// up once at start before). A backend that is down and has not moved still gives 502.
+#[tokio::test]
+async fn a_backend_given_by_name_is_followed_when_a_connection_to_it_fails() {
+    let f = Fixture::new(600, 10_000);
+    let key = f.issue("free");
+    let port = e2e::free_addr().port();
+    let hosts = f.dir.path().join("hosts");
+    std::fs::write(&hosts, "127.0.0.2 backend.test\n").unwrap();
+    let old = backend_holding(&f, "127.0.0.2", port, "at-old").await;
+    let gw = named_backend_gateway(&f, &hosts, port, 0);
+    let (status, body) = list_pets(&gw, &key).await;
+    assert!(status == 200 && body.contains("at-old"), "{status} {body}");
+
+    old.process.kill_hard();
+    let (status, _) = list_pets(&gw, &key).await;
+    assert_eq!(status, 502, "down and not moved: the failure stands");
+
+    let _new = backend_holding(&f, "127.0.0.3", port, "at-new").await;
+    // Rewritten in place: the bind mount shows the file, not a name for it.
+    std::fs::write(&hosts, "127.0.0.3 backend.test\n").unwrap();
+    // Past the lookup's gap since the 502's lookup.
+    tokio::time::sleep(e2e_gap()).await;
+    let (status, body) = list_pets(&gw, &key).await;
+    assert!(status == 200 && body.contains("at-new"), "{status} {body}");
+    e2e::eventually(Duration::from_secs(2), "the move is logged", || {
+        gw.log_text().contains("resolves to a new address")
+    })
+    .await;
+}
+
+/// With no failure at all (the old address still answers), the timer moves the gateway to
+/// the name's new address within `upstream_resolve_interval_secs`.
+#[tokio::test]
+async fn a_backend_given_by_name_is_looked_up_again_on_a_timer() {
+    let f = Fixture::new(600, 10_000);
+    let key = f.issue("free");
+    let port = e2e::free_addr().port();
+    let hosts = f.dir.path().join("hosts");
+    std::fs::write(&hosts, "127.0.0.4 backend.test\n").unwrap();
+    let _old = backend_holding(&f, "127.0.0.4", port, "at-old").await;
+    let _new = backend_holding(&f, "127.0.0.5", port, "at-new").await;
+    let gw = named_backend_gateway(&f, &hosts, port, 1);
+    let (status, body) = list_pets(&gw, &key).await;
+    assert!(status == 200 && body.contains("at-old"), "{status} {body}");
+    std::fs::write(&hosts, "127.0.0.5 backend.test\n").unwrap();
+    let started = Instant::now();
+    loop {
+        let (status, body) = list_pets(&gw, &key).await;
+        assert_eq!(status, 200, "{body}");
+        if body.contains("at-new") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "still at the old address"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A little more than the gateway's gap between two lookups of one name.
+fn e2e_gap() -> Duration {
+    Duration::from_millis(1_100)
+}

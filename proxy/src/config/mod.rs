@@ -100,6 +100,7 @@ fn validate_parts(l: &Layers) -> Result<Config, ConfigError> {
         admin_token: admin.admin_token,
         admin_hosts: admin.admin_hosts,
         upstreams: upstreams.upstreams,
+        upstream_resolve_interval: upstreams.upstream_resolve_interval,
         upstream_places: upstreams.places,
         upstream_priorities: upstreams.priorities,
         concurrency_lease_secs: store.concurrency_lease_secs,
@@ -317,7 +318,12 @@ mod tests {
     fn defaults_without_a_file() {
         let c = Config::load(None, &Env::default(), &Overrides::default()).unwrap();
         assert_eq!(c.listen, "127.0.0.1:8080".parse().unwrap());
-        assert_eq!(c.upstreams, ["127.0.0.1:8081".parse().unwrap()]);
+        let default: std::net::SocketAddr = "127.0.0.1:8081".parse().unwrap();
+        assert_eq!(c.upstreams, [default.into()]);
+        assert_eq!(
+            c.upstream_resolve_interval,
+            std::time::Duration::from_secs(30)
+        );
         assert_eq!(c.redis_url, None);
         assert_eq!(c.key_prefix, "pet:local");
         assert_eq!(c.on_store_error, OnStoreError::Local);

@@ -53,7 +53,9 @@ pub struct Config {
     pub admin_token: Option<String>,
     /// Host names the admin listener answers to besides `localhost` and IP addresses.
     pub admin_hosts: Vec<String>,
-    pub upstreams: Vec<SocketAddr>,
+    pub upstreams: Vec<crate::upstream::names::UpstreamAddr>,
+    /// How often backends given by host name are looked up again (zero: only on a failure).
+    pub upstream_resolve_interval: std::time::Duration,
     /// Places at each backend, the wait for one, the reserve for critical requests.
     pub upstream_places: crate::upstream::places::PlaceSettings,
     /// Each operation's level when waiting for a place.

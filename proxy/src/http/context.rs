@@ -56,6 +56,10 @@ pub struct Ctx {
     /// enough to ride out a backend's restart, and a request that makes backends drop it (a
     /// query of death) reaches two of them at most.
     pub retried_unanswered: bool,
+    /// The backend (given by host name) whose connection failed: its name is looked up again
+    /// before the retry, once a request (it may have moved: a restarted container).
+    pub look_up: Option<(usize, pingora::ErrorType)>,
+    pub looked_up: bool,
     pub upstream_started: Option<Instant>,
     pub upstream_time: Option<Duration>,
 }
@@ -86,6 +90,8 @@ impl Ctx {
             backend: None,
             upstream_tries: 0,
             retried_unanswered: false,
+            look_up: None,
+            looked_up: false,
             upstream_started: None,
             upstream_time: None,
         }

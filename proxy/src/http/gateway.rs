@@ -5,7 +5,6 @@
 //! backend's answer is whole (`upstream_response_body_filter`), error bodies in `fail_to_proxy`
 //! (`responses`), metrics and the access log in `logging`.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,7 +37,7 @@ use crate::upstream::rotation::Rotation;
 /// What the request path takes from the config; the assembly (`ops::server`) fills it in.
 pub struct Settings {
     pub environment: String,
-    pub upstreams: Vec<SocketAddr>,
+    pub upstreams: Vec<crate::upstream::names::UpstreamAddr>,
     pub upstream_connect_timeout: Duration,
     pub upstream_read_timeout: Duration,
     pub client_read_timeout: Duration,
@@ -149,6 +148,18 @@ impl ProxyHttp for Gateway {
         let backend = match (&mut ctx.place, ctx.upstream_tries) {
             (Some(place), 0) => place.backend(),
             (place, _) => {
+                if let Some((named, failure)) = ctx.look_up.take() {
+                    let moved = self.rotation.look_up_again(named).await;
+                    if !moved && ctx.upstream_tries >= self.rotation.len() {
+                        // Nowhere new to go: the failure stands, as it was (502 or 504).
+                        return Err(Error::create(
+                            failure,
+                            pingora::ErrorSource::Upstream,
+                            Some("the backend failed and its name still resolves to it".into()),
+                            None,
+                        ));
+                    }
+                }
                 let backend = self.rotation.pick(ctx.backend);
                 if let Some(place) = place {
                     place.move_to(backend);
@@ -181,6 +192,14 @@ impl ProxyHttp for Gateway {
         if let (Some(backend), Some(addr)) = (ctx.backend, ctx.upstream) {
             self.rotation.mark_down(backend);
             tracing::warn!(upstream = %addr, error = %e, "backend connection failed; skipping it for a while");
+            // A backend given by name may have moved: its name is looked up before one more
+            // try, which goes to its new address when it is the only backend.
+            if self.rotation.is_named(backend) && !ctx.looked_up {
+                ctx.looked_up = true;
+                ctx.look_up = Some((backend, e.etype().clone()));
+                e.set_retry(true);
+                return e;
+            }
         }
         if ctx.upstream_tries < self.rotation.len() {
             e.set_retry(true);

@@ -134,6 +134,13 @@ pub fn run(
         "concurrency leases",
         LeaseRenewals(Arc::clone(&slots)),
     ));
+    server.add_service(background_service(
+        "backend name lookups",
+        NameLookups(
+            Arc::clone(places.rotation()),
+            config.upstream_resolve_interval,
+        ),
+    ));
     let proxy = proxy_service(&config, &server, gateway, certs.clone())?;
     server.add_service(proxy);
 
@@ -247,7 +254,6 @@ fn admin_service(
         store,
         ban_cache: Arc::clone(&resilience.ban_cache),
         breaker: Arc::clone(&resilience.breaker),
-        upstreams: config.upstreams.clone(),
         store_optional: config.redis_url.is_none() || config.on_store_error != OnStoreError::Closed,
         token: config.admin_token.clone(),
         hosts: config.admin_hosts.clone(),
@@ -319,6 +325,16 @@ impl BackgroundService for ConsoleHistory {
     }
 }
 
+/// Looks the backends given by host name up again on a timer (`upstream_resolve_interval_secs`).
+struct NameLookups(Arc<crate::upstream::rotation::Rotation>, Duration);
+
+#[async_trait]
+impl BackgroundService for NameLookups {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        self.0.run_lookups(self.1, shutdown).await
+    }
+}
+
 /// Renews the concurrency leases of requests that outlive them, until the runtime stops (after
 /// the grace period: requests still running then may need it).
 struct LeaseRenewals(Arc<crate::quota::concurrency::Slots>);
@@ -360,7 +376,7 @@ fn log_start(config: &Config, catalog: &Catalog, upgrade: bool) {
         listen = %config.listen,
         tls = config.tls.is_some(),
         admin_listen = %config.admin_listen,
-        upstreams = ?config.upstreams,
+        upstreams = %config.upstreams.iter().map(|u| u.to_string()).collect::<Vec<_>>().join(", "),
         store = if config.redis_url.is_some() { "redis" } else { "memory" },
         key_prefix = %config.key_prefix,
         keys = snapshot.keys.len(),

@@ -144,17 +144,15 @@ impl Places {
                 },
             })
             .collect::<Vec<_>>();
-        let limits = rotation
-            .addrs()
+        let labels = rotation.labels();
+        let limits = labels
             .iter()
-            .map(|a| METRICS.upstream_limit.with_label_values(&[&a.to_string()]))
+            .map(|a| METRICS.upstream_limit.with_label_values(&[a]))
             .collect::<Vec<_>>();
         // Without a limit there is none to show (the series stays out of the export).
         if settings.limit == Limit::Off {
-            for a in rotation.addrs() {
-                let _ = METRICS
-                    .upstream_limit
-                    .remove_label_values(&[&a.to_string()]);
+            for a in &labels {
+                let _ = METRICS.upstream_limit.remove_label_values(&[a]);
             }
         }
         for (gauge, b) in limits.iter().zip(&backends) {
@@ -505,7 +503,10 @@ mod tests {
     use super::*;
 
     fn places(n: u32, queue_max: usize, reserved_permille: u32) -> Arc<Places> {
-        let rotation = Arc::new(Rotation::new(vec!["127.0.0.1:1".parse().unwrap()]));
+        let rotation = Arc::new(Rotation::new(vec!["127.0.0.1:1"
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into()]));
         Places::new(
             rotation,
             PlaceSettings {
@@ -596,7 +597,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_wait_past_its_deadline_is_shed_and_a_dropped_waiter_leaves_nothing_behind() {
-        let rotation = Arc::new(Rotation::new(vec!["127.0.0.1:1".parse().unwrap()]));
+        let rotation = Arc::new(Rotation::new(vec!["127.0.0.1:1"
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into()]));
         let p = Places::new(
             rotation,
             PlaceSettings {

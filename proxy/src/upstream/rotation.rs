@@ -1,17 +1,22 @@
 //! The backends: round-robin over the configured addresses with passive health. A backend that
 //! refuses or times out a connection is skipped for a while, and the request that hit it is
 //! retried on the next one, so one backend can restart without a client seeing an error.
-//! Backends are named by their index in the configured list.
+//! Backends are named by their index in the configured list; one given by host name follows
+//! its name's address ([`super::names`]).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use pingora::server::ShutdownWatch;
+
+use super::names::{Address, UpstreamAddr};
+
 /// How long a backend that failed a connection is left out of the rotation.
 pub const COOL_DOWN: Duration = Duration::from_secs(5);
 
 pub struct Rotation {
-    addrs: Vec<SocketAddr>,
+    addrs: Vec<Address>,
     /// Per backend: milliseconds since `epoch` until which it is skipped (0: healthy).
     down_until: Vec<AtomicU64>,
     next: AtomicUsize,
@@ -19,10 +24,10 @@ pub struct Rotation {
 }
 
 impl Rotation {
-    pub fn new(addrs: Vec<SocketAddr>) -> Rotation {
+    pub fn new(backends: Vec<UpstreamAddr>) -> Rotation {
         Rotation {
-            down_until: addrs.iter().map(|_| AtomicU64::new(0)).collect(),
-            addrs,
+            down_until: backends.iter().map(|_| AtomicU64::new(0)).collect(),
+            addrs: backends.into_iter().map(Address::new).collect(),
             next: AtomicUsize::new(0),
             epoch: Instant::now(),
         }
@@ -36,13 +41,56 @@ impl Rotation {
         self.addrs.is_empty()
     }
 
-    /// The address of backend `i`.
+    /// The address of backend `i` now.
     pub fn addr(&self, i: usize) -> SocketAddr {
-        self.addrs[i % self.addrs.len()]
+        self.addrs[i % self.addrs.len()].get()
     }
 
-    pub fn addrs(&self) -> &[SocketAddr] {
-        &self.addrs
+    /// Every backend's address now.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.addrs.iter().map(Address::get).collect()
+    }
+
+    /// Every backend's label for metrics: its name as written, else its address.
+    pub fn labels(&self) -> Vec<String> {
+        self.addrs.iter().map(Address::label).collect()
+    }
+
+    /// Whether backend `i` was given by host name (so a failed connection may be a move).
+    pub fn is_named(&self, i: usize) -> bool {
+        self.addrs.get(i).is_some_and(Address::is_named)
+    }
+
+    /// Looks backend `i`'s name up again ([`Address::look_up_again`]); whether it moved. When
+    /// it did, it is back in the rotation at once: the failure that marked it down was at the
+    /// old address.
+    pub async fn look_up_again(&self, i: usize) -> bool {
+        let Some(address) = self.addrs.get(i) else {
+            return false;
+        };
+        let moved = address.look_up_again().await.is_some();
+        if moved {
+            self.down_until[i].store(0, Ordering::Relaxed);
+        }
+        moved
+    }
+
+    /// Looks every named backend up again every `interval`, until `shutdown`: a backend that
+    /// moved while no connection to it failed (its old address now someone else's, or a new
+    /// one beside) is followed too. Nothing to do without names, or with a zero interval.
+    pub async fn run_lookups(&self, interval: Duration, mut shutdown: ShutdownWatch) {
+        if interval.is_zero() || !self.addrs.iter().any(Address::is_named) {
+            return;
+        }
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = shutdown.changed() => return,
+            }
+            for i in 0..self.addrs.len() {
+                self.look_up_again(i).await;
+            }
+        }
     }
 
     fn now_ms(&self) -> u64 {
@@ -92,7 +140,7 @@ mod tests {
     fn round_robin_skips_backends_marked_down() {
         let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
         let b: SocketAddr = "127.0.0.1:2".parse().unwrap();
-        let u = Rotation::new(vec![a, b]);
+        let u = Rotation::new(vec![a.into(), b.into()]);
         let picks: Vec<_> = (0..4).map(|_| u.addr(u.pick(None))).collect();
         assert_eq!(picks, [a, b, a, b]);
         u.mark_down(0);
@@ -109,7 +157,7 @@ mod tests {
             (0..4).all(|_| u.pick(Some(0)) == 1),
             "all down: not the one that failed"
         );
-        let only = Rotation::new(vec![a]);
+        let only = Rotation::new(vec![a.into()]);
         assert_eq!(only.pick(Some(0)), 0, "the only backend: still an answer");
     }
 }

@@ -1,32 +1,40 @@
 //! The backends, how the gateway talks to them, and how much it sends them at once.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::values::{at_least_one, choice, millis, parse_choice, socket_addr};
+use super::values::{at_least_one, choice, millis, parse_choice};
 use crate::config::model::ConfigError;
 use crate::config::setting::{Kind, Layers, Preset, Row, Setting, Value};
 use crate::upstream::adaptive::AutoBounds;
+use crate::upstream::names::UpstreamAddr;
 use crate::upstream::places::{Limit, PlaceSettings};
 use crate::upstream::priority::{Level, Priorities};
 
-const UPSTREAMS: Setting<Vec<SocketAddr>> = Setting::new(
+const UPSTREAMS: Setting<Vec<UpstreamAddr>> = Setting::new(
     "upstreams",
     Kind::Texts,
     Preset::Value("127.0.0.1:8081"),
-    "backends, used round-robin with passive health (see Faults)",
+    "backends (`ip:port` or `host:port`), used round-robin with passive health (see Faults); a \
+     host name is looked up at start, again when a connection to it fails (at most once a \
+     second) and every `upstream_resolve_interval_secs`",
     |v| {
         let list = v.texts()?;
         if list.is_empty() {
             return Err("needs at least one backend address".to_owned());
         }
-        list.into_iter()
-            .map(|u| socket_addr(Value::Text(u)))
-            .collect()
+        list.iter().map(|u| UpstreamAddr::parse(u)).collect()
     },
 )
 .flag("--upstream", "ADDR")
 .env("PET_GATEWAY_UPSTREAM");
+const UPSTREAM_RESOLVE_INTERVAL_SECS: Setting<Duration> = Setting::new(
+    "upstream_resolve_interval_secs",
+    Kind::Int,
+    Preset::Value("30"),
+    "how often backends given by host name are looked up again, so one that moved (a \
+     restarted container) is followed; 0: only when a connection to it fails",
+    |v| Ok(Duration::from_secs(v.int()?)),
+);
 const UPSTREAM_KEEPALIVE_POOL_SIZE: Setting<usize> = Setting::new(
     "upstream_keepalive_pool_size",
     Kind::Int,
@@ -157,6 +165,7 @@ const PRIORITIES: [(&Setting<Level>, &str); 4] = [
 
 pub const SETTINGS: &[Row] = &[
     UPSTREAMS.row,
+    UPSTREAM_RESOLVE_INTERVAL_SECS.row,
     UPSTREAM_KEEPALIVE_POOL_SIZE.row,
     UPSTREAM_CONNECT_TIMEOUT_MS.row,
     UPSTREAM_READ_TIMEOUT_MS.row,
@@ -173,7 +182,8 @@ pub const SETTINGS: &[Row] = &[
 ];
 
 pub struct Upstreams {
-    pub upstreams: Vec<SocketAddr>,
+    pub upstreams: Vec<UpstreamAddr>,
+    pub upstream_resolve_interval: Duration,
     pub upstream_keepalive_pool_size: usize,
     pub upstream_connect_timeout: Duration,
     pub upstream_read_timeout: Duration,
@@ -220,6 +230,7 @@ pub fn validate(l: &Layers) -> Result<Upstreams, ConfigError> {
     }
     Ok(Upstreams {
         upstreams: l.value(&UPSTREAMS)?,
+        upstream_resolve_interval: l.value(&UPSTREAM_RESOLVE_INTERVAL_SECS)?,
         upstream_keepalive_pool_size: l.value(&UPSTREAM_KEEPALIVE_POOL_SIZE)?,
         upstream_connect_timeout: l.value(&UPSTREAM_CONNECT_TIMEOUT_MS)?,
         upstream_read_timeout: read_timeout,

@@ -49,7 +49,7 @@ impl Admin {
     }
 
     async fn upstream_reachable(&self) -> bool {
-        for addr in &self.upstreams {
+        for addr in self.places.rotation().addrs() {
             let connect = tokio::net::TcpStream::connect(addr);
             if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(300), connect).await {
                 return true;

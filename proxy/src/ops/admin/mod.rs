@@ -33,7 +33,6 @@ pub mod routes;
 pub mod search;
 pub mod usage;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -56,7 +55,6 @@ pub struct Admin {
     pub ban_cache: Arc<BanCache>,
     /// The breaker in front of the store, for the overview.
     pub breaker: Arc<crate::quota::resilience::Breaker>,
-    pub upstreams: Vec<SocketAddr>,
     /// When the store fails, requests are still served (`on_store_error` local or open, or the
     /// embedded store): then an unreachable store does not make the gateway unready.
     pub store_optional: bool,
