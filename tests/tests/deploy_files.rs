@@ -35,6 +35,28 @@ fn prometheus_rules_and_scrape_config_pass_promtool() {
             .args(["check", "config"])
             .arg(deploy().join("prometheus/prometheus.yml")),
     );
+    // The local fleet's (deploy/compose.yaml), with its token file where the container has it.
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin-token");
+    std::fs::write(&token, "a-token-of-the-fleet").unwrap();
+    let fleet = std::fs::read_to_string(deploy().join("prometheus/fleet.yml"))
+        .unwrap()
+        .replace("/run/secrets/admin-token", token.to_str().unwrap());
+    assert!(
+        fleet.contains(token.to_str().unwrap()),
+        "the token file is named"
+    );
+    std::fs::write(dir.path().join("fleet.yml"), fleet).unwrap();
+    std::fs::copy(
+        deploy().join("prometheus/alerts.yml"),
+        dir.path().join("alerts.yml"),
+    )
+    .unwrap();
+    run_ok(
+        Command::new(promtool())
+            .args(["check", "config"])
+            .arg(dir.path().join("fleet.yml")),
+    );
 }
 
 #[test]
