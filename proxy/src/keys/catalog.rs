@@ -503,6 +503,43 @@ mod tests {
         (dir, keys, plans, catalog)
     }
 
+    /// A Kubernetes ConfigMap mounted as the plans folder is edited by swapping one symlink:
+    /// `free.toml -> ..data/free.toml`, `..data -> ..<timestamp>`, the new files in a new
+    /// hidden folder. The reload sees it, and takes neither the link nor the folders for plans.
+    #[cfg(unix)]
+    #[test]
+    fn a_configmap_update_swapping_its_data_link_is_reloaded() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let plans = dir.path().join("plans");
+        std::fs::create_dir_all(plans.join("..2026_11_27_08_00_00.1")).unwrap();
+        std::fs::write(plans.join("..2026_11_27_08_00_00.1/free.toml"), FREE).unwrap();
+        symlink("..2026_11_27_08_00_00.1", plans.join("..data")).unwrap();
+        symlink("..data/free.toml", plans.join("free.toml")).unwrap();
+        let catalog = Catalog::load(&dir.path().join("keys.toml"), &plans).unwrap();
+        assert_eq!(catalog.snapshot().plans.names(), ["free"]);
+        let before = format!("{:?}", catalog.snapshot().plans.get("free"));
+        assert!(!before.contains('7'), "{before}");
+        assert_eq!(catalog.reload(false).plans, Reload::Unchanged);
+
+        // What the kubelet does: the new version beside, then the link renamed over.
+        let next = plans.join("..2026_11_27_08_01_00.2");
+        std::fs::create_dir(&next).unwrap();
+        std::fs::write(
+            next.join("free.toml"),
+            "requests_per_minute = 7\nrequests_per_day = 1000\n",
+        )
+        .unwrap();
+        symlink("..2026_11_27_08_01_00.2", plans.join("..data_tmp")).unwrap();
+        std::fs::rename(plans.join("..data_tmp"), plans.join("..data")).unwrap();
+        std::fs::remove_dir_all(plans.join("..2026_11_27_08_00_00.1")).unwrap();
+        assert_eq!(catalog.reload(false).plans, Reload::Applied);
+        let snapshot = catalog.snapshot();
+        let free = snapshot.plans.get("free").expect("free");
+        assert!(format!("{free:?}").contains('7'), "{free:?}");
+        assert_eq!(snapshot.plans.names(), ["free"], "no plan from the links or folders");
+    }
+
     #[test]
     fn a_broken_plan_file_does_not_hold_back_a_key_change() {
         let (_dir, keys, plans_dir, catalog) = setup();
