@@ -626,6 +626,7 @@ upstream_keepalive_pool_size = 16
 
     /// Every setting with both a flag and a variable, as operators' scripts spell them.
     const FLAGS_AND_VARIABLES: &[(&str, &str, &str)] = &[
+        ("environment", "--environment", "PET_GATEWAY_ENVIRONMENT"),
         ("listen", "--listen", "PET_GATEWAY_LISTEN"),
         ("admin_listen", "--admin-listen", "PET_GATEWAY_ADMIN_LISTEN"),
         ("admin_hosts", "--admin-host", "PET_GATEWAY_ADMIN_HOSTS"),

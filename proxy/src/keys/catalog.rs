@@ -537,7 +537,11 @@ mod tests {
         let snapshot = catalog.snapshot();
         let free = snapshot.plans.get("free").expect("free");
         assert!(format!("{free:?}").contains('7'), "{free:?}");
-        assert_eq!(snapshot.plans.names(), ["free"], "no plan from the links or folders");
+        assert_eq!(
+            snapshot.plans.names(),
+            ["free"],
+            "no plan from the links or folders"
+        );
     }
 
     #[test]

@@ -19,7 +19,9 @@ pub const ENVIRONMENT: Setting<String> = Setting::new(
             Ok(e)
         }
     },
-);
+)
+.flag("--environment", "NAME")
+.env("PET_GATEWAY_ENVIRONMENT");
 const THREADS: Setting<usize> = Setting::new(
     "threads",
     Kind::Int,
