@@ -144,3 +144,24 @@ fn the_shedding_alert_fires_after_a_minute_of_503s_and_not_for_concurrency_429s(
             .arg(dir.path().join("tests.yml")),
     );
 }
+
+/// The two-stage build (Containerfile.source, not built here: no Rust image can be pulled)
+/// makes the same image as Containerfile: its last stage is Containerfile's, but for where the
+/// binaries and files come from.
+#[test]
+fn the_source_build_ends_in_the_same_image_as_the_packaged_one() {
+    let read = |name: &str| std::fs::read_to_string(deploy().join("container").join(name)).unwrap();
+    let last_stage = |text: &str| {
+        let at = text
+            .find("ARG BASE=debian:bookworm-slim")
+            .expect("the runtime stage");
+        text[at..].to_owned()
+    };
+    let packaged = last_stage(&read("Containerfile"));
+    let from_source = last_stage(&read("Containerfile.source")).replace(
+        "COPY --from=build /context/bin/pet-gateway /context/bin/pet-backend /usr/local/bin/\n\
+         COPY --from=build /context/etc/ /etc/pet-gateway/\n",
+        "COPY bin/pet-gateway bin/pet-backend /usr/local/bin/\nCOPY etc/ /etc/pet-gateway/\n",
+    );
+    assert_eq!(from_source, packaged);
+}
