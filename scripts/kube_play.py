@@ -54,6 +54,7 @@ def make_secrets(work):
     """The values an operator would put in the Secrets, and the files made from them."""
     out = work / "secrets"
     shutil.rmtree(out, ignore_errors=True)
+    os.umask(0o077)  # every file and folder below: its owner's alone
     (out / "own").mkdir(parents=True)
     values = {
         "redis-password": password(),
@@ -174,6 +175,7 @@ def main():
         sh("podman", "volume", "rm", "-f", *volumes, check=False)
         sh("podman", "network", "rm", "-f", NETWORK, check=False)
         sh("podman", "secret", "rm", "pet-gateway-secrets", check=False)
+        shutil.rmtree(work / "secrets", ignore_errors=True)
 
 
 def run(play):
@@ -216,16 +218,18 @@ def run(play):
 
 def check_security(gateway):
     """What the Deployment asks of the container, as podman made it."""
-    fmt = "{{.HostConfig.ReadonlyRootfs}} {{.Config.User}}"
-    readonly, user = sh("podman", "inspect", gateway, "--format", fmt).stdout.split()
-    if readonly != "true" or user.split(":")[0] != "10001":
-        raise SystemExit(f"the gateway container: read-only root {readonly}, user {user}")
+    # The image is read-write; only the Deployment's securityContext makes it read-only.
+    readonly = sh("podman", "inspect", gateway, "--format", "{{.HostConfig.ReadonlyRootfs}}").stdout.strip()
+    if readonly != "true":
+        raise SystemExit(f"the gateway container's root filesystem is not read-only ({readonly})")
+    if sh("podman", "exec", gateway, "/usr/bin/touch", "/etc/pet-gateway/x", check=False).returncode == 0:
+        raise SystemExit("the gateway container could write to /etc/pet-gateway")
     if sh("podman", "exec", gateway, "/bin/sleep", "0").returncode != 0:
         raise SystemExit("no /bin/sleep for the preStop wait")
     env = sh("podman", "exec", gateway, "/usr/bin/env").stdout
     if "PET_GATEWAY_ENVIRONMENT=staging" not in env or "PET_GATEWAY_KEY_PREFIX=pet:staging" not in env:
         raise SystemExit("the overlay's environment and key prefix are not in the gateway's variables")
-    print("the gateway container: read-only root filesystem, uid 10001, the staging overlay's variables")
+    print("the gateway container: read-only root filesystem, the staging overlay's variables")
 
 
 if __name__ == "__main__":

@@ -419,6 +419,23 @@ async fn health_and_readiness() {
     let probe = |args: &[&str]| gateway_cli(&[&["health", "--config", config], args].concat());
     assert!(probe(&[]).status.success());
     assert!(probe(&["--ready"]).status.success());
+    // The probe reads only the admin listener's settings: a backend name that does not
+    // resolve (DNS down) does not fail it.
+    let unresolvable = s.dir.path().join("probe.toml");
+    let text = std::fs::read_to_string(&gw.config).unwrap();
+    let upstreams = text.lines().find(|l| l.starts_with("upstreams")).unwrap();
+    std::fs::write(
+        &unresolvable,
+        text.replace(upstreams, "upstreams = [\"backend.invalid:8081\"]"),
+    )
+    .unwrap();
+    let out = gateway_cli(&["health", "--config", unresolvable.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let check = gateway_cli(&["check", "--config", unresolvable.to_str().unwrap()]);
+    assert!(
+        !check.status.success(),
+        "the full config does not resolve: {check:?}"
+    );
     backend.process.kill_hard();
     let resp = client.get(gw.admin_url("/readyz")).send().await.unwrap();
     assert_eq!(resp.status(), 503);

@@ -21,6 +21,8 @@ mod flags;
 mod model;
 mod parts;
 
+pub use parts::admin::Admin as AdminSettings;
+
 pub use parts::events::ready as events_ready;
 mod setting;
 
@@ -37,15 +39,22 @@ impl Config {
     pub fn load(file: Option<&Path>, env: &Env, flags: &Overrides) -> Result<Config, ConfigError> {
         Ok(load_layers(file, env, flags)?.0)
     }
+
+    /// Only the admin listener's settings (its address, token and host names): what a probe
+    /// (`pet-gateway health`) needs, without the rest, so that it never depends on what the
+    /// rest checks (a backend's name resolving, a file being readable) and a DNS outage cannot
+    /// fail the liveness probe of every pod at once.
+    pub fn load_admin(
+        file: Option<&Path>,
+        env: &Env,
+        flags: &Overrides,
+    ) -> Result<AdminSettings, ConfigError> {
+        parts::admin::validate(&layers(file, env, flags)?)
+    }
 }
 
-/// The config, and the layers it came from with a record of each value in force.
-fn load_layers(
-    file: Option<&Path>,
-    env: &Env,
-    flags: &Overrides,
-) -> Result<(Config, Layers), ConfigError> {
-    let layers = Layers {
+fn layers(file: Option<&Path>, env: &Env, flags: &Overrides) -> Result<Layers, ConfigError> {
+    Ok(Layers {
         flags: flags.layer().clone(),
         env: env.layer(),
         file: match file {
@@ -54,7 +63,16 @@ fn load_layers(
         },
         file_path: file.map(Path::to_owned),
         resolved: Default::default(),
-    };
+    })
+}
+
+/// The config, and the layers it came from with a record of each value in force.
+fn load_layers(
+    file: Option<&Path>,
+    env: &Env,
+    flags: &Overrides,
+) -> Result<(Config, Layers), ConfigError> {
+    let layers = layers(file, env, flags)?;
     Ok((validate(&layers)?, layers))
 }
 

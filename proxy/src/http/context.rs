@@ -58,7 +58,7 @@ pub struct Ctx {
     pub retried_unanswered: bool,
     /// The backend (given by host name) whose connection failed: its name is looked up again
     /// before the retry, once a request (it may have moved: a restarted container).
-    pub look_up: Option<(usize, pingora::ErrorType)>,
+    pub look_up: Option<(usize, SocketAddr, pingora::ErrorType)>,
     pub looked_up: bool,
     pub upstream_started: Option<Instant>,
     pub upstream_time: Option<Duration>,

@@ -148,8 +148,8 @@ impl ProxyHttp for Gateway {
         let backend = match (&mut ctx.place, ctx.upstream_tries) {
             (Some(place), 0) => place.backend(),
             (place, _) => {
-                if let Some((named, failure)) = ctx.look_up.take() {
-                    let moved = self.rotation.look_up_again(named).await;
+                if let Some((named, failed, failure)) = ctx.look_up.take() {
+                    let moved = self.rotation.look_up_again(named, Some(failed)).await;
                     if !moved && ctx.upstream_tries >= self.rotation.len() {
                         // Nowhere new to go: the failure stands, as it was (502 or 504).
                         return Err(Error::create(
@@ -196,7 +196,7 @@ impl ProxyHttp for Gateway {
             // try, which goes to its new address when it is the only backend.
             if self.rotation.is_named(backend) && !ctx.looked_up {
                 ctx.looked_up = true;
-                ctx.look_up = Some((backend, e.etype().clone()));
+                ctx.look_up = Some((backend, addr, e.etype().clone()));
                 e.set_retry(true);
                 return e;
             }

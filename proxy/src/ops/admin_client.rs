@@ -15,9 +15,14 @@ pub struct AdminClient {
 
 impl AdminClient {
     pub fn of(config: &crate::config::Config) -> AdminClient {
+        AdminClient::at(config.admin_listen, config.admin_token.clone())
+    }
+
+    /// The listener bound to `listen`, asked with `token`.
+    pub fn at(listen: SocketAddr, token: Option<String>) -> AdminClient {
         AdminClient {
-            addr: reachable(config.admin_listen),
-            token: config.admin_token.clone(),
+            addr: reachable(listen),
+            token,
         }
     }
 

@@ -102,9 +102,11 @@ impl Address {
         matches!(self, Address::Named(_))
     }
 
-    /// Looks the name up again, unless it was less than [`LOOKUP_GAP`] ago (a caller that
-    /// waited behind a running lookup takes its answer). The new address when it changed. A
-    /// lookup that fails or finds nothing keeps the address in hand, and says so in the log.
+    /// Looks the name up again, unless the last lookup ended less than [`LOOKUP_GAP`] ago: a
+    /// caller that waited behind a running lookup (at most [`LOOKUP_TIMEOUT`]) takes its
+    /// answer, through [`Address::get`], instead of starting one more. The new address when
+    /// it changed. A lookup that fails or finds nothing keeps the address in hand, and says so
+    /// in the log.
     pub async fn look_up_again(&self) -> Option<SocketAddr> {
         let Address::Named(n) = self else {
             return None;
@@ -113,7 +115,17 @@ impl Address {
         if last.is_some_and(|t| t.elapsed() < LOOKUP_GAP) {
             return None;
         }
+        let moved = n.look_up().await;
+        // Stamped when it ended: a slow lookup must not leave the callers queued behind it
+        // to start one each, in turn.
         *last = Some(Instant::now());
+        moved
+    }
+}
+
+impl Named {
+    async fn look_up(&self) -> Option<SocketAddr> {
+        let n = self;
         let found = tokio::time::timeout(LOOKUP_TIMEOUT, tokio::net::lookup_host(n.name.as_str()));
         let new = match found.await {
             Ok(Ok(mut addrs)) => addrs.next(),

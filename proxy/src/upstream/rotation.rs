@@ -61,14 +61,19 @@ impl Rotation {
         self.addrs.get(i).is_some_and(Address::is_named)
     }
 
-    /// Looks backend `i`'s name up again ([`Address::look_up_again`]); whether it moved. When
-    /// it did, it is back in the rotation at once: the failure that marked it down was at the
-    /// old address.
-    pub async fn look_up_again(&self, i: usize) -> bool {
+    /// Looks backend `i`'s name up again ([`Address::look_up_again`]); whether it is now
+    /// somewhere else than `failed` (the address a connection just failed at, when there is
+    /// one: a lookup made by another request in the same second counts too). When it moved it
+    /// is back in the rotation at once: the failure that marked it down was at the old address.
+    pub async fn look_up_again(&self, i: usize, failed: Option<SocketAddr>) -> bool {
         let Some(address) = self.addrs.get(i) else {
             return false;
         };
-        let moved = address.look_up_again().await.is_some();
+        let changed = address.look_up_again().await.is_some();
+        let moved = match failed {
+            Some(failed) => address.get() != failed,
+            None => changed,
+        };
         if moved {
             self.down_until[i].store(0, Ordering::Relaxed);
         }
@@ -88,7 +93,7 @@ impl Rotation {
                 _ = shutdown.changed() => return,
             }
             for i in 0..self.addrs.len() {
-                self.look_up_again(i).await;
+                self.look_up_again(i, None).await;
             }
         }
     }
@@ -135,6 +140,33 @@ impl Rotation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two requests fail at a backend's old address in the same second: the first looks its
+    /// name up, the second (inside the gap, no lookup of its own) still learns that it moved.
+    #[tokio::test]
+    async fn a_request_failing_just_after_anothers_lookup_sees_the_move() {
+        let old: SocketAddr = "192.0.2.1:1".parse().unwrap();
+        let u = Rotation::new(vec![UpstreamAddr {
+            addr: old,
+            name: Some("localhost:1".to_owned()),
+        }]);
+        u.mark_down(0);
+        assert!(
+            u.look_up_again(0, Some(old)).await,
+            "the first finds the move"
+        );
+        assert!(u.healthy(0), "back in the rotation at its new address");
+        u.mark_down(0);
+        assert!(
+            u.look_up_again(0, Some(old)).await,
+            "the second takes the first's answer"
+        );
+        let now = u.addr(0);
+        assert!(
+            !u.look_up_again(0, Some(now)).await,
+            "a failure at the new address is no move"
+        );
+    }
 
     #[test]
     fn round_robin_skips_backends_marked_down() {

@@ -65,7 +65,8 @@ const ADMIN_COMMAND_SETTINGS: &[&str] = &[
     "registry_admin_username",
     "registry_admin_password",
     "registry_admin_password_file",
-    // Key changes are reported as events by whoever makes them.
+    // Key changes are reported as events by whoever makes them, in their environment.
+    "environment",
     "node_id",
     "metering_file",
     "events_webhook_url",
