@@ -82,10 +82,13 @@ def main():
     try:
         run(e, args.image, port, backend, gateway)
     finally:
-        # With their anonymous volumes (the image's VOLUMEs), which would pile up run by run.
-        left = sh(e, "rm", "-f", "-v", "-t", "0", gateway, backend, check=False)
-        if left.returncode != 0 and "no such container" not in left.stderr:
-            print(f"warning: could not remove the smoke test's containers: {left.stderr}", file=sys.stderr)
+        # With their anonymous volumes (the image's VOLUMEs), which would pile up run by run;
+        # the gateway first: it is in the backend's network namespace, and podman refuses to
+        # remove the backend under it.
+        for name in (gateway, backend):
+            left = sh(e, "rm", "-f", "-v", "-t", "0", name, check=False)
+            if left.returncode != 0 and "no such container" not in left.stderr:
+                print(f"warning: could not remove {name}: {left.stderr}", file=sys.stderr)
 
 
 def run(e, image, port, backend, gateway):
