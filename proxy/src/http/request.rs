@@ -121,7 +121,13 @@ pub async fn read_body(
         let read = tokio::time::timeout(timeout, session.read_request_body());
         match tokio::time::timeout_at(deadline, read).await {
             Err(_) | Ok(Err(_)) => return Ok(Err(BodyRefusal::Stalled)),
-            Ok(Ok(chunk)) => match chunk? {
+            // The session's own read timeout (the same length, set on the session) can fire
+            // before ours: the same stall. Any other failure is the client's (it went away),
+            // and is said to be, or it would be answered as the gateway's own 500.
+            Ok(Ok(Err(e))) if *e.etype() == pingora::ErrorType::ReadTimedout => {
+                return Ok(Err(BodyRefusal::Stalled))
+            }
+            Ok(Ok(chunk)) => match chunk.map_err(|e| e.into_down())? {
                 None => return Ok(Ok(continued)),
                 Some(bytes) => {
                     total += bytes.len();
@@ -179,6 +185,48 @@ mod tests {
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
             assert!(seen.insert(id.as_str()), "{id} twice");
         }
+    }
+
+    /// A session whose client sent `sent` and then nothing more, with the session's own read
+    /// timeout at `session_timeout`; the client's end comes back to keep it open (or drop it).
+    async fn session_after(
+        sent: &'static [u8],
+        session_timeout: std::time::Duration,
+    ) -> (pingora::proxy::Session, tokio::io::DuplexStream) {
+        use tokio::io::AsyncWriteExt;
+        let (mut client, server) = tokio::io::duplex(4096);
+        client.write_all(sent).await.expect("written");
+        let mut session = pingora::proxy::Session::new_h1(Box::new(server));
+        assert!(session.read_request().await.expect("a head"));
+        session.set_read_timeout(Some(session_timeout));
+        (session, client)
+    }
+
+    const HALF_A_BODY: &[u8] =
+        b"POST /v1/pets HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{\"name\":";
+
+    #[tokio::test]
+    async fn a_stall_is_408_whichever_read_timeout_fires_first() {
+        use std::time::Duration;
+        for (session_timeout, ours) in [(50, 2_000), (2_000, 50)] {
+            let (mut session, _client) =
+                session_after(HALF_A_BODY, Duration::from_millis(session_timeout)).await;
+            let got = read_body(&mut session, Duration::from_millis(ours)).await;
+            assert!(
+                matches!(got, Ok(Err(BodyRefusal::Stalled))),
+                "session {session_timeout} ms, ours {ours} ms: {got:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_client_gone_mid_body_is_the_clients_failure_not_the_gateways() {
+        let (mut session, client) =
+            session_after(HALF_A_BODY, std::time::Duration::from_secs(2)).await;
+        drop(client);
+        let got = read_body(&mut session, std::time::Duration::from_secs(2)).await;
+        let e = got.expect_err("the body cannot be read");
+        assert_eq!(*e.esource(), pingora::ErrorSource::Downstream, "{e}");
     }
 
     #[test]
