@@ -125,28 +125,28 @@ impl Address {
 
 impl Named {
     async fn look_up(&self) -> Option<SocketAddr> {
-        let n = self;
-        let found = tokio::time::timeout(LOOKUP_TIMEOUT, tokio::net::lookup_host(n.name.as_str()));
+        let found =
+            tokio::time::timeout(LOOKUP_TIMEOUT, tokio::net::lookup_host(self.name.as_str()));
         let new = match found.await {
             Ok(Ok(mut addrs)) => addrs.next(),
             Ok(Err(e)) => {
-                tracing::warn!(upstream = %n.name, error = %e, "looking the backend's name up failed; keeping its address");
+                tracing::warn!(upstream = %self.name, error = %e, "looking the backend's name up failed; keeping its address");
                 return None;
             }
             Err(_) => {
-                tracing::warn!(upstream = %n.name, timeout = ?LOOKUP_TIMEOUT, "looking the backend's name up timed out; keeping its address");
+                tracing::warn!(upstream = %self.name, timeout = ?LOOKUP_TIMEOUT, "looking the backend's name up timed out; keeping its address");
                 return None;
             }
         };
         let Some(new) = new else {
-            tracing::warn!(upstream = %n.name, "the backend's name resolves to no address; keeping its address");
+            tracing::warn!(upstream = %self.name, "the backend's name resolves to no address; keeping its address");
             return None;
         };
-        let mut current = n.current.write().unwrap_or_else(|p| p.into_inner());
+        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
         if *current == new {
             return None;
         }
-        tracing::info!(upstream = %n.name, was = %*current, now = %new, "the backend's name resolves to a new address");
+        tracing::info!(upstream = %self.name, was = %*current, now = %new, "the backend's name resolves to a new address");
         *current = new;
         Some(new)
     }

@@ -1,6 +1,6 @@
 //! The value checks several parts share.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::builder::PossibleValue;
@@ -22,14 +22,7 @@ pub fn millis(v: Value) -> Result<Duration, String> {
 
 /// `host:port`, resolved once at start-up.
 pub fn socket_addr(v: Value) -> Result<SocketAddr, String> {
-    let s = v.text()?;
-    if let Ok(addr) = s.parse() {
-        return Ok(addr);
-    }
-    s.to_socket_addrs()
-        .map_err(|e| format!("`{s}` is not a host:port address: {e}"))?
-        .next()
-        .ok_or_else(|| format!("`{s}` resolves to no address"))
+    crate::upstream::names::UpstreamAddr::parse(&v.text()?).map(|u| u.addr)
 }
 
 /// The kind of a setting that is one of `E`'s names.
