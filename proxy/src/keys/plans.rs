@@ -270,6 +270,28 @@ pub fn parse_plan(text: &str) -> Result<Plan, String> {
             return Err("field `description` must be a string".into());
         }
     }
+    let windows = parse_windows(&table)?;
+    let limits = Limits::new(&windows).map_err(|e| format!("windows: {e}"))?;
+    let Some(smallest) = limits.smallest_enforced() else {
+        return Err("windows: every window is `shadow`: a plan needs one that is enforced".into());
+    };
+    let costs = parse_costs(table.get("cost"), smallest)?;
+    let notify_at = parse_notify_at(table.get("notify_at"))?;
+    let limits = match parse_concurrency(table.get("concurrency"))? {
+        Some(n) => limits.with_concurrency(n),
+        None => limits,
+    };
+    Ok(Plan {
+        name: Arc::from(""),
+        limits,
+        costs,
+        notify_at,
+        priority: parse_priority(table.get("priority"))?,
+    })
+}
+
+/// The plan's windows: the first form's two fields, then its `[[window]]` tables.
+fn parse_windows(table: &toml::Table) -> Result<Vec<WindowLimit>, String> {
     let mut windows = Vec::new();
     let first_form = [
         ("requests_per_minute", Every::MINUTE),
@@ -300,41 +322,31 @@ pub fn parse_plan(text: &str) -> Result<Plan, String> {
     if windows.is_empty() {
         return Err("field `requests_per_minute` is missing (or give [[window]] tables)".into());
     }
-    let limits = Limits::new(&windows).map_err(|e| format!("windows: {e}"))?;
-    let Some(smallest) = limits.smallest_enforced() else {
-        return Err("windows: every window is `shadow`: a plan needs one that is enforced".into());
-    };
-    let costs = parse_costs(table.get("cost"), smallest)?;
-    let notify_at = parse_notify_at(table.get("notify_at"))?;
-    let limits = match table.get("concurrency") {
-        None => limits,
-        Some(toml::Value::Integer(n)) => {
-            let n = u64::try_from(*n)
-                .map_err(|_| n.to_string())
-                .and_then(check_concurrency)
-                .map_err(|_| concurrency_error(&n.to_string()))?;
-            limits.with_concurrency(n)
-        }
-        Some(v) => return Err(concurrency_error(&v.to_string())),
-    };
-    let priority = match table.get("priority") {
-        None => 0,
-        Some(toml::Value::Integer(n)) if n.abs() <= MAX_PRIORITY_STEPS => *n as i8,
-        Some(v) => {
-            return Err(format!(
-                "field `priority` must be a whole number from -{MAX_PRIORITY_STEPS} to \
-                 {MAX_PRIORITY_STEPS} (got {v}): the levels the plan's requests stand above \
-                 (or below) their operation's when they wait for the backend"
-            ))
-        }
-    };
-    Ok(Plan {
-        name: Arc::from(""),
-        limits,
-        costs,
-        notify_at,
-        priority,
-    })
+    Ok(windows)
+}
+
+fn parse_concurrency(value: Option<&toml::Value>) -> Result<Option<u32>, String> {
+    match value {
+        None => Ok(None),
+        Some(toml::Value::Integer(n)) => u64::try_from(*n)
+            .map_err(|_| n.to_string())
+            .and_then(check_concurrency)
+            .map(Some)
+            .map_err(|_| concurrency_error(&n.to_string())),
+        Some(v) => Err(concurrency_error(&v.to_string())),
+    }
+}
+
+fn parse_priority(value: Option<&toml::Value>) -> Result<i8, String> {
+    match value {
+        None => Ok(0),
+        Some(toml::Value::Integer(n)) if n.abs() <= MAX_PRIORITY_STEPS => Ok(*n as i8),
+        Some(v) => Err(format!(
+            "field `priority` must be a whole number from -{MAX_PRIORITY_STEPS} to \
+             {MAX_PRIORITY_STEPS} (got {v}): the levels the plan's requests stand above \
+             (or below) their operation's when they wait for the backend"
+        )),
+    }
 }
 
 fn concurrency_error(got: &str) -> String {

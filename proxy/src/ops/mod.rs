@@ -8,6 +8,7 @@
 //! | [`admin_client`] | the command line's HTTP client to a running gateway's admin listener |
 //! | [`cli`] | the command line (a stable contract operators script against) |
 //! | [`commands`] | what each command does |
+//! | [`wiring`] | what a node and the commands both open: the key registry, the key-change sink |
 
 pub mod admin;
 pub mod admin_client;
@@ -15,3 +16,4 @@ pub mod cli;
 pub mod commands;
 pub mod console;
 pub mod server;
+pub mod wiring;

@@ -29,6 +29,7 @@ use crate::keys::catalog::{Catalog, CatalogError};
 use crate::keys::replica::SyncState;
 use crate::keys::service::KeyStore;
 use crate::ops::admin::Admin;
+use crate::ops::wiring::{key_changes, open_registry, REDIS_CHECK_TIMEOUT};
 use crate::quota::admission::OnStoreError;
 use crate::quota::resilience::{Resilience, BAN_RECHECK};
 use crate::quota::store::memory::MemoryStore;
@@ -81,15 +82,7 @@ pub fn run(
         probe_listen(config.listen, "listen")?;
         probe_listen(config.admin_listen, "admin_listen")?;
     }
-    let catalog = Arc::new(Catalog::load_with(
-        &config.keys_file,
-        &config.plans_dir,
-        config.keys_source == crate::config::KeysSource::File,
-    )?);
-    let certs = match &config.tls {
-        Some(files) => Some(Arc::new(CertResolver::load(&files.cert, &files.key)?)),
-        None => None,
-    };
+    let (catalog, certs) = load_files(&config)?;
     log_start(&config, &catalog, upgrade);
     if let Some(redis) = &config.redis {
         check_redis(redis, config.on_store_error)?;
@@ -102,24 +95,7 @@ pub fn run(
     let resilience = Resilience::with_lease_secs(config.concurrency_lease_secs);
     let (meter, metering) = metering(&config)?;
     let top = Arc::new(TopTally::default());
-    server.add_service(background_service(
-        "top consumers flush",
-        TopFlush {
-            tally: Arc::clone(&top),
-            store: top_store(&config, &admin_store)?,
-        },
-    ));
-    if let Some(meter) = &meter {
-        server.add_service(background_service(
-            "key expiry notices",
-            ExpiryNotices {
-                claimant: format!("{}.{}", config.node_id, std::process::id()),
-                catalog: Arc::clone(&catalog),
-                store: Arc::clone(&admin_store),
-                meter: Arc::clone(meter),
-            },
-        ));
-    }
+    add_usage_upkeep(&mut server, &config, &catalog, &admin_store, &meter, &top)?;
     let gateway = Gateway::new(
         gateway_settings(&config, meter, top),
         Arc::clone(&catalog),
@@ -129,18 +105,7 @@ pub fn run(
     );
     let quota_status = gateway.quota_status();
     let places = gateway.places();
-    let slots = gateway.slots();
-    server.add_service(background_service(
-        "concurrency leases",
-        LeaseRenewals(Arc::clone(&slots)),
-    ));
-    server.add_service(background_service(
-        "backend name lookups",
-        NameLookups(
-            Arc::clone(places.rotation()),
-            config.upstream_resolve_interval,
-        ),
-    ));
+    add_place_upkeep(&mut server, &config, &gateway);
     let proxy = proxy_service(&config, &server, gateway, certs.clone())?;
     server.add_service(proxy);
 
@@ -158,19 +123,7 @@ pub fn run(
         (history, places),
     ));
 
-    if let Some(redis) = &config.redis {
-        server.add_service(background_service(
-            "store probe",
-            StoreProbe {
-                resilience: resilience.clone(),
-                store: Arc::new(RedisStore::connecting(
-                    redis.clone(),
-                    &config.key_prefix,
-                    config.store_timeout,
-                )?),
-            },
-        ));
-    }
+    add_store_probe(&mut server, &config, &resilience)?;
     server.add_service(background_service(
         "reloader",
         Reloader {
@@ -190,6 +143,90 @@ pub fn run(
     drop(metering);
     if let Some(store) = redis_store {
         release_on_stop(&config, &store);
+    }
+    Ok(())
+}
+
+/// The keys and plans, and the certificate when there is TLS: a file that cannot be read stops
+/// the start.
+fn load_files(config: &Config) -> Result<(Arc<Catalog>, Option<Arc<CertResolver>>), ServeError> {
+    let catalog = Arc::new(Catalog::load_with(
+        &config.keys_file,
+        &config.plans_dir,
+        config.keys_source == crate::config::KeysSource::File,
+    )?);
+    let certs = match &config.tls {
+        Some(files) => Some(Arc::new(CertResolver::load(&files.cert, &files.key)?)),
+        None => None,
+    };
+    Ok((catalog, certs))
+}
+
+/// The flush of the top consumers' tally to the store, and, when there is a meter, the
+/// notices of keys expiring (one node of the fleet claims each).
+fn add_usage_upkeep(
+    server: &mut Server,
+    config: &Config,
+    catalog: &Arc<Catalog>,
+    admin_store: &Arc<dyn QuotaStore>,
+    meter: &Option<Arc<Meter>>,
+    top: &Arc<TopTally>,
+) -> Result<(), ServeError> {
+    server.add_service(background_service(
+        "top consumers flush",
+        TopFlush {
+            tally: Arc::clone(top),
+            store: top_store(config, admin_store)?,
+        },
+    ));
+    if let Some(meter) = meter {
+        server.add_service(background_service(
+            "key expiry notices",
+            ExpiryNotices {
+                claimant: format!("{}.{}", config.node_id, std::process::id()),
+                catalog: Arc::clone(catalog),
+                store: Arc::clone(admin_store),
+                meter: Arc::clone(meter),
+            },
+        ));
+    }
+    Ok(())
+}
+
+/// What keeps the gateway's places at the backends true: the renewals of its concurrency
+/// leases in the store, and the lookups of backends given by name.
+fn add_place_upkeep(server: &mut Server, config: &Config, gateway: &Gateway) {
+    server.add_service(background_service(
+        "concurrency leases",
+        LeaseRenewals(gateway.slots()),
+    ));
+    server.add_service(background_service(
+        "backend name lookups",
+        NameLookups(
+            Arc::clone(gateway.places().rotation()),
+            config.upstream_resolve_interval,
+        ),
+    ));
+}
+
+/// With Redis, the probe that finds it back after an outage, on a connection of its own.
+fn add_store_probe(
+    server: &mut Server,
+    config: &Config,
+    resilience: &Resilience,
+) -> Result<(), ServeError> {
+    if let Some(redis) = &config.redis {
+        server.add_service(background_service(
+            "store probe",
+            StoreProbe {
+                resilience: resilience.clone(),
+                store: Arc::new(RedisStore::connecting(
+                    redis.clone(),
+                    &config.key_prefix,
+                    config.store_timeout,
+                )?),
+            },
+        ));
     }
     Ok(())
 }
@@ -262,7 +299,7 @@ fn admin_service(
             api_key_prefix: config.api_key_prefix.clone(),
             audit_log: config.audit_log.clone(),
             who: "admin".to_owned(),
-            changes: crate::ops::commands::key_changes(config),
+            changes: key_changes(config),
         },
         registry,
         records: Default::default(),
@@ -345,9 +382,6 @@ impl BackgroundService for LeaseRenewals {
         Arc::clone(&self.0).run_renewals().await
     }
 }
-
-/// How long the start-up check gives each step (a Sentinel lookup, a connection, `PING`).
-pub const REDIS_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Connects to Redis once before serving. Settings that cannot work (a wrong password or CA, a
 /// master no Sentinel knows, a file that cannot be read) stop the start with an error naming
@@ -589,32 +623,6 @@ impl BackgroundService for StoreProbe {
             }
         }
     }
-}
-
-/// The key registry on `redis`, reading through the configured verify keys and signing with the
-/// configured signing key: for a node and for the `keys` commands alike. `for_changes`: the one
-/// key changes go through, which logs in as `registry_admin_username` when that is set.
-pub fn open_registry(
-    config: &Config,
-    redis: &crate::base::redis::RedisAccess,
-    timeout: Duration,
-    for_changes: bool,
-) -> Result<crate::keys::registry::Registry, String> {
-    let mut redis = redis.clone();
-    if let (true, Some(admin)) = (for_changes, &config.registry_admin) {
-        redis.auth = admin.clone();
-    }
-    let verify = crate::keys::signing::VerifyKeys::parse(&config.registry_verify_keys)
-        .map_err(|e| format!("registry_verify_keys: {e}"))?;
-    let signer = match &config.registry_signing_key_file {
-        Some(path) => Some(
-            crate::keys::signing::SigningKey::load(path)
-                .map_err(|e| format!("registry_signing_key_file: {e}"))?,
-        ),
-        None => None,
-    };
-    let registry = crate::keys::registry::Registry::connecting(redis, &config.key_prefix, timeout);
-    Ok(registry.with_trust(crate::keys::registry::Trust { verify, signer }))
 }
 
 /// Runs the registry sync on a thread of its own (its calls block, with deadlines) until

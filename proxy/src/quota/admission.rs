@@ -18,7 +18,7 @@ use crate::keys::index::KeyInfo;
 use crate::keys::plans::Limits;
 use crate::quota::resilience::Resilience;
 use crate::quota::rules::{self, BanPolicy, Lease, RateView};
-use crate::quota::store::QuotaStore;
+use crate::quota::store::{QuotaStore, StoreError};
 
 /// What to do when the quota store cannot answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
@@ -138,42 +138,63 @@ impl Admission {
             METRICS.store_duration.observe(elapsed.as_secs_f64());
             match result {
                 Ok(v) => {
-                    r.breaker.success();
-                    METRICS.store_fallback.set(0);
-                    if v.outcome == rules::Outcome::Banned {
-                        r.ban_cache.remember(quota, v.ban_until);
-                    } else if !r.ban_cache.is_empty() {
-                        // The store says no ban (lifted, perhaps on another node): a stale
-                        // entry must not come back during an outage.
-                        r.ban_cache.forget(quota);
-                    }
-                    let view = RateView::new(&v, limits, cost);
-                    if v.outcome == rules::Outcome::ConcurrencyLimited {
-                        r.crowded.remember(quota, view, Instant::now());
-                    }
                     return Decision {
-                        ban_started: v.ban_started,
                         store_time,
-                        lease: v.lease,
-                        ..Decision::of(v.outcome.into(), view)
-                    };
-                }
-                Err(error) => {
-                    METRICS
-                        .store_errors
-                        .with_label_values(&[error.kind()])
-                        .inc();
-                    if r.breaker.failure() {
-                        tracing::error!(error = %error, mode = ?self.on_store_error,
-                            "quota store failing: deciding without it until it answers again");
-                    } else {
-                        tracing::warn!(error = %error, key_id = %key.id, "quota store call failed");
+                        ..self.stored(quota, limits, cost, v)
                     }
                 }
+                Err(error) => self.store_failed(key, &error),
             }
         }
+        Decision {
+            store_time,
+            degraded: true,
+            ..self.fallback(quota, limits, cost, now)
+        }
+    }
+
+    /// The store's answer, with what this node keeps of it: a ban to apply during an outage,
+    /// a refusal for want of places to answer at once for a moment.
+    fn stored(&self, quota: &Arc<str>, limits: Limits, cost: u64, v: rules::Verdict) -> Decision {
+        let r = &self.resilience;
+        r.breaker.success();
+        METRICS.store_fallback.set(0);
+        if v.outcome == rules::Outcome::Banned {
+            r.ban_cache.remember(quota, v.ban_until);
+        } else if !r.ban_cache.is_empty() {
+            // The store says no ban (lifted, perhaps on another node): a stale entry must
+            // not come back during an outage.
+            r.ban_cache.forget(quota);
+        }
+        let view = RateView::new(&v, limits, cost);
+        if v.outcome == rules::Outcome::ConcurrencyLimited {
+            r.crowded.remember(quota, view, Instant::now());
+        }
+        Decision {
+            ban_started: v.ban_started,
+            lease: v.lease,
+            ..Decision::of(v.outcome.into(), view)
+        }
+    }
+
+    fn store_failed(&self, key: &KeyInfo, error: &StoreError) {
+        METRICS
+            .store_errors
+            .with_label_values(&[error.kind()])
+            .inc();
+        if self.resilience.breaker.failure() {
+            tracing::error!(error = %error, mode = ?self.on_store_error,
+                "quota store failing: deciding without it until it answers again");
+        } else {
+            tracing::warn!(error = %error, key_id = %key.id, "quota store call failed");
+        }
+    }
+
+    /// The decision without the store, as `on_store_error` says.
+    fn fallback(&self, quota: &Arc<str>, limits: Limits, cost: u64, now: u64) -> Decision {
         METRICS.store_fallback.set(1);
-        let fallback = match self.on_store_error {
+        let r = &self.resilience;
+        match self.on_store_error {
             OnStoreError::Closed => Decision {
                 outcome: Outcome::StoreUnavailable,
                 view: None,
@@ -199,11 +220,6 @@ impl Admission {
                     ..Decision::of(outcome.into(), view)
                 }
             }
-        };
-        Decision {
-            store_time,
-            degraded: true,
-            ..fallback
         }
     }
 }

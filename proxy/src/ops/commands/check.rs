@@ -44,7 +44,7 @@ pub fn check(args: ConfigArgs) -> Result<(), String> {
 /// Redis that does not answer from where `check` runs is no fault of the config (`serve`
 /// would start, `on_store_error` deciding until it answers): said, not failed.
 fn redis_state(redis: &RedisAccess) -> Result<String, String> {
-    match redis.probe_blocking(crate::ops::server::REDIS_CHECK_TIMEOUT) {
+    match redis.probe_blocking(crate::ops::wiring::REDIS_CHECK_TIMEOUT) {
         Ok(()) => Ok(format!("{} answers", redis.describe())),
         Err(e) if e.is_fatal() => Err(e.to_string()),
         Err(e) => Ok(format!(

@@ -342,7 +342,7 @@ pub(super) fn key_config(files: &KeyFiles, admin_listen: Option<&str>) -> Result
 fn key_service(config: &Config) -> Result<KeyService, String> {
     let store = match (config.keys_source, &config.redis) {
         (KeysSource::Store, Some(redis)) => {
-            KeyStore::Registry(std::sync::Arc::new(crate::ops::server::open_registry(
+            KeyStore::Registry(std::sync::Arc::new(crate::ops::wiring::open_registry(
                 config,
                 redis,
                 std::time::Duration::from_secs(2),
@@ -356,7 +356,7 @@ fn key_service(config: &Config) -> Result<KeyService, String> {
         api_key_prefix: config.api_key_prefix.clone(),
         audit_log: config.audit_log.clone(),
         who: crate::keys::audit::os_user(),
-        changes: super::key_changes(config),
+        changes: crate::ops::wiring::key_changes(config),
     })
 }
 

@@ -81,28 +81,6 @@ fn load_for_admin(file: Option<&std::path::Path>, flags: &Overrides) -> Result<C
     Config::load(file, &env, flags).map_err(|e| e.to_string())
 }
 
-/// Where the key service reports its changes: the metering file and the webhook's spool, when
-/// there are any (the `keys` commands and the admin API alike).
-pub fn key_changes(
-    config: &Config,
-) -> Option<std::sync::Arc<dyn crate::keys::service::ChangeSink>> {
-    let spool = config
-        .events_webhook
-        .as_ref()
-        .map(|w| crate::events::webhook::spool::Spool::new(&w.spool_dir, w.spool_max_bytes));
-    if config.metering_file.is_none() && spool.is_none() {
-        return None;
-    }
-    Some(std::sync::Arc::new(
-        crate::events::lifecycle::KeyChanges::new(
-            &config.environment,
-            &config.node_id,
-            config.metering_file.clone(),
-            spool,
-        ),
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,7 +25,7 @@ pub fn registry_command(cmd: RegistryCommand) -> Result<(), String> {
                         .to_owned(),
                 );
             };
-            let registry = crate::ops::server::open_registry(
+            let registry = crate::ops::wiring::open_registry(
                 &config,
                 redis,
                 std::time::Duration::from_secs(2),

@@ -375,36 +375,7 @@ impl Batches {
                     }
                 }
                 Err(e) => {
-                    // The store did not answer this run in time, or at all: the decisions queued
-                    // behind it learn so now rather than each waiting out a run of its own, so
-                    // that an outage costs a deadline once, not once per queued request. Queued
-                    // releases stay for the lane's next run, and so do this run's when it surely
-                    // did not run (`Refused`: as across a Redis restart); after a timeout or a
-                    // connection lost mid-call it may have run, and a release applied twice
-                    // would free another request's place: those leases end by themselves.
-                    let transient = !matches!(e, StoreError::Protocol(_));
-                    let unsent = matches!(e, StoreError::Refused(_));
-                    let (again, batch): (Vec<Pending>, Vec<Pending>) = batch
-                        .into_iter()
-                        .partition(|p| unsent && matches!(p.op, Op::Release { .. }));
-                    let queued = if transient {
-                        let mut state = lock(&guard.lane.state);
-                        let (mut releases, rest): (VecDeque<Pending>, VecDeque<Pending>) =
-                            std::mem::take(&mut state.queue)
-                                .into_iter()
-                                .partition(|p| matches!(p.op, Op::Release { .. }));
-                        for p in again.into_iter().rev() {
-                            releases.push_front(p);
-                        }
-                        state.queue = releases;
-                        rest
-                    } else {
-                        VecDeque::new()
-                    };
-                    for p in batch.into_iter().chain(queued) {
-                        p.fail(&e);
-                    }
-                    if transient {
+                    if self.failed(&guard.lane, batch, &e) {
                         // Not again at once: the next entry queued starts the next try.
                         lock(&guard.lane.state).draining -= 1;
                         guard.finished = true;
@@ -413,6 +384,39 @@ impl Batches {
                 }
             }
         }
+    }
+
+    /// A run the store did not answer in time, or at all: its entries fail, and the decisions
+    /// queued behind it learn so now rather than each waiting out a run of its own, so that an
+    /// outage costs a deadline once, not once per queued request. Queued releases stay for the
+    /// lane's next run, and so do this run's when it surely did not run (`Refused`: as across a
+    /// Redis restart); after a timeout or a connection lost mid-call it may have run, and a
+    /// release applied twice would free another request's place: those leases end by
+    /// themselves. Returns whether the lane stops draining (the failure was transient).
+    fn failed(&self, lane: &Lane, batch: Vec<Pending>, e: &StoreError) -> bool {
+        let transient = !matches!(e, StoreError::Protocol(_));
+        let unsent = matches!(e, StoreError::Refused(_));
+        let (again, batch): (Vec<Pending>, Vec<Pending>) = batch
+            .into_iter()
+            .partition(|p| unsent && matches!(p.op, Op::Release { .. }));
+        let queued = if transient {
+            let mut state = lock(&lane.state);
+            let (mut releases, rest): (VecDeque<Pending>, VecDeque<Pending>) =
+                std::mem::take(&mut state.queue)
+                    .into_iter()
+                    .partition(|p| matches!(p.op, Op::Release { .. }));
+            for p in again.into_iter().rev() {
+                releases.push_front(p);
+            }
+            state.queue = releases;
+            rest
+        } else {
+            VecDeque::new()
+        };
+        for p in batch.into_iter().chain(queued) {
+            p.fail(e);
+        }
+        transient
     }
 
     /// Hands each entry of a run its part of `values`. Bans the run started are indexed first,
