@@ -528,3 +528,143 @@ async fn an_upgrade_hands_the_spool_to_the_new_process_once_the_old_one_exits() 
     .await;
     stop(new);
 }
+
+/// A `whsec_` secret of 32 random bytes, as Standard Webhooks makes them.
+fn standard_secret() -> String {
+    use base64::Engine;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .expect("random bytes");
+    format!(
+        "whsec_{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+/// The receiver of `tests/standard_webhooks_receiver.py`, verifying with the `standardwebhooks`
+/// package (installed by scripts/test into target/tools/venv): its URL, its process and where
+/// it records each delivery.
+fn standard_receiver(
+    dir: &Path,
+    secrets: &[&str],
+    fail_first: usize,
+) -> (String, Process, PathBuf) {
+    let root = e2e::repo_root();
+    let python = root.join("target/tools/venv/bin/python");
+    let ready = std::process::Command::new(&python)
+        .args(["-c", "import standardwebhooks"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ready,
+        "the standardwebhooks package is missing from {}: run scripts/test, which installs it",
+        python.display()
+    );
+    let record = dir.join("deliveries.ndjson");
+    let port_file = dir.join("receiver.port");
+    let mut cmd = std::process::Command::new(&python);
+    cmd.arg(root.join("tests/standard_webhooks_receiver.py"))
+        .arg("--record")
+        .arg(&record)
+        .arg("--port-file")
+        .arg(&port_file)
+        .args(["--fail-first", &fail_first.to_string()]);
+    for s in secrets {
+        cmd.args(["--secret", s]);
+    }
+    let process = Process::spawn("standard webhooks receiver", &mut cmd);
+    let port = (0..200)
+        .find_map(|_| {
+            std::thread::sleep(Duration::from_millis(50));
+            std::fs::read_to_string(&port_file).ok()
+        })
+        .expect("the receiver listens");
+    (
+        format!("http://127.0.0.1:{}/hooks/pet", port.trim()),
+        process,
+        record,
+    )
+}
+
+fn deliveries(record: &Path) -> Vec<Value> {
+    std::fs::read_to_string(record)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
+/// `events_webhook_signature = "standard"` during a secret rotation: the `standardwebhooks`
+/// package verifies every delivery with the new secret and with the old one, and refuses the
+/// same delivery with its body changed, with a secret not ours and read 10 minutes later. A
+/// batch the receiver failed comes again under the same `webhook-id`. A secret that is not a
+/// `whsec_` value is refused by `check`, naming the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standard_webhooks_verifies_every_delivery_with_either_secret_of_a_rotation() {
+    let f = Fixture::new(5, 1_000);
+    let backend = f.backend();
+    let (new, old) = (standard_secret(), standard_secret());
+    let (url, _receiver, record) = standard_receiver(f.dir.path(), &[&new, &old], 2);
+    let (spool, secret) = spool_and_secret(&f);
+    std::fs::write(&secret, format!("{new}\n")).unwrap();
+    let previous = f.dir.path().join("webhook.previous");
+    std::fs::write(&previous, &old).unwrap();
+    let mut spec = hooked(&f, backend.addr, &url, &spool, &secret);
+    spec.extra += &format!(
+        "events_webhook_signature = \"standard\"\nevents_webhook_previous_secret_file = \"{}\"\n",
+        previous.display()
+    );
+    let gateway = f.gateway(&spec);
+    let issued: Vec<String> = (0..3).map(|_| issue_by_cli(&spec, f.dir.path())).collect();
+    let accepted = |all: &[Value]| all.iter().filter(|d| d["status"] == 200).count();
+    let done = (0..600).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        let all = deliveries(&record);
+        let events: u64 = all
+            .iter()
+            .filter(|d| d["status"] == 200)
+            .map(|d| d["events"].as_u64().unwrap_or(0))
+            .sum();
+        accepted(&all) >= 1 && events >= issued.len() as u64
+    });
+    let all = deliveries(&record);
+    assert!(done, "every issued key's event is delivered: {all:#?}");
+    for d in &all {
+        assert_ne!(
+            d["status"], 401,
+            "a delivery the package did not verify: {d}"
+        );
+        if d["status"] == 200 {
+            assert_eq!(
+                d["verified"],
+                serde_json::json!({"0": true, "1": true}),
+                "{d}"
+            );
+            for check in ["tampered_body", "wrong_secret", "old_timestamp"] {
+                assert_eq!(d["refused"][check], true, "{check} was not refused: {d}");
+            }
+        }
+        let id = d["id"].as_str().expect("webhook-id");
+        assert!(id.starts_with("node-a/"), "{id}");
+    }
+    let failed: Vec<&Value> = all.iter().filter(|d| d["status"] == 503).collect();
+    assert_eq!(failed.len(), 2, "{all:#?}");
+    for d in failed {
+        assert!(
+            all.iter().any(|a| a["status"] == 200 && a["id"] == d["id"]),
+            "the failed batch {} came again under its id: {all:#?}",
+            d["id"]
+        );
+    }
+    stop(gateway);
+
+    std::fs::write(&secret, "plain-secret\n").unwrap();
+    let (ok, said) = check(&f, &spec);
+    assert!(!ok, "a plain secret passes check for the standard scheme");
+    assert!(
+        said.contains("events_webhook_signature") && said.contains("whsec_"),
+        "{said}"
+    );
+    assert!(!said.contains("plain-secret"), "{said}");
+}

@@ -735,6 +735,16 @@ upstream_keepalive_pool_size = 16
             "PET_GATEWAY_EVENTS_WEBHOOK_SECRET_FILE",
         ),
         (
+            "events_webhook_signature",
+            "--events-webhook-signature",
+            "PET_GATEWAY_EVENTS_WEBHOOK_SIGNATURE",
+        ),
+        (
+            "events_webhook_previous_secret_file",
+            "--events-webhook-previous-secret-file",
+            "PET_GATEWAY_EVENTS_WEBHOOK_PREVIOUS_SECRET_FILE",
+        ),
+        (
             "events_spool_dir",
             "--events-spool-dir",
             "PET_GATEWAY_EVENTS_SPOOL_DIR",
@@ -778,6 +788,11 @@ upstream_keepalive_pool_size = 16
                 (
                     "events_webhook_secret",
                     "PET_GATEWAY_EVENTS_WEBHOOK_SECRET",
+                    true
+                ),
+                (
+                    "events_webhook_previous_secret",
+                    "PET_GATEWAY_EVENTS_WEBHOOK_PREVIOUS_SECRET",
                     true
                 ),
             ]

@@ -669,7 +669,7 @@ fn metering(config: &Config) -> Result<(Option<Arc<Meter>>, Option<Metering>), S
     let meter = Arc::new(Meter::default());
     let origin = Arc::new(Origin::new(&config.environment, &config.node_id));
     let webhook = match &config.events_webhook {
-        Some(w) => Some(deliver::start(w).map_err(ServeError::Webhook)?),
+        Some(w) => Some(deliver::start(w, &config.node_id).map_err(ServeError::Webhook)?),
         None => None,
     };
     let pump = pump::start(Arc::clone(&meter), origin, sinks).map_err(ServeError::Events)?;

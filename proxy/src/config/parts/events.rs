@@ -5,9 +5,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::config::model::ConfigError;
+use crate::config::parts::values::{choice, parse_choice};
 use crate::config::setting::{Kind, Layers, Origin, Preset, Row, Setting, Sourced, Value};
 use crate::config::Config;
-use crate::events::webhook::{SecretSource, Webhook, WebhookSecret, WebhookUrl};
+use crate::events::webhook::{Scheme, SecretSource, Webhook, WebhookSecret, WebhookUrl};
 
 const NODE_ID: Setting<String> = Setting::new(
     "node_id",
@@ -36,7 +37,8 @@ const WEBHOOK_URL: Setting<WebhookUrl> = Setting::new(
     Kind::Text,
     Preset::Absent("none: no webhook"),
     "an `http://` or `https://` URL every event is POSTed to, in signed batches \
-     (`application/cloudevents-batch+json`, `Pet-Signature`), at least once; needs \
+     (`application/cloudevents-batch+json`, signed as `events_webhook_signature` says), at \
+     least once; needs \
      `events_webhook_secret` (or its file) and `events_spool_dir`",
     |v| WebhookUrl::parse(&v.text()?),
 )
@@ -60,6 +62,36 @@ const WEBHOOK_SECRET_FILE: Setting<PathBuf> = Setting::new(
 )
 .flag("--events-webhook-secret-file", "PATH")
 .env("PET_GATEWAY_EVENTS_WEBHOOK_SECRET_FILE");
+const WEBHOOK_SIGNATURE: Setting<Scheme> = Setting::new(
+    "events_webhook_signature",
+    choice::<Scheme>(),
+    Preset::Value("pet"),
+    "how batches are signed: `pet` (`Pet-Signature: t=…,v1=<hex HMAC-SHA256 of \"<t>.<body>\">`), \
+     `standard` (Standard Webhooks: `webhook-id`, `webhook-timestamp`, `webhook-signature`; the \
+     secret a `whsec_` base64 value), or `both` (the two, while receivers move)",
+    parse_choice,
+)
+.flag("--events-webhook-signature", "SCHEME")
+.env("PET_GATEWAY_EVENTS_WEBHOOK_SIGNATURE");
+const WEBHOOK_PREVIOUS_SECRET: Setting<String> = Setting::new(
+    "events_webhook_previous_secret",
+    Kind::Text,
+    Preset::Absent("none"),
+    "during a rotation of the webhook's secret, the one being retired: each batch is signed \
+     with both (the new first) until it is removed; in the environment or \
+     `events_webhook_previous_secret_file`, never a flag",
+    Value::text,
+)
+.secret("PET_GATEWAY_EVENTS_WEBHOOK_PREVIOUS_SECRET");
+const WEBHOOK_PREVIOUS_SECRET_FILE: Setting<PathBuf> = Setting::new(
+    "events_webhook_previous_secret_file",
+    Kind::Path,
+    Preset::Absent("none"),
+    "a file holding the secret being retired (one trailing newline is dropped), read at start",
+    Value::path,
+)
+.flag("--events-webhook-previous-secret-file", "PATH")
+.env("PET_GATEWAY_EVENTS_WEBHOOK_PREVIOUS_SECRET_FILE");
 const SPOOL_DIR: Setting<PathBuf> = Setting::new(
     "events_spool_dir",
     Kind::Path,
@@ -95,6 +127,9 @@ pub const SETTINGS: &[Row] = &[
     WEBHOOK_URL.row,
     WEBHOOK_SECRET.row,
     WEBHOOK_SECRET_FILE.row,
+    WEBHOOK_SIGNATURE.row,
+    WEBHOOK_PREVIOUS_SECRET.row,
+    WEBHOOK_PREVIOUS_SECRET_FILE.row,
     SPOOL_DIR.row,
     SPOOL_MAX_MB.row,
 ];
@@ -129,12 +164,21 @@ fn webhook(l: &Layers) -> Result<Option<Webhook>, ConfigError> {
     let url = l.get(&WEBHOOK_URL)?;
     let secret = l.get(&WEBHOOK_SECRET)?;
     let secret_file = l.get(&WEBHOOK_SECRET_FILE)?;
+    let previous = l.get(&WEBHOOK_PREVIOUS_SECRET)?;
+    let previous_file = l.get(&WEBHOOK_PREVIOUS_SECRET_FILE)?;
+    let signature = l.get(&WEBHOOK_SIGNATURE)?;
     let spool = l.get(&SPOOL_DIR)?;
     let max_mb = l.value(&SPOOL_MAX_MB)?;
     let Some(url) = url else {
         let given = [
             secret.as_ref().map(Sourced::blame),
             secret_file.as_ref().map(Sourced::blame),
+            previous.as_ref().map(Sourced::blame),
+            previous_file.as_ref().map(Sourced::blame),
+            signature
+                .as_ref()
+                .filter(|s| s.origin != Origin::Default)
+                .map(Sourced::blame),
             spool.as_ref().map(Sourced::blame),
         ];
         if let Some(g) = given.into_iter().flatten().next() {
@@ -142,7 +186,28 @@ fn webhook(l: &Layers) -> Result<Option<Webhook>, ConfigError> {
         }
         return Ok(None);
     };
-    let secret = match (secret, secret_file) {
+    let Some(spool) = spool else {
+        return Err(url.error(
+            "needs events_spool_dir, the folder where events wait for the receiver".to_owned(),
+        ));
+    };
+    Ok(Some(Webhook {
+        url: url.value,
+        secret: secret_source(secret, secret_file)?,
+        previous_secret: secret_source(previous, previous_file)?,
+        signature: signature.map_or(Scheme::Pet, |s| s.value),
+        spool_dir: spool.value,
+        spool_max_bytes: max_mb * 1024 * 1024,
+    }))
+}
+
+/// A secret given in the environment (or the file's setting), or by a file of its own: one of
+/// the two.
+fn secret_source(
+    secret: Option<Sourced<String>>,
+    secret_file: Option<Sourced<PathBuf>>,
+) -> Result<SecretSource, ConfigError> {
+    Ok(match (secret, secret_file) {
         (Some(s), Some(f)) => {
             return Err(f.error(format!(
                 "the secret is given twice, here and by {} ({}): give one",
@@ -161,18 +226,7 @@ fn webhook(l: &Layers) -> Result<Option<Webhook>, ConfigError> {
         }
         (None, Some(f)) => SecretSource::File(f.value),
         (None, None) => SecretSource::Missing,
-    };
-    let Some(spool) = spool else {
-        return Err(url.error(
-            "needs events_spool_dir, the folder where events wait for the receiver".to_owned(),
-        ));
-    };
-    Ok(Some(Webhook {
-        url: url.value,
-        secret,
-        spool_dir: spool.value,
-        spool_max_bytes: max_mb * 1024 * 1024,
-    }))
+    })
 }
 
 /// What `check` and `serve` ask beyond the settings' form: the metering file's and the spool's
@@ -182,7 +236,7 @@ pub fn ready(config: &Config) -> Result<(), String> {
         writable_folder(file).map_err(|why| format!("metering_file: {why}"))?;
     }
     if let Some(webhook) = &config.events_webhook {
-        webhook.secret()?;
+        webhook.signer()?;
         writable_dir(&webhook.spool_dir).map_err(|why| format!("events_spool_dir: {why}"))?;
     }
     Ok(())

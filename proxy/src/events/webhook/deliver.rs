@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::post::{post, tls_config, WebhookUrl};
 use super::spool::{Segment, Spool};
-use super::Webhook;
+use super::{Signer, Webhook};
 use crate::base::clock::{unix_now, unix_now_ms};
 use crate::base::metrics::METRICS;
 use crate::events::cloud::gateway_event;
@@ -39,7 +39,9 @@ struct Delivery {
     spool: Spool,
     url: WebhookUrl,
     tls: Option<Arc<rustls::ClientConfig>>,
-    secret: Vec<u8>,
+    signer: Signer,
+    /// This node's id: with a batch's spool name, its `webhook-id`.
+    node_id: String,
     lock: Option<File>,
     failures: u32,
     next_try: Instant,
@@ -51,7 +53,7 @@ pub struct DeliveryHandle {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-pub fn start(webhook: &Webhook) -> Result<DeliveryHandle, String> {
+pub fn start(webhook: &Webhook, node_id: &str) -> Result<DeliveryHandle, String> {
     let tls = if webhook.url.https {
         Some(tls_config()?)
     } else {
@@ -61,7 +63,8 @@ pub fn start(webhook: &Webhook) -> Result<DeliveryHandle, String> {
         spool: Spool::new(&webhook.spool_dir, webhook.spool_max_bytes),
         url: webhook.url.clone(),
         tls,
-        secret: webhook.secret()?.bytes().to_vec(),
+        signer: webhook.signer()?,
+        node_id: node_id.to_owned(),
         lock: None,
         failures: 0,
         next_try: Instant::now(),
@@ -169,7 +172,7 @@ impl Delivery {
                 return true;
             }
         };
-        match self.send(&lines) {
+        match self.send(seg, &lines) {
             Outcome::Delivered => {
                 self.failures = 0;
                 for kind in kinds {
@@ -216,15 +219,12 @@ impl Delivery {
         }
     }
 
-    fn send(&self, lines: &[u8]) -> Outcome {
+    fn send(&self, seg: &Segment, lines: &[u8]) -> Outcome {
         let body = batch_body(lines);
-        match post(
-            &self.url,
-            self.tls.as_ref(),
-            &self.secret,
-            unix_now(),
-            &body,
-        ) {
+        let signed = self
+            .signer
+            .headers(&batch_id(&self.node_id, seg), unix_now(), &body);
+        match post(&self.url, self.tls.as_ref(), &signed, &body) {
             Ok(status) => outcome(status),
             Err(e) => Outcome::Retry(e.to_string()),
         }
@@ -326,9 +326,21 @@ impl Drop for DeliveryHandle {
     }
 }
 
+/// A batch's `webhook-id`: this node's id and the batch's name in its spool
+/// (`<node_id>/<created ms>-<pid>-<seq>-<events>`), the same on every retry and after a restart,
+/// and never another node's, so that a receiver can drop the duplicates by it.
+fn batch_id(node_id: &str, seg: &Segment) -> String {
+    let name = seg
+        .path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    format!("{node_id}/{}", name.trim_end_matches(".events"))
+}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::webhook::{Scheme, WebhookSecret};
 
     const USAGE_LINE: &[u8] = b"{\"specversion\":\"1.0\",\"id\":\"n.1.2.3\",\"source\":\"pet-gateway/production/n\",\"type\":\"pet.usage.v1\",\"data\":{}}\n";
 
@@ -396,7 +408,13 @@ mod tests {
             spool,
             url: WebhookUrl::parse(&format!("http://{}/", listener.local_addr().unwrap())).unwrap(),
             tls: None,
-            secret: b"s".to_vec(),
+            signer: Signer::new(
+                Scheme::Pet,
+                &WebhookSecret::new(b"s".to_vec()).unwrap(),
+                None,
+            )
+            .unwrap(),
+            node_id: "node".to_owned(),
             lock: None,
             failures: 0,
             next_try: Instant::now(),
@@ -421,7 +439,13 @@ mod tests {
             spool,
             url: WebhookUrl::parse("http://127.0.0.1:9/").unwrap(),
             tls: None,
-            secret: b"s".to_vec(),
+            signer: Signer::new(
+                Scheme::Pet,
+                &WebhookSecret::new(b"s".to_vec()).unwrap(),
+                None,
+            )
+            .unwrap(),
+            node_id: "node".to_owned(),
             lock: None,
             failures: 0,
             next_try: Instant::now(),
