@@ -4,7 +4,7 @@
 //! Each setting is declared once, as a row of its part's table ([`parts`]): its file key, flag,
 //! variable, default, check and meaning. From the rows come the file layer ([`file`]), the flag
 //! and environment layers ([`flags`]), the merge ([`setting::Layers`]), each part's validation,
-//! the README's settings table ([`readme_table`]) and `check`'s report ([`settings_report`]).
+//! the book's settings table ([`settings_table`]) and `check`'s report ([`settings_report`]).
 //! Every error names the layer that really supplied the bad value: the file and its field, the
 //! flag, or the environment variable.
 //!
@@ -191,8 +191,9 @@ pub fn settings_report(
     Ok(out)
 }
 
-/// The README's settings table, rendered from the rows; a unit test holds the README to it.
-pub fn readme_table() -> String {
+/// The settings table of the book's configuration chapter, rendered from the rows; a unit test
+/// holds the chapter to it.
+pub fn settings_table() -> String {
     let mut out = String::from(
         "| file key | flag | environment | default | meaning |\n\
          | --- | --- | --- | --- | --- |\n\
@@ -213,7 +214,7 @@ pub fn readme_table() -> String {
             format!("`{var}`{}", if list { " (comma-separated)" } else { "" })
         });
         for cell in [key, flag, env, row.preset_doc(), row.doc.to_owned()] {
-            // `| |` for an empty cell, as the README writes it.
+            // `| |` for an empty cell, as the book writes it.
             out.push_str("| ");
             out.push_str(&cell);
             if !cell.is_empty() {
@@ -1050,14 +1051,32 @@ upstream_keepalive_pool_size = 16
         assert!(m.contains("--redis-url") && m.contains("master"), "{m}");
     }
 
+    /// The book's configuration chapter shows the settings table made from the rows. With
+    /// `PET_BLESS=1` the test writes it there instead (after a setting is added or changed).
     #[test]
-    fn the_readme_shows_the_table_of_the_rows() {
-        let readme =
-            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-        let table = readme_table();
-        assert!(
-            readme.contains(&table),
-            "README.md's settings table is not the rows'; it should read:\n{table}"
+    fn the_book_shows_the_table_of_the_rows() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/src/operating/configuration.md"
+        );
+        let chapter = std::fs::read_to_string(path).unwrap();
+        let table = settings_table();
+        let start = chapter
+            .find("| file key |")
+            .expect("the chapter has the settings table");
+        let end = chapter[start..]
+            .find("\n\n")
+            .map_or(chapter.len(), |n| start + n + 1);
+        if std::env::var_os("PET_BLESS").is_some() {
+            let blessed = format!("{}{table}{}", &chapter[..start], &chapter[end..]);
+            std::fs::write(path, blessed).unwrap();
+            return;
+        }
+        assert_eq!(
+            &chapter[start..end],
+            table,
+            "docs/src/operating/configuration.md's settings table is not the rows' \
+             (PET_BLESS=1 cargo test -p proxy --lib the_book_shows writes it)"
         );
     }
 

@@ -2,7 +2,7 @@
 //!
 //! A row says how each layer spells the setting (file key, flag, variable), its default, how its
 //! value is checked, and what it means. The file, flag and environment layers, the merge, the
-//! README's table and `check`'s report all read the rows, so a setting added as a row is
+//! book's table and `check`'s report all read the rows, so a setting added as a row is
 //! complete everywhere at once.
 
 use std::cell::RefCell;
@@ -250,7 +250,7 @@ impl Row {
         }
     }
 
-    /// The default as the README's table shows it.
+    /// The default as the book's table shows it.
     pub fn preset_doc(&self) -> String {
         match self.preset {
             Preset::Computed(doc) | Preset::Absent(doc) => doc.to_owned(),

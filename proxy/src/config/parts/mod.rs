@@ -17,7 +17,7 @@ mod values;
 
 use crate::config::setting::Row;
 
-/// Every part's table, in the order the README and `check` show them.
+/// Every part's table, in the order the book and `check` show them.
 pub const ALL: &[&[Row]] = &[
     runtime::SETTINGS,
     listen::SETTINGS,

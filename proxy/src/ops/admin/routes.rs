@@ -1,6 +1,6 @@
 //! The admin listener's endpoints as one table: method, path pattern, handler. A path segment
 //! `{key id}` matches a valid key id (anything else there is 404). A path that matches with
-//! another method is 405, naming the methods it takes. The README's admin table lists the same
+//! another method is 405, naming the methods it takes. The book's admin table lists the same
 //! endpoints; a test holds the two together.
 
 use http::Method;
@@ -180,22 +180,21 @@ mod tests {
         }
     }
 
-    /// The README's admin table names exactly the endpoints of [`ROUTES`], as `METHOD path`
-    /// in backticks, and nothing else.
+    /// The book's admin table names exactly the endpoints of [`ROUTES`], as `METHOD path` in
+    /// backticks, and nothing else.
     #[test]
-    fn the_readme_admin_table_lists_every_route_and_no_other() {
-        let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"));
-        let start = readme
-            .find("### The admin listener")
-            .expect("README has an admin listener section");
-        let section = &readme[start..];
+    fn the_books_admin_table_lists_every_route_and_no_other() {
+        let section = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/src/operating/admin-api.md"
+        ));
         let table: Vec<&str> = section
             .lines()
             .skip_while(|l| !l.starts_with("| request | answer |"))
             .skip(2)
             .take_while(|l| l.starts_with('|'))
             .collect();
-        assert!(!table.is_empty(), "no admin table in the README");
+        assert!(!table.is_empty(), "no admin table in the book");
         let mut named = Vec::new();
         for row in &table {
             let request = row.split('|').nth(1).unwrap_or_default();
@@ -209,6 +208,6 @@ mod tests {
             .collect();
         named.sort();
         routes.sort();
-        assert_eq!(named, routes, "the README's admin table and ROUTES differ");
+        assert_eq!(named, routes, "the book's admin table and ROUTES differ");
     }
 }
