@@ -9,6 +9,7 @@
 //! | `upstreams` | fake backends (echo, silent, closing, truncating, chaotic) and the bench's backend of fixed capacity |
 //! | `tls` | test certificates and a client that trusts them |
 //! | `disk` | a small disk of a test's own (tmpfs), to fill: the full-disk seam |
+//! | `python` | receivers in Python on the ecosystem's own packages (Standard Webhooks, OTLP) |
 //!
 //! Everything is re-exported here, so a test writes `e2e::Fixture`.
 
@@ -16,6 +17,7 @@ pub mod browser;
 pub mod disk;
 pub mod gateway;
 pub mod process;
+pub mod python;
 pub mod redis;
 pub mod redis_ha;
 pub mod tls;
@@ -28,6 +30,7 @@ pub use crate::browser::*;
 pub use crate::disk::*;
 pub use crate::gateway::*;
 pub use crate::process::*;
+pub use crate::python::*;
 pub use crate::redis::*;
 pub use crate::redis_ha::*;
 pub use crate::tls::*;

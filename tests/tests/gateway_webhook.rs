@@ -543,46 +543,31 @@ fn standard_secret() -> String {
 }
 
 /// The receiver of `tests/standard_webhooks_receiver.py`, verifying with the `standardwebhooks`
-/// package (installed by scripts/test into target/tools/venv): its URL, its process and where
-/// it records each delivery.
+/// package: its URL, its process and where it records each delivery.
 fn standard_receiver(
     dir: &Path,
     secrets: &[&str],
     fail_first: usize,
 ) -> (String, Process, PathBuf) {
-    let root = e2e::repo_root();
-    let python = root.join("target/tools/venv/bin/python");
-    let ready = std::process::Command::new(&python)
-        .args(["-c", "import standardwebhooks"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ready,
-        "the standardwebhooks package is missing from {}: run scripts/test, which installs it",
-        python.display()
-    );
     let record = dir.join("deliveries.ndjson");
-    let port_file = dir.join("receiver.port");
-    let mut cmd = std::process::Command::new(&python);
-    cmd.arg(root.join("tests/standard_webhooks_receiver.py"))
-        .arg("--record")
-        .arg(&record)
-        .arg("--port-file")
-        .arg(&port_file)
-        .args(["--fail-first", &fail_first.to_string()]);
+    let mut args = vec![
+        "--record".to_owned(),
+        record.display().to_string(),
+        "--fail-first".to_owned(),
+        fail_first.to_string(),
+    ];
     for s in secrets {
-        cmd.args(["--secret", s]);
+        args.extend(["--secret".to_owned(), (*s).to_owned()]);
     }
-    let process = Process::spawn("standard webhooks receiver", &mut cmd);
-    let port = (0..200)
-        .find_map(|_| {
-            std::thread::sleep(Duration::from_millis(50));
-            std::fs::read_to_string(&port_file).ok()
-        })
-        .expect("the receiver listens");
+    let server = e2e::PythonServer::start(
+        dir,
+        "standard_webhooks_receiver.py",
+        "standardwebhooks",
+        &args,
+    );
     (
-        format!("http://127.0.0.1:{}/hooks/pet", port.trim()),
-        process,
+        format!("http://127.0.0.1:{}/hooks/pet", server.port),
+        server.process,
         record,
     )
 }

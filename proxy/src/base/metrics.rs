@@ -40,6 +40,8 @@ pub struct Metrics {
     pub events_delivery_failures: IntCounterVec,
     pub events_dropped: IntCounterVec,
     pub events_dead_lettered: IntCounterVec,
+    pub trace_spans_exported: IntCounter,
+    pub trace_spans_dropped: IntCounterVec,
     pub top_flush_failures: IntCounter,
     pub concurrency_slots_held: IntGauge,
     pub upstream_in_flight: IntGaugeVec,
@@ -291,6 +293,20 @@ const EVENTS_DEAD_LETTERED: Def = Def {
     labels: &["reason"],
 };
 
+const TRACE_SPANS_EXPORTED: Def = Def {
+    name: "pet_gateway_trace_spans_exported_total",
+    help: "Spans of sampled requests the OTLP collector accepted.",
+    labels: &[],
+};
+
+const TRACE_SPANS_DROPPED: Def = Def {
+    name: "pet_gateway_trace_spans_dropped_total",
+    help: "Spans of sampled requests never exported: `queue_full` (the collector slow or down \
+           and the bounded queue full: requests are never held for it) or `export_failed` (the \
+           collector refused them or did not answer in time).",
+    labels: &["reason"],
+};
+
 const TOP_FLUSH_FAILURES: Def = Def {
     name: "pet_gateway_top_flush_failures_total",
     help: "Flushes of the top consumers' tally the quota store refused; the tally is kept for \
@@ -389,6 +405,9 @@ impl Metrics {
         for reason in ["rejected", "expired", "unreadable"] {
             m.events_dead_lettered.with_label_values(&[reason]);
         }
+        for reason in ["queue_full", "export_failed"] {
+            m.trace_spans_dropped.with_label_values(&[reason]);
+        }
         for priority in ["low", "normal", "high", "critical"] {
             m.upstream_in_flight.with_label_values(&[priority]);
             m.upstream_queue.with_label_values(&[priority]);
@@ -412,6 +431,8 @@ impl Metrics {
             events_delivery_failures: counter(r, &EVENTS_DELIVERY_FAILURES),
             events_dropped: counter(r, &EVENTS_DROPPED),
             events_dead_lettered: counter(r, &EVENTS_DEAD_LETTERED),
+            trace_spans_exported: plain_counter(r, &TRACE_SPANS_EXPORTED),
+            trace_spans_dropped: counter(r, &TRACE_SPANS_DROPPED),
             top_flush_failures: plain_counter(r, &TOP_FLUSH_FAILURES),
             bans: counter(r, &BANS),
             auth_failures: counter(r, &AUTH_FAILURES),

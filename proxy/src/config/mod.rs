@@ -24,6 +24,7 @@ mod parts;
 pub use parts::admin::Admin as AdminSettings;
 
 pub use parts::events::ready as events_ready;
+pub use parts::tracing::SampleRatio;
 mod setting;
 
 use std::path::Path;
@@ -112,6 +113,7 @@ fn validate_parts(l: &Layers) -> Result<Config, ConfigError> {
     let keys = parts::keys::validate(l, environment, store.redis_url.is_some())?;
     let limits = parts::limits::validate(l)?;
     let events = parts::events::validate(l)?;
+    let tracing = parts::tracing::validate(l)?;
     Ok(Config {
         listen: listen.listen,
         admin_listen: admin.admin_listen,
@@ -148,6 +150,8 @@ fn validate_parts(l: &Layers) -> Result<Config, ConfigError> {
         reload_interval: runtime.reload_interval,
         tls: parts::tls::validate(l)?,
         log_format: parts::logging::validate(l)?,
+        tracing_otlp_endpoint: tracing.endpoint,
+        tracing_sample_ratio: tracing.sample_ratio,
         grace_period_secs: runtime.grace_period_secs,
         shutdown_timeout_secs: runtime.shutdown_timeout_secs,
         upgrade_sock: listen.upgrade_sock,
@@ -719,6 +723,16 @@ upstream_keepalive_pool_size = 16
         ("tls_cert", "--tls-cert", "PET_GATEWAY_TLS_CERT"),
         ("tls_key", "--tls-key", "PET_GATEWAY_TLS_KEY"),
         ("log_format", "--log-format", "PET_GATEWAY_LOG_FORMAT"),
+        (
+            "tracing_otlp_endpoint",
+            "--tracing-otlp-endpoint",
+            "PET_GATEWAY_TRACING_OTLP_ENDPOINT",
+        ),
+        (
+            "tracing_sample_ratio",
+            "--tracing-sample-ratio",
+            "PET_GATEWAY_TRACING_SAMPLE_RATIO",
+        ),
         ("node_id", "--node-id", "PET_GATEWAY_NODE_ID"),
         (
             "metering_file",

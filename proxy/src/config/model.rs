@@ -108,6 +108,9 @@ pub struct Config {
     /// `Some`: the public listener speaks TLS (HTTP/2 and HTTP/1.1); `None`: plain HTTP.
     pub tls: Option<TlsFiles>,
     pub log_format: LogFormat,
+    /// The OTLP collector's traces URL; `None`: the SDK's variables, or no traces.
+    pub tracing_otlp_endpoint: Option<String>,
+    pub tracing_sample_ratio: crate::config::SampleRatio,
     /// After SIGTERM (or SIGQUIT, handing over to a successor) the listeners close at once and
     /// in-flight requests get this long to finish; pingora then stops, so it should cover the
     /// upstream read timeout.

@@ -19,6 +19,10 @@ pub struct Ctx {
     pub request_id: String,
     /// This request's place in its W3C trace (joined or started by the first step).
     pub trace: Option<TraceContext>,
+    /// What it noted of its path for its spans: only when it is sampled.
+    pub spans: Option<Box<crate::http::spans::Recording>>,
+    /// The quota decision's outcome, when one was made.
+    pub outcome: Option<crate::quota::admission::Outcome>,
     pub route: Route,
     pub key: Option<KeyInfo>,
     /// The key's limits in force: its own, else its plan's; `None` while its plan is missing.
@@ -70,6 +74,8 @@ impl Ctx {
             started: Instant::now(),
             request_id: String::new(),
             trace: None,
+            spans: None,
+            outcome: None,
             route: Route::Other,
             key: None,
             limits: None,

@@ -20,9 +20,10 @@ use crate::http::auth::AuthFailure;
 use crate::http::context::Ctx;
 use crate::http::header_names as names;
 use crate::http::metric_handles;
-use crate::http::pipeline::{Pipeline, Stop};
+use crate::http::pipeline::{self, Pipeline, Stop};
 use crate::http::quota_status::QuotaStatus;
 use crate::http::responses::{add_rate_headers, clear_added_headers, refuse, RateHeaders, Refusal};
+use crate::http::spans;
 use crate::keys::catalog::Catalog;
 use crate::quota::admission::{Admission, OnStoreError};
 use crate::quota::concurrency::Slots;
@@ -53,11 +54,19 @@ pub struct Settings {
     pub priorities: Priorities,
     /// How long a concurrency lease lasts unless given back or renewed.
     pub lease_secs: u64,
+    /// Traces, when they are on.
+    pub tracing: Option<Arc<crate::base::traces::Tracing>>,
+    /// What the quota decisions are made in, for their spans: `redis` or `memory`, and
+    /// whether Redis takes them in batches.
+    pub store_kind: &'static str,
+    pub store_batched: bool,
 }
 
 pub struct Gateway {
     env: String,
     pipeline: Pipeline,
+    store_kind: &'static str,
+    store_batched: bool,
     rotation: Arc<Rotation>,
     connect_timeout: Duration,
     read_timeout: Duration,
@@ -94,11 +103,45 @@ impl Gateway {
                 slots,
                 places,
                 priorities: settings.priorities,
+                tracing: settings.tracing,
             },
+            store_kind: settings.store_kind,
+            store_batched: settings.store_batched,
             rotation,
             connect_timeout: settings.upstream_connect_timeout,
             read_timeout: settings.upstream_read_timeout,
         }
+    }
+
+    /// A sampled request's spans, to the exporter's queue.
+    fn export_spans(&self, session: &Session, ctx: &mut Ctx, status: u16) {
+        let (Some(tracing), Some(recording), Some(trace)) =
+            (&self.pipeline.tracing, ctx.spans.take(), ctx.trace.as_ref())
+        else {
+            return;
+        };
+        let req = session.req_header();
+        let ended = spans::Ended {
+            method: req.method.as_str(),
+            path: req.uri.path(),
+            route: ctx.route.template(),
+            operation: ctx.route.as_str(),
+            status,
+            http2: session.as_http2().is_some(),
+            tls: session.digest().is_some_and(|d| d.ssl_digest.is_some()),
+            client: pipeline::client_ip(session).map(|ip| ip.to_string()),
+            request_id: &ctx.request_id,
+            key_id: ctx.key.as_ref().map(|k| &*k.id),
+            plan: ctx.key.as_ref().map(|k| &*k.plan),
+            decision: decision_name(ctx),
+            store_time: ctx.store_time,
+            decided_locally: ctx.store_degraded,
+            store: self.store_kind,
+            batched: self.store_batched,
+            priority: ctx.key.as_ref().map(|_| ctx.level.name()),
+            shed: ctx.shed.map(|s| s.reason()),
+        };
+        tracing.submit(recording.finish(trace, &ended, &tracing.scope()));
     }
 
     /// The `GET /v1/rate_limit` answerer, for the reloader to sweep.
@@ -172,6 +215,9 @@ impl ProxyHttp for Gateway {
         ctx.upstream = Some(addr);
         ctx.upstream_tries += 1;
         ctx.upstream_started = Some(Instant::now());
+        if let Some(spans) = &mut ctx.spans {
+            spans.attempt(addr);
+        }
         let mut peer = HttpPeer::new(addr, false, String::new());
         peer.options.connection_timeout = Some(self.connect_timeout);
         peer.options.total_connection_timeout = Some(self.connect_timeout);
@@ -188,6 +234,9 @@ impl ProxyHttp for Gateway {
         ctx: &mut Ctx,
         mut e: Box<Error>,
     ) -> Box<Error> {
+        if let Some(spans) = &mut ctx.spans {
+            spans.failed(&e);
+        }
         // Nothing reached the backend, so any request may go to another one.
         if let (Some(backend), Some(addr)) = (ctx.backend, ctx.upstream) {
             self.rotation.mark_down(backend);
@@ -215,6 +264,9 @@ impl ProxyHttp for Gateway {
         ctx: &mut Ctx,
         reused: bool,
     ) -> Box<Error> {
+        if let Some(spans) = &mut ctx.spans {
+            spans.failed(&e);
+        }
         let mut e = e.more_context(format!("Peer: {peer}"));
         let replayable = session.req_header().method.is_idempotent()
             && !session.as_ref().retry_buffer_truncated();
@@ -264,7 +316,12 @@ impl ProxyHttp for Gateway {
         if let Some(trace) = &ctx.trace {
             // The backend's parent is this gateway's span; an invalid `traceparent` from the
             // client is replaced, never passed on.
-            upstream.insert_header(&names::TRACEPARENT, trace.traceparent())?;
+            // Sampled: the attempt's span is the parent, so the backend's spans sit under it.
+            let parent = match ctx.spans.as_ref().and_then(|s| s.attempt_span()) {
+                Some(attempt) => trace.traceparent_under(attempt),
+                None => trace.traceparent(),
+            };
+            upstream.insert_header(&names::TRACEPARENT, parent)?;
             if trace.parent_id.is_none() {
                 // A new trace: the client's `tracestate` belonged to no valid trace.
                 upstream.remove_header(&names::TRACESTATE);
@@ -280,6 +337,9 @@ impl ProxyHttp for Gateway {
         ctx: &mut Ctx,
     ) -> Result<()> {
         ctx.upstream_time = ctx.upstream_started.map(|t| t.elapsed());
+        if let Some(spans) = &mut ctx.spans {
+            spans.answered(upstream_response.status.as_u16());
+        }
         if let (Some(place), Some(latency)) = (&mut ctx.place, ctx.upstream_time) {
             place.answered(latency);
         }
@@ -361,6 +421,9 @@ impl ProxyHttp for Gateway {
         if let Some(t) = ctx.upstream_time {
             metric_handles::observe_upstream(ctx.route, t.as_secs_f64());
         }
+        if ctx.spans.is_some() {
+            self.export_spans(session, ctx, status);
+        }
         if !tracing::enabled!(target: "access", tracing::Level::INFO) {
             return;
         }
@@ -416,5 +479,23 @@ impl ProxyHttp for Gateway {
             overload = line.overload,
             error = e.map(|e| e.etype().as_str()),
         );
+    }
+}
+
+/// What became of the request at the gateway, for its span: the quota decision, or why none
+/// was made.
+fn decision_name(ctx: &Ctx) -> &'static str {
+    use crate::quota::admission::Outcome;
+    if ctx.auth_failure.is_some() {
+        return "unauthenticated";
+    }
+    match ctx.outcome {
+        Some(Outcome::Admitted) if ctx.shed.is_some() => "shed",
+        Some(Outcome::Admitted) => "admitted",
+        Some(Outcome::Limited) => "rate_limited",
+        Some(Outcome::Banned) => "banned",
+        Some(Outcome::ConcurrencyLimited) => "concurrency_limited",
+        Some(Outcome::StoreUnavailable) => "store_unavailable",
+        None => "none",
     }
 }

@@ -15,6 +15,7 @@
 //! | [`metric_handles`] | per-request metrics with handles resolved once |
 //! | [`tls`] | the certificate resolver and its reload |
 //! | [`trace`] | W3C trace context: join or start a trace, the gateway's span |
+//! | [`spans`] | a sampled request's spans: its path noted as it goes, made into OTLP spans at its end |
 
 pub mod access_log;
 pub mod auth;
@@ -28,5 +29,6 @@ pub mod quota_status;
 pub mod request;
 pub mod responses;
 pub mod routes;
+pub mod spans;
 pub mod tls;
 pub mod trace;

@@ -28,6 +28,7 @@ use crate::http::quota_status::QuotaStatus;
 use crate::http::request::{read_body, refuse_shape, request_id};
 use crate::http::responses::{RateHeaders, Refusal};
 use crate::http::routes::Route;
+use crate::http::spans::{self, Phase, Recording};
 use crate::http::trace::TraceContext;
 use crate::keys::catalog::Catalog;
 use crate::keys::format;
@@ -78,6 +79,8 @@ pub struct Pipeline {
     pub places: Arc<Places>,
     /// Each operation's level when waiting for a place.
     pub priorities: Priorities,
+    /// Traces, when they are on: which requests are sampled.
+    pub tracing: Option<Arc<crate::base::traces::Tracing>>,
 }
 
 impl Pipeline {
@@ -85,13 +88,24 @@ impl Pipeline {
     pub async fn run(&self, session: &mut Session, ctx: &mut Ctx) -> Step {
         self.begin(session, ctx);
         shape(session)?;
-        self.authenticate(session, ctx)?;
+        let t = spans::start(&ctx.spans);
+        let authenticated = self.authenticate(session, ctx);
+        spans::mark(&mut ctx.spans, Phase::Authenticate, t);
+        authenticated?;
         versioned_only(session)?;
         plan_in_force(ctx)?;
         self.quota_status(session, ctx).await?;
-        self.admit(ctx).await?;
+        let t = spans::start(&ctx.spans);
+        let admitted = self.admit(ctx).await;
+        spans::mark(&mut ctx.spans, Phase::Decision, t);
+        admitted?;
         self.body(session, ctx).await?;
-        self.place(ctx).await
+        let t = spans::start(&ctx.spans);
+        let placed = self.place(ctx).await;
+        if ctx.queue_time.is_some() || ctx.shed.is_some() {
+            spans::mark(&mut ctx.spans, Phase::Queue, t);
+        }
+        placed
     }
 
     /// Names the request (id, trace, route); never stops it.
@@ -100,10 +114,23 @@ impl Pipeline {
         session.set_read_timeout(Some(self.client_read_timeout));
         let req = session.req_header();
         ctx.request_id = request_id(req);
-        ctx.trace = Some(TraceContext::from_header(
-            req.headers.get("traceparent").map(|v| v.as_bytes()),
-        ));
+        let mut trace =
+            TraceContext::from_header(req.headers.get("traceparent").map(|v| v.as_bytes()));
         ctx.route = Route::of(&req.method, req.uri.path());
+        if let Some(tracing) = &self.tracing {
+            // A caller's sampled flag counts only from a trusted proxy; the ratio decides the rest.
+            let trusted = client_ip(session).is_some_and(|ip| self.unauth.trusts(ip));
+            let parent = trace
+                .parent_id
+                .filter(|_| trusted)
+                .map(|p| (p, trace.flags & 1 == 1));
+            let sampled = tracing.sampled(trace.trace_id, parent);
+            trace.flags = u8::from(sampled);
+            if sampled {
+                ctx.spans = Some(Box::new(Recording::new(ctx.started)));
+            }
+        }
+        ctx.trace = Some(trace);
     }
 
     /// The bearer token, its checksum, the key it names and the key's expiry; the key and its
@@ -162,11 +189,7 @@ impl Pipeline {
             .auth_failures
             .with_label_values(&[why.as_str()])
             .inc();
-        let peer = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map(SocketAddr::ip)
-            .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        let peer = client_ip(session).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
         let forwarded: Vec<&[u8]> = session
             .req_header()
             .headers
@@ -209,6 +232,7 @@ impl Pipeline {
             return Ok(());
         };
         let decision = self.admission.decide(key, limits, ctx.cost).await;
+        ctx.outcome = Some(decision.outcome);
         ctx.store_time = decision.store_time;
         ctx.store_degraded = decision.degraded;
         ctx.rate = decision.view;
@@ -350,4 +374,12 @@ fn count_shadow_refusals(plan: &str, view: &RateView) {
             .with_label_values(&[plan, &w.every.name()])
             .inc();
     }
+}
+
+/// The peer's address (a proxy's, when there is one in front).
+pub fn client_ip(session: &Session) -> Option<IpAddr> {
+    session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map(SocketAddr::ip)
 }

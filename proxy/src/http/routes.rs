@@ -45,6 +45,17 @@ impl Route {
     /// Where this operation's cost is in a plan's `Costs` (`keys::plans::COSTED_OPERATIONS`);
     /// `None` for what costs 1 whatever a plan says (an unknown path) or nothing
     /// (`getRateLimit`).
+    /// The route as its template (`/v1/pets/{petId}`); empty for none.
+    pub fn template(self) -> &'static str {
+        match self {
+            Route::ListPets | Route::CreatePet => "/v1/pets",
+            Route::GetPet => "/v1/pets/{petId}",
+            Route::ListOrders => "/v1/store/orders",
+            Route::RateLimit => "/v1/rate_limit",
+            Route::Other => "",
+        }
+    }
+
     pub fn cost_index(self) -> Option<usize> {
         match self {
             Route::ListPets => Some(0),

@@ -40,11 +40,17 @@ impl TraceContext {
 
     /// The `traceparent` the backend gets: this trace, with the gateway's span as the parent.
     pub fn traceparent(&self) -> String {
+        self.traceparent_under(self.span_id)
+    }
+
+    /// The same with `span_id` (an upstream attempt's span, when the request is sampled) as
+    /// the backend's parent.
+    pub fn traceparent_under(&self, span_id: [u8; 8]) -> String {
         let mut s = String::with_capacity(55);
         s.push_str("00-");
         hex_into(&mut s, &self.trace_id);
         s.push('-');
-        hex_into(&mut s, &self.span_id);
+        hex_into(&mut s, &span_id);
         s.push('-');
         hex_into(&mut s, &[self.flags]);
         s
@@ -61,6 +67,11 @@ impl TraceContext {
     pub fn parent_id_hex(&self) -> Option<String> {
         self.parent_id.map(hex::encode)
     }
+}
+
+/// A fresh span id.
+pub fn new_span_id() -> [u8; 8] {
+    nonzero(rand::random())
 }
 
 /// Ids may not be all zeros; a random one is, once in 2^64 or 2^128 draws.

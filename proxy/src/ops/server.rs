@@ -15,6 +15,7 @@ use pingora::services::listening::Service;
 
 use crate::base::metrics::METRICS;
 use crate::base::redis::{RedisAccess, RedisAccessError};
+use crate::base::traces::{TraceExport, TraceSettings, Tracing};
 use crate::config::Config;
 use crate::events::cloud::Origin;
 use crate::events::pump::{self, PumpHandle};
@@ -54,6 +55,8 @@ pub enum ServeError {
     Events(std::io::Error),
     #[error("cannot start the webhook (events_webhook_url): {0}")]
     Webhook(String),
+    #[error("traces: {0}")]
+    Traces(#[from] crate::base::traces::TraceError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         addr: SocketAddr,
@@ -94,10 +97,11 @@ pub fn run(
 
     let resilience = Resilience::with_lease_secs(config.concurrency_lease_secs);
     let (meter, metering) = metering(&config)?;
+    let (tracing, trace_export) = traces(&config)?;
     let top = Arc::new(TopTally::default());
     add_usage_upkeep(&mut server, &config, &catalog, &admin_store, &meter, &top)?;
     let gateway = Gateway::new(
-        gateway_settings(&config, meter, top),
+        gateway_settings(&config, meter, top, tracing),
         Arc::clone(&catalog),
         store,
         Arc::clone(&unauth),
@@ -139,8 +143,10 @@ pub fn run(
     server.run(RunArgs {
         shutdown_signal: shutdown,
     });
-    // Every request has finished: the pump writes the minutes still open, then stops.
+    // Every request has finished: the pump writes the minutes still open, then stops; the
+    // last spans get a moment to go out.
     drop(metering);
+    drop(trace_export);
     if let Some(store) = redis_store {
         release_on_stop(&config, &store);
     }
@@ -687,6 +693,7 @@ fn gateway_settings(
     config: &Config,
     meter: Option<Arc<Meter>>,
     top: Arc<TopTally>,
+    tracing: Option<Arc<Tracing>>,
 ) -> gateway::Settings {
     gateway::Settings {
         environment: config.environment.clone(),
@@ -702,7 +709,34 @@ fn gateway_settings(
         places: config.upstream_places,
         priorities: config.upstream_priorities,
         lease_secs: config.concurrency_lease_secs,
+        tracing,
+        store_kind: if config.redis.is_some() {
+            "redis"
+        } else {
+            "memory"
+        },
+        store_batched: config.redis.is_some() && config.store_batch_max > 1,
     }
+}
+
+/// The exporter of traces, when they are on.
+fn traces(config: &Config) -> Result<(Option<Arc<Tracing>>, Option<TraceExport>), ServeError> {
+    let settings = TraceSettings {
+        endpoint: config.tracing_otlp_endpoint.clone(),
+        sample_ratio: config.tracing_sample_ratio.0,
+        environment: config.environment.clone(),
+        node_id: config.node_id.clone(),
+    };
+    Ok(match crate::base::traces::start(&settings)? {
+        Some((tracing, export)) => {
+            tracing::info!(
+                ratio = config.tracing_sample_ratio.0,
+                "traces go to the OTLP collector"
+            );
+            (Some(tracing), Some(export))
+        }
+        None => (None, None),
+    })
 }
 
 /// Where the top consumers' tally is flushed: on Redis a connection of its own, so a flush

@@ -91,6 +91,15 @@ impl UnauthLimiter {
         }
     }
 
+    /// Whether `peer` is one of `trusted_proxies`: what it says of the request (the client's
+    /// address, a trace's sampled flag) is believed.
+    pub fn trusts(&self, peer: IpAddr) -> bool {
+        self.settings
+            .trusted_proxies
+            .iter()
+            .any(|n| n.contains(&peer))
+    }
+
     /// The client a request counts against: the peer, or for a trusted proxy the address its
     /// `X-Forwarded-For` (all of the request's such headers, in order) names; then grouped.
     pub fn client(&self, peer: IpAddr, forwarded_for: &[&[u8]]) -> IpAddr {

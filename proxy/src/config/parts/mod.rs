@@ -11,6 +11,7 @@ pub mod redis_access;
 pub mod runtime;
 pub mod store;
 pub mod tls;
+pub mod tracing;
 pub mod upstreams;
 
 mod values;
@@ -29,6 +30,7 @@ pub const ALL: &[&[Row]] = &[
     limits::SETTINGS,
     tls::SETTINGS,
     logging::SETTINGS,
+    tracing::SETTINGS,
     events::SETTINGS,
 ];
 
