@@ -12,20 +12,27 @@ use serde_json::Value;
 
 /// The OTLP receiver: its traces URL, its process and where it records each span.
 fn collector(dir: &Path, delay_secs: f64) -> (String, PythonServer, PathBuf) {
+    collector_with(dir, delay_secs, &[])
+}
+
+fn collector_with(dir: &Path, delay_secs: f64, more: &[String]) -> (String, PythonServer, PathBuf) {
     let record = dir.join("spans.ndjson");
+    let mut args = vec![
+        "--record".to_owned(),
+        record.display().to_string(),
+        "--delay".to_owned(),
+        delay_secs.to_string(),
+    ];
+    args.extend_from_slice(more);
     let server = PythonServer::start(
         dir,
         "otlp_receiver.py",
         "opentelemetry.proto.collector.trace.v1.trace_service_pb2",
-        &[
-            "--record".to_owned(),
-            record.display().to_string(),
-            "--delay".to_owned(),
-            delay_secs.to_string(),
-        ],
+        &args,
     );
+    let scheme = if more.is_empty() { "http" } else { "https" };
     (
-        format!("http://127.0.0.1:{}/v1/traces", server.port),
+        format!("{scheme}://127.0.0.1:{}/v1/traces", server.port),
         server,
         record,
     )
@@ -167,26 +174,6 @@ async fn a_sampled_request_exports_its_spans_with_their_parentage_and_attributes
     }
 }
 
-/// splitmix64: the test's own trace ids, the same every run.
-fn ids(n: usize) -> Vec<[u8; 16]> {
-    let mut state = 0x5eed_u64;
-    let mut next = || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
-    (0..n)
-        .map(|_| {
-            let mut id = [0u8; 16];
-            id[..8].copy_from_slice(&next().to_be_bytes());
-            id[8..].copy_from_slice(&next().to_be_bytes());
-            id
-        })
-        .collect()
-}
-
 /// The trace-id ratio's decision as the OpenTelemetry specification's SDKs make it: the id's
 /// low 64 bits, halved, below the ratio of 2^63.
 fn ratio_samples(id: &[u8; 16], ratio: f64) -> bool {
@@ -194,45 +181,75 @@ fn ratio_samples(id: &[u8; 16], ratio: f64) -> bool {
     (low >> 1) < (ratio * (1u64 << 63) as f64) as u64
 }
 
+/// `n` requests through the gateway from 8 tasks, each with `traceparent` when given: the
+/// trace id and sampled flag of the `traceparent` the backend got, request by request.
+async fn forwarded(
+    gw: &GatewayProcess,
+    key: &str,
+    n: usize,
+    traceparent: Option<String>,
+) -> Vec<([u8; 16], bool)> {
+    let client = reqwest::Client::new();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (client, key, url, tp) = (
+            client.clone(),
+            key.to_owned(),
+            gw.url("/v1/pets?limit=1"),
+            traceparent.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for _ in 0..n / 8 {
+                let mut req = client.get(&url).bearer_auth(&key);
+                if let Some(tp) = &tp {
+                    req = req.header("traceparent", tp);
+                }
+                let resp = req.send().await.unwrap();
+                assert_eq!(resp.status(), 200);
+                let tp = forwarded_traceparent(&resp.text().await.unwrap());
+                let mut id = [0u8; 16];
+                hex::decode_to_slice(&tp[3..35], &mut id).unwrap();
+                seen.push((id, tp.ends_with("-01")));
+            }
+            seen
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all
+}
+
+/// Where the gateway starts the trace, the ratio decides exactly as the SDKs' `TraceIdRatioBased`
+/// does, for every one of 5,000 requests, and exactly those are exported. Where a public client
+/// chose the trace id (5,000 ids the ratio would always take, sent with the sampled flag), a
+/// draw of the gateway's own decides: about a quarter, within 6 standard deviations (±184 of
+/// 1,250), never all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_ratio_samples_exactly_the_trace_ids_it_should_over_10_000_requests() {
+async fn the_ratio_decides_exactly_by_the_gateways_trace_ids_and_a_client_cannot_choose_its_way_in()
+{
     let f = Fixture::new(1_000_000, 10_000_000);
     let key = f.issue("free");
     let echo = EchoUpstream::start();
     let (url, _collector, record) = collector(f.dir.path(), 0.0);
     let gw = traced(&f, echo.addr, &url, "tracing_sample_ratio = 0.25\n");
-    let ids = ids(10_000);
-    let client = reqwest::Client::new();
-    let mut tasks = Vec::new();
-    for chunk in ids.chunks(1_250) {
-        let (client, key, url, chunk) = (
-            client.clone(),
-            key.clone(),
-            gw.url("/v1/pets?limit=1"),
-            chunk.to_vec(),
-        );
-        tasks.push(tokio::spawn(async move {
-            for id in chunk {
-                // The caller asks for every trace (flag 01); untrusted, it is not heard.
-                let resp = client
-                    .get(&url)
-                    .bearer_auth(&key)
-                    .header("traceparent", format!("00-{}-{CALLER}-01", hex::encode(id)))
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(resp.status(), 200);
-            }
-        }));
+
+    let started = forwarded(&gw, &key, 5_000, None).await;
+    for (id, sampled) in &started {
+        assert_eq!(*sampled, ratio_samples(id, 0.25), "{}", hex::encode(id));
     }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let expected: std::collections::BTreeSet<String> = ids
+    let expected: std::collections::BTreeSet<String> = started
         .iter()
-        .filter(|id| ratio_samples(id, 0.25))
-        .map(hex::encode)
+        .filter(|(_, sampled)| *sampled)
+        .map(|(id, _)| hex::encode(id))
         .collect();
+    assert!(
+        (1_000..1_500).contains(&expected.len()),
+        "{}",
+        expected.len()
+    );
     let all = wait_spans(&record, Duration::from_secs(30), |s| {
         servers(s).len() >= expected.len()
     });
@@ -245,12 +262,20 @@ async fn the_ratio_samples_exactly_the_trace_ids_it_should_over_10_000_requests(
         got.len(),
         "one server span a sampled request"
     );
-    assert!(
-        (2_300..2_700).contains(&expected.len()),
-        "the test's ids give about a quarter: {}",
-        expected.len()
-    );
     assert_eq!(got, expected, "exactly the ratio's trace ids are exported");
+
+    let chosen = "7e57000000000000".to_owned() + "0000000000000000";
+    let tp = format!("00-{chosen}-{CALLER}-01");
+    let pushed = forwarded(&gw, &key, 5_000, Some(tp)).await;
+    assert!(
+        pushed.iter().all(|(id, _)| hex::encode(id) == chosen),
+        "the client's trace is joined"
+    );
+    let sampled = pushed.iter().filter(|(_, s)| *s).count();
+    assert!(
+        (1_250 - 184..=1_250 + 184).contains(&sampled),
+        "a client's chosen ids are sampled at the ratio, not always: {sampled} of 5,000"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -364,4 +389,61 @@ async fn a_collector_down_or_slow_costs_requests_nothing_and_its_losses_are_coun
         "a slow collector gets the spans in the end"
     );
     assert!(!spans(&record).is_empty());
+}
+
+/// An `https://` collector, trusted through the system's roots (here `SSL_CERT_FILE`, as an
+/// operator points them at a private CA): the spans arrive over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_collector_gets_the_spans_over_tls() {
+    use base64::Engine;
+    let f = Fixture::new(1_000, 100_000);
+    let key = f.issue("free");
+    let echo = EchoUpstream::start();
+    let cert = e2e::TestCert::generate("otlp test CA");
+    let (pem, key_pem, ca) = (
+        f.dir.path().join("collector.pem"),
+        f.dir.path().join("collector.key"),
+        f.dir.path().join("ca.pem"),
+    );
+    cert.write(&pem, &key_pem);
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&cert.ca_der);
+    let lines: Vec<&str> = b64
+        .as_bytes()
+        .chunks(64)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect();
+    std::fs::write(
+        &ca,
+        format!(
+            "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+            lines.join("\n")
+        ),
+    )
+    .unwrap();
+    let tls = [
+        "--tls-cert".to_owned(),
+        pem.display().to_string(),
+        "--tls-key".to_owned(),
+        key_pem.display().to_string(),
+    ];
+    let (url, _collector, record) = collector_with(f.dir.path(), 0.0, &tls);
+    let mut spec = f.spec(echo.addr);
+    spec.extra = format!("tracing_otlp_endpoint = \"{url}\"\ntracing_sample_ratio = 1.0\n");
+    spec.env
+        .push(("SSL_CERT_FILE".to_owned(), ca.display().to_string()));
+    let gw = f.gateway(&spec);
+    let resp = reqwest::Client::new()
+        .get(gw.url("/v1/pets"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let all = wait_spans(&record, Duration::from_secs(15), |s| !servers(s).is_empty());
+    assert_eq!(
+        servers(&all).len(),
+        1,
+        "the span came over TLS: {all:#?}\n{}",
+        gw.log_text()
+    );
 }

@@ -52,6 +52,14 @@ pub enum TraceError {
     Exporter(String),
 }
 
+/// Who chose a request's trace: see [`Tracing::sampled`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    Trusted { span_id: [u8; 8], sampled: bool },
+    New,
+    Untrusted,
+}
+
 /// The request path's handle: the sampler and the queue to the exporter.
 pub struct Tracing {
     sampler: Sampler,
@@ -158,10 +166,19 @@ fn resource(settings: &TraceSettings) -> Resource {
 }
 
 impl Tracing {
-    /// Whether a request of `trace_id` is sampled. `parent`: the caller's span and its sampled
-    /// flag, given only when the caller is trusted (a public client must not make every
-    /// request exported); otherwise the ratio decides, as for a new trace.
-    pub fn sampled(&self, trace_id: [u8; 16], parent: Option<([u8; 8], bool)>) -> bool {
+    /// Whether a request is sampled:
+    /// - `Caller::Trusted`: a caller in `trusted_proxies` decided, by its sampled flag;
+    /// - `Caller::New`: the gateway started the trace: the ratio, by the trace id, as the
+    ///   OpenTelemetry SDKs' `TraceIdRatioBased` decides;
+    /// - `Caller::Untrusted`: a public client chose the trace id: the ratio, by a draw of the
+    ///   gateway's own. By the id, a client could pick ids the ratio always takes and have
+    ///   every request of its own exported (and crowd the others' spans out of the queue).
+    pub fn sampled(&self, trace_id: [u8; 16], caller: Caller) -> bool {
+        let (trace_id, parent) = match caller {
+            Caller::Trusted { span_id, sampled } => (trace_id, Some((span_id, sampled))),
+            Caller::New => (trace_id, None),
+            Caller::Untrusted => (rand::random(), None),
+        };
         let trace_id = TraceId::from_bytes(trace_id);
         let context = parent.map(|(span_id, sampled)| {
             let flags = if sampled {
@@ -270,11 +287,28 @@ mod tests {
         };
         // 0.25 of 2^63 is 2^61; the low bits halved are under it below 2^62.
         let bound = 1u64 << 62;
-        assert!(t.sampled(id(bound - 2), None));
-        assert!(!t.sampled(id(bound), None));
-        assert!(!t.sampled(id(u64::MAX), None));
-        assert!(t.sampled(id(u64::MAX), Some(([1; 8], true))));
-        assert!(!t.sampled(id(0), Some(([1; 8], false))));
+        assert!(t.sampled(id(bound - 2), Caller::New));
+        assert!(!t.sampled(id(bound), Caller::New));
+        assert!(!t.sampled(id(u64::MAX), Caller::New));
+        let trusted = |sampled| Caller::Trusted {
+            span_id: [1; 8],
+            sampled,
+        };
+        assert!(t.sampled(id(u64::MAX), trusted(true)));
+        assert!(!t.sampled(id(0), trusted(false)));
+    }
+
+    /// An id the ratio always takes, chosen by a public client, is sampled at the ratio, not
+    /// always: 4,000 draws at 0.25, within 6 standard deviations (27) of 1,000.
+    #[test]
+    fn a_public_client_cannot_choose_ids_the_ratio_always_takes() {
+        let t = tracing(0.25);
+        let always = [0u8; 16];
+        assert!(t.sampled(always, Caller::New));
+        let n = (0..4_000)
+            .filter(|_| t.sampled(always, Caller::Untrusted))
+            .count();
+        assert!((1_000 - 6 * 27..=1_000 + 6 * 27).contains(&n), "{n}");
     }
 
     #[test]

@@ -20,6 +20,7 @@ use pingora::Error;
 
 use crate::base::clock::unix_now;
 use crate::base::metrics::METRICS;
+use crate::base::traces::Caller;
 use crate::events::usage::Meter;
 use crate::events::{lifecycle, threshold};
 use crate::http::auth::{bearer_token, AuthFailure};
@@ -119,12 +120,17 @@ impl Pipeline {
         ctx.route = Route::of(&req.method, req.uri.path());
         if let Some(tracing) = &self.tracing {
             // A caller's sampled flag counts only from a trusted proxy; the ratio decides the rest.
-            let trusted = client_ip(session).is_some_and(|ip| self.unauth.trusts(ip));
-            let parent = trace
-                .parent_id
-                .filter(|_| trusted)
-                .map(|p| (p, trace.flags & 1 == 1));
-            let sampled = tracing.sampled(trace.trace_id, parent);
+            let caller = match trace.parent_id {
+                None => Caller::New,
+                Some(span_id) if client_ip(session).is_some_and(|ip| self.unauth.trusts(ip)) => {
+                    Caller::Trusted {
+                        span_id,
+                        sampled: trace.flags & 1 == 1,
+                    }
+                }
+                Some(_) => Caller::Untrusted,
+            };
+            let sampled = tracing.sampled(trace.trace_id, caller);
             trace.flags = u8::from(sampled);
             if sampled {
                 ctx.spans = Some(Box::new(Recording::new(ctx.started)));
