@@ -10,12 +10,14 @@ Listens on 127.0.0.1 on a free port (written to `--port-file` once it listens), 
 "start_ns", "end_ns", "attributes" {key: value}, "status" (the code's name), "status_message",
 "flags", "resource" {key: value}, "scope", "scope_version"}. Answers 200 with an empty
 `ExportTraceServiceResponse`, or 400 to a body that does not decode. `--delay S` holds each
-answer that long (a slow collector).
+answer that long (a slow collector); `--tls-cert PEM --tls-key PEM` serves HTTPS.
 
-Usage: otlp_receiver.py --record FILE --port-file FILE [--delay SECONDS]"""
+Usage: otlp_receiver.py --record FILE --port-file FILE [--delay SECONDS]
+       [--tls-cert PEM --tls-key PEM]"""
 import argparse
 import json
 import os
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -66,6 +68,8 @@ def main():
     args.add_argument("--record", required=True)
     args.add_argument("--port-file", required=True)
     args.add_argument("--delay", type=float, default=0.0)
+    args.add_argument("--tls-cert")
+    args.add_argument("--tls-key")
     opts = args.parse_args()
     lock = threading.Lock()
 
@@ -95,6 +99,10 @@ def main():
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    if opts.tls_cert:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(opts.tls_cert, opts.tls_key)
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     with open(opts.port_file + ".tmp", "w") as f:
         f.write(str(server.server_address[1]))
     os.rename(opts.port_file + ".tmp", opts.port_file)

@@ -11,7 +11,7 @@
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, TraceContextExt, TraceFlags, TraceId, TraceState,
@@ -83,22 +83,22 @@ impl Drop for TraceExport {
     }
 }
 
-/// Starts the exporter when an endpoint is configured; `None` when traces are off.
+/// Starts the exporter when an endpoint is configured; `None` when traces are off. A fault in
+/// the gateway's own setting stops the start; one in the SDK's variables alone (set for the
+/// whole pod by an operator or an injector, perhaps for another program) turns traces off with
+/// a warning instead of taking the gateway down.
 pub fn start(settings: &TraceSettings) -> Result<Option<(Arc<Tracing>, TraceExport)>, TraceError> {
     if !enabled(settings) {
         return Ok(None);
     }
-    check_protocol()?;
-    let mut builder = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_protocol(Protocol::HttpBinary);
-    if let Some(endpoint) = &settings.endpoint {
-        builder = builder.with_endpoint(endpoint.clone());
-    }
-    let mut exporter = builder
-        .build()
-        .map_err(|e| TraceError::Exporter(e.to_string()))?;
-    exporter.set_resource(&resource(settings));
+    let exporter = match exporter(settings) {
+        Ok(exporter) => exporter,
+        Err(e) if settings.endpoint.is_none() => {
+            tracing::warn!(error = %e, "traces are off: the OTEL_EXPORTER_OTLP_* variables ask for what is not built in");
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
     let (queue, spans) = std::sync::mpsc::sync_channel(QUEUE_REQUESTS);
     let (finished, done) = std::sync::mpsc::sync_channel(1);
     std::thread::Builder::new()
@@ -122,6 +122,27 @@ pub fn start(settings: &TraceSettings) -> Result<Option<(Arc<Tracing>, TraceExpo
             done,
         },
     )))
+}
+
+/// The OTLP/HTTP exporter, from the setting and the SDK's variables.
+fn exporter(settings: &TraceSettings) -> Result<opentelemetry_otlp::SpanExporter, TraceError> {
+    if settings.endpoint.is_none() {
+        check_protocol()?;
+    }
+    // The exporter's HTTPS client takes the process's crypto provider: the one the gateway's
+    // other TLS clients use.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut builder = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(Protocol::HttpBinary);
+    if let Some(endpoint) = &settings.endpoint {
+        builder = builder.with_endpoint(endpoint.clone());
+    }
+    let mut exporter = builder
+        .build()
+        .map_err(|e| TraceError::Exporter(e.to_string()))?;
+    exporter.set_resource(&resource(settings));
+    Ok(exporter)
 }
 
 fn enabled(settings: &TraceSettings) -> bool {
@@ -219,18 +240,28 @@ impl Tracing {
     }
 }
 
-/// Batches the queue's spans to the collector until an empty batch (the stop) comes.
+/// Batches the queue's spans to the collector until an empty batch (the stop) comes: a batch
+/// goes out when it is full or [`BATCH_WAIT`] after its first span, whichever comes first.
 fn export_until_stopped(
     exporter: &opentelemetry_otlp::SpanExporter,
     queue: &Receiver<Vec<SpanData>>,
 ) {
     let mut batch: Vec<SpanData> = Vec::new();
+    let mut due = Instant::now() + BATCH_WAIT;
     loop {
-        let stop = match queue.recv_timeout(BATCH_WAIT) {
+        let wait = if batch.is_empty() {
+            BATCH_WAIT
+        } else {
+            due.saturating_duration_since(Instant::now())
+        };
+        let stop = match queue.recv_timeout(wait) {
             Ok(spans) if spans.is_empty() => true,
             Ok(spans) => {
+                if batch.is_empty() {
+                    due = Instant::now() + BATCH_WAIT;
+                }
                 batch.extend(spans);
-                if batch.len() < BATCH_SPANS {
+                if batch.len() < BATCH_SPANS && Instant::now() < due {
                     continue;
                 }
                 false

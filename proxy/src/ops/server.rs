@@ -144,12 +144,12 @@ pub fn run(
         shutdown_signal: shutdown,
     });
     // Every request has finished: the pump writes the minutes still open, then stops; the
-    // last spans get a moment to go out.
+    // leases go back; then the last spans get a moment to go out.
     drop(metering);
-    drop(trace_export);
     if let Some(store) = redis_store {
         release_on_stop(&config, &store);
     }
+    drop(trace_export);
     Ok(())
 }
 
