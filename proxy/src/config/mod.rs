@@ -24,13 +24,12 @@ mod parts;
 pub use parts::admin::Admin as AdminSettings;
 
 pub use parts::events::ready as events_ready;
-pub use parts::tracing::SampleRatio;
 mod setting;
 
 use std::path::Path;
 
 pub use self::flags::{env_var, Env, FlagSet, Overrides};
-pub use self::model::{Config, ConfigError, KeysSource, LogFormat, TlsFiles};
+pub use self::model::{Config, ConfigError, KeysSource, LogFormat, SampleRatio, TlsFiles};
 use self::parts::rows;
 use self::setting::Layers;
 

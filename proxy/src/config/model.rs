@@ -110,7 +110,7 @@ pub struct Config {
     pub log_format: LogFormat,
     /// The OTLP collector's traces URL; `None`: the SDK's variables, or no traces.
     pub tracing_otlp_endpoint: Option<String>,
-    pub tracing_sample_ratio: crate::config::SampleRatio,
+    pub tracing_sample_ratio: SampleRatio,
     /// After SIGTERM (or SIGQUIT, handing over to a successor) the listeners close at once and
     /// in-flight requests get this long to finish; pingora then stops, so it should cover the
     /// upstream read timeout.
@@ -140,3 +140,10 @@ pub enum ConfigError {
         message: String,
     },
 }
+
+/// `tracing_sample_ratio`: a share from 0 to 1, never NaN (so equal to itself, as the config's
+/// comparisons need).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleRatio(pub f64);
+
+impl Eq for SampleRatio {}

@@ -1,6 +1,6 @@
 //! OpenTelemetry traces: where spans go and how many requests are sampled.
 
-use crate::config::model::ConfigError;
+use crate::config::model::{ConfigError, SampleRatio};
 use crate::config::setting::{Kind, Layers, Preset, Row, Setting, Value};
 
 const TRACING_OTLP_ENDPOINT: Setting<String> = Setting::new(
@@ -43,12 +43,6 @@ pub struct Tracing {
     pub endpoint: Option<String>,
     pub sample_ratio: SampleRatio,
 }
-
-/// A share from 0 to 1, never NaN (so equal to itself, as the config's comparisons need).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SampleRatio(pub f64);
-
-impl Eq for SampleRatio {}
 
 pub fn validate(l: &Layers) -> Result<Tracing, ConfigError> {
     Ok(Tracing {
