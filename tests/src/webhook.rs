@@ -142,23 +142,20 @@ fn serve(conn: TcpStream, secret: &[u8], r: &Mutex<Received>, fail_first: usize,
     );
 }
 
-/// `t=<t>,v1=<hex>` against HMAC-SHA256(secret, "<t>.<body>").
+/// `t=<t>,v1=<hex>[,v1=<hex>…]` against HMAC-SHA256(secret, "<t>.<body>"): any `v1` (there are
+/// two during a rotation of the secret).
 fn verifies(secret: &[u8], header: &str, body: &[u8]) -> bool {
-    let mut t = None;
-    let mut v1 = None;
-    for part in header.split(',') {
-        match part.split_once('=') {
-            Some(("t", v)) => t = Some(v),
-            Some(("v1", v)) => v1 = Some(v),
-            _ => {}
-        }
-    }
-    let (Some(t), Some(v1)) = (t, v1) else {
+    let fields: Vec<(&str, &str)> = header
+        .split(',')
+        .filter_map(|p| p.split_once('='))
+        .collect();
+    let Some(t) = fields.iter().find(|(k, _)| *k == "t").map(|(_, v)| v) else {
         return false;
     };
     let mut message = format!("{t}.").into_bytes();
     message.extend_from_slice(body);
-    hex::encode(hmac_sha256(secret, &message)) == v1
+    let expected = hex::encode(hmac_sha256(secret, &message));
+    fields.iter().any(|(k, v)| *k == "v1" && *v == expected)
 }
 
 /// RFC 2104 over SHA-256.

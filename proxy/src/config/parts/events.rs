@@ -186,6 +186,8 @@ fn webhook(l: &Layers) -> Result<Option<Webhook>, ConfigError> {
         }
         return Ok(None);
     };
+    let secret = secret_source(secret, secret_file)?;
+    let previous_secret = secret_source(previous, previous_file)?;
     let Some(spool) = spool else {
         return Err(url.error(
             "needs events_spool_dir, the folder where events wait for the receiver".to_owned(),
@@ -193,8 +195,8 @@ fn webhook(l: &Layers) -> Result<Option<Webhook>, ConfigError> {
     };
     Ok(Some(Webhook {
         url: url.value,
-        secret: secret_source(secret, secret_file)?,
-        previous_secret: secret_source(previous, previous_file)?,
+        secret,
+        previous_secret,
         signature: signature.map_or(Scheme::Pet, |s| s.value),
         spool_dir: spool.value,
         spool_max_bytes: max_mb * 1024 * 1024,

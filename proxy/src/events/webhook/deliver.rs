@@ -40,8 +40,9 @@ struct Delivery {
     url: WebhookUrl,
     tls: Option<Arc<rustls::ClientConfig>>,
     signer: Signer,
-    /// This node's id: with a batch's spool name, its `webhook-id`.
-    node_id: String,
+    /// The spool's id (this node's when the spool has none): with a batch's segment name, its
+    /// `webhook-id`.
+    id_prefix: String,
     lock: Option<File>,
     failures: u32,
     next_try: Instant,
@@ -59,12 +60,13 @@ pub fn start(webhook: &Webhook, node_id: &str) -> Result<DeliveryHandle, String>
     } else {
         None
     };
+    let spool = Spool::new(&webhook.spool_dir, webhook.spool_max_bytes);
     let mut delivery = Delivery {
-        spool: Spool::new(&webhook.spool_dir, webhook.spool_max_bytes),
+        id_prefix: id_prefix(&spool, node_id),
+        spool,
         url: webhook.url.clone(),
         tls,
         signer: webhook.signer()?,
-        node_id: node_id.to_owned(),
         lock: None,
         failures: 0,
         next_try: Instant::now(),
@@ -223,7 +225,7 @@ impl Delivery {
         let body = batch_body(lines);
         let signed = self
             .signer
-            .headers(&batch_id(&self.node_id, seg), unix_now(), &body);
+            .headers(&batch_id(&self.id_prefix, seg), unix_now(), &body);
         match post(&self.url, self.tls.as_ref(), &signed, &body) {
             Ok(status) => outcome(status),
             Err(e) => Outcome::Retry(e.to_string()),
@@ -326,16 +328,24 @@ impl Drop for DeliveryHandle {
     }
 }
 
-/// A batch's `webhook-id`: this node's id and the batch's name in its spool
-/// (`<node_id>/<created ms>-<pid>-<seq>-<events>`), the same on every retry and after a restart,
-/// and never another node's, so that a receiver can drop the duplicates by it.
-fn batch_id(node_id: &str, seg: &Segment) -> String {
+/// The spool's id, or this node's when it cannot be read or made (said once, at start).
+fn id_prefix(spool: &Spool, node_id: &str) -> String {
+    spool.id().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "the webhook's spool has no id of its own; batches are named by the node_id");
+        node_id.to_owned()
+    })
+}
+
+/// A batch's `webhook-id`: its spool's id and its name there (`<spool id>/<created ms>-<pid>-
+/// <seq>-<events>`), the same on every retry and after a restart, and never another spool's,
+/// so that a receiver can drop the duplicates by it.
+fn batch_id(prefix: &str, seg: &Segment) -> String {
     let name = seg
         .path
         .file_name()
         .map(|n| n.to_string_lossy())
         .unwrap_or_default();
-    format!("{node_id}/{}", name.trim_end_matches(".events"))
+    format!("{prefix}/{}", name.trim_end_matches(".events"))
 }
 #[cfg(test)]
 mod tests {
@@ -414,7 +424,7 @@ mod tests {
                 None,
             )
             .unwrap(),
-            node_id: "node".to_owned(),
+            id_prefix: "node".to_owned(),
             lock: None,
             failures: 0,
             next_try: Instant::now(),
@@ -445,7 +455,7 @@ mod tests {
                 None,
             )
             .unwrap(),
-            node_id: "node".to_owned(),
+            id_prefix: "node".to_owned(),
             lock: None,
             failures: 0,
             next_try: Instant::now(),

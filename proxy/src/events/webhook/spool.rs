@@ -24,6 +24,8 @@ const SUFFIX: &str = ".events";
 const TMP: &str = "tmp-";
 pub const DEAD_LETTER: &str = "dead-letter.ndjson";
 const LOCK: &str = "lock";
+/// The file holding the spool's own id ([`Spool::id`]).
+const ID_FILE: &str = "spool-id";
 /// How long a measure of the spool's size is trusted before the folder is listed again.
 const SIZE_TTL: Duration = Duration::from_secs(1);
 
@@ -55,6 +57,33 @@ impl Spool {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// This spool's own name, 16 random hex digits kept in its `spool-id` file (made on first
+    /// use): with a batch's segment name, the batch's `webhook-id`, unique across the fleet
+    /// whatever the nodes are called and stable across restarts. A file that holds anything
+    /// else (the folder is one others may write) is refused, never used or replaced.
+    pub fn id(&self) -> std::io::Result<String> {
+        let path = self.dir.join(ID_FILE);
+        if let Some(id) = read_id(&path)? {
+            return Ok(id);
+        }
+        let id = hex::encode(rand::random::<[u8; 8]>());
+        let tmp = self
+            .dir
+            .join(format!("{TMP}{ID_FILE}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        write_synced(&tmp, &self.dir, id.as_bytes())?;
+        // A link, not a rename: a process that made the file first keeps its id.
+        let linked = std::fs::hard_link(&tmp, &path);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => Ok(id),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                read_id(&path)?.ok_or_else(|| std::io::Error::other("spool-id vanished"))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Writes `lines` (whole NDJSON lines, `events` of them) as a new segment, synced before it
@@ -205,6 +234,30 @@ impl Spool {
     }
 }
 
+/// The id in `path`: `None` when there is no file; an error when it holds anything but 16
+/// lowercase hex digits.
+fn read_id(path: &Path) -> std::io::Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let id = text.trim();
+            let valid = id.len() == 16
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+            if valid {
+                Ok(Some(id.to_owned()))
+            } else {
+                Err(std::io::Error::other(format!(
+                    "{} holds something other than a spool id",
+                    path.display()
+                )))
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 fn write_synced(path: &Path, dir: &Path, lines: &[u8]) -> std::io::Result<()> {
     let mut file = OpenOptions::new()
         .create_new(true)
@@ -238,6 +291,23 @@ fn parse(dir: &Path, name: &str) -> Option<Segment> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spool_keeps_one_id_and_refuses_a_file_that_is_not_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = Spool::new(dir.path(), 1 << 20).id().unwrap();
+        assert_eq!(first.len(), 16, "{first}");
+        assert_eq!(Spool::new(dir.path(), 1 << 20).id().unwrap(), first);
+        let other = tempfile::tempdir().unwrap();
+        assert_ne!(Spool::new(other.path(), 1 << 20).id().unwrap(), first);
+        std::fs::write(dir.path().join(ID_FILE), "node\r\nX-Evil: 1").unwrap();
+        assert!(Spool::new(dir.path(), 1 << 20).id().is_err());
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(ID_FILE)).unwrap(),
+            "node\r\nX-Evil: 1",
+            "never replaced"
+        );
+    }
 
     #[test]
     fn segments_are_listed_oldest_first_and_other_files_are_not_segments() {
