@@ -22,6 +22,11 @@ target/release` fails (exit 1) where a figure is more than 2 % above the baselin
 `--write-baseline FILE` writes the first build's figures as the new baseline (commit it with the
 change that moved them, and say why in the commit).
 
+Traces (issue 35): `--traces` measures, instead of the scenarios above, the embedded store
+admitting with traces off, on at `tracing_sample_ratio = 0.01` (the default) and on at 1 (every
+request sampled), exporting over OTLP to a receiver of this script's; the exporter's thread is
+counted too.
+
 Overload protection (issue 32): `--overload` measures, instead of the scenarios above, the
 embedded store admitting with all of it off (`upstream_max_in_flight = "off"`, a plan without a
 `concurrency`) and all of it on (places 64, a plan's `concurrency = 64`, the default priority
@@ -73,7 +78,7 @@ def dump(pid, out):
 
 
 class Receiver(http.server.BaseHTTPRequestHandler):
-    """The webhook's receiver for `--webhook`: takes every batch, answers 204."""
+    """The receiver for `--webhook` and `--traces`: takes every batch, answers 204."""
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -157,6 +162,8 @@ def main():
                     help="the plans say notify_at = [80, 100] (with --metering: the threshold check)")
     ap.add_argument("--webhook", action="store_true",
                     help="the gateways also post events to a receiver of this script's (answering 204)")
+    ap.add_argument("--traces", action="store_true",
+                    help="traces off, on at 0.01 and on at 1, instead of the scenarios")
     ap.add_argument("--overload", action="store_true",
                     help="only overload protection off against on (builds from issue 32 on)")
     ap.add_argument("--name", action="append",
@@ -211,6 +218,12 @@ def main():
                      'upstream_max_in_flight = "off"\n'),
                     ("admitted, all on: places 64, concurrency 64, priorities", None, held,
                      "upstream_max_in_flight = 64\n")]
+        if args.traces:
+            collector = start_receiver() + "/v1/traces"
+            on = f'tracing_otlp_endpoint = "{collector}"\ntracing_sample_ratio = '
+            rows = [("admitted, traces off", None, admitted, ""),
+                    ("admitted, traces on at 0.01", None, admitted, on + "0.01\n"),
+                    ("admitted, traces on at 1 (every request)", None, admitted, on + "1.0\n")]
         if args.only_passthrough:
             rows = []
         dirs = args.bin_dir

@@ -65,6 +65,7 @@ GW_EMB_ON = "pet-gateway, embedded, 1 thread, log on"
 GW_REDIS_OFF = "pet-gateway, Redis, 1 thread, log off"
 GW_REDIS_ON = "pet-gateway, Redis, 1 thread, log on"
 GW_EMB_METERED = "pet-gateway, embedded, 1 thread, log on, metering on"
+GW_EMB_TRACED = "pet-gateway, embedded, 1 thread, log on, traces at 0.01"
 LUA_DICT_CPUS = "nginx+Lua, shared dict, workers = CPUs, log on"
 LUA_REDIS_CPUS = "nginx+Lua, Redis, workers = CPUs, log on"
 GW_EMB_SHIPPED = "pet-gateway, embedded, as shipped (threads = CPUs, log on)"
@@ -207,6 +208,27 @@ class Bench:
         bench.wait_port(port)
         return Row(name, port, lambda: [p.pid], redis=redis, job=True, log=log and logfile)
 
+    def traces_settings(self, ratio):
+        """Traces on at `ratio`, to an OTLP receiver of this script's (it takes every batch)."""
+        if not hasattr(self, "collector"):
+            import http.server
+            import threading
+
+            class Collector(http.server.BaseHTTPRequestHandler):
+                def do_POST(self):
+                    self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                    self.send_response(200)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+
+                def log_message(self, *_):
+                    pass
+
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            self.collector = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+        return f'tracing_otlp_endpoint = "{self.collector}"\ntracing_sample_ratio = {ratio}\n'
+
     def passthrough(self, name):
         """bench's plain pingora proxy (no auth, no quota): the framework's floor. Taken from
         `--bin-dir` when it is there, so that it runs the same (patched) pingora as the gateway."""
@@ -237,6 +259,8 @@ class Bench:
             (GW_REDIS_OFF, lambda: self.gateway(GW_REDIS_OFF, redis=True, log=False)),
             (GW_REDIS_ON, lambda: self.gateway(GW_REDIS_ON, redis=True, log=True)),
             (GW_EMB_METERED, lambda: self.gateway(GW_EMB_METERED, redis=False, log=True, metering=True)),
+            (GW_EMB_TRACED, lambda: self.gateway(GW_EMB_TRACED, redis=False, log=True,
+                                                 extra=self.traces_settings(0.01))),
             (LUA_DICT_CPUS, lambda: self.lua_peer(LUA_DICT_CPUS, "shared", CPUS, log=True)),
             (LUA_REDIS_CPUS, lambda: self.lua_peer(LUA_REDIS_CPUS, "redis", CPUS, log=True)),
             (GW_EMB_SHIPPED, lambda: self.gateway(GW_EMB_SHIPPED, redis=False, log=True, threads=None)),
@@ -439,6 +463,12 @@ def print_derived(rows):
     if metering:
         print("\n(f) Usage metering's cost (issue 24), metering on − off (target ≤ 1 µs):\n")
         print("\n".join(metering))
+    us = paired(rows, GW_EMB_TRACED, GW_EMB_ON, lambda x, y: x - y)
+    if us is not None:
+        mu = statistics.median(us)
+        print("\n(t) Traces' cost (issue 35), on at 0.01 − off, embedded, 1 thread, log on "
+              "(target ≤ 1 µs):\n")
+        print(f"- {mu:+.2f} µs [{', '.join(f'{x:+.1f}' for x in us)} µs]: ≤ 1 µs {verdict(mu <= 1.0)}")
     print()
     for label, a, b, limit in (
             ("(b) gateway as shipped, embedded ÷ nginx+Lua shared dict, workers = CPUs, log on",
