@@ -27,8 +27,10 @@ use crate::base::metrics::METRICS;
 const QUEUE_REQUESTS: usize = 4096;
 /// The most spans in one export.
 const BATCH_SPANS: usize = 512;
-/// How long the exporter waits for more spans before it sends what it has.
-const BATCH_WAIT: Duration = Duration::from_millis(500);
+/// How long a batch waits for more spans after its first: the OpenTelemetry SDKs' default
+/// schedule delay (`OTEL_BSP_SCHEDULE_DELAY`). Each export costs the exporter's thread about as
+/// much as a thousand requests' spans; waiting keeps its share of a request small at low ratios.
+const BATCH_WAIT: Duration = Duration::from_secs(5);
 /// How long a stop waits for the last spans to go out.
 const STOP_WAIT: Duration = Duration::from_secs(2);
 
