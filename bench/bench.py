@@ -140,14 +140,15 @@ def start_tls_redis(procs, work):
     return p, port, d / "ca.crt"
 
 
-def cpu_seconds(pids):
+def cpu_seconds(pids, user_only=False):
     total = 0
     for pid in pids:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except FileNotFoundError:
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+        # utime, stime (fields 14, 15)
+        total += int(fields[11]) + (0 if user_only else int(fields[12]))
     return total / CLK_TCK
 
 
@@ -214,11 +215,13 @@ def wanted(name):
 def measure(name, url, pids, seconds, **kw):
     if not wanted(name):
         return {"name": name, "skipped": True, "requests": 0}
-    before = cpu_seconds(pids)
+    before, user_before = cpu_seconds(pids), cpu_seconds(pids, user_only=True)
     r = wrk(url, seconds, **kw)
-    after = cpu_seconds(pids)
+    after, user_after = cpu_seconds(pids), cpu_seconds(pids, user_only=True)
     r["name"] = name
     r["cpu_us"] = (after - before) / max(r["requests"], 1) * 1e6 if pids else float("nan")
+    # User time alone: what the process's own code costs, without the kernel's socket work.
+    r["user_us"] = (user_after - user_before) / max(r["requests"], 1) * 1e6 if pids else float("nan")
     print(f"  {name}: {r['rps']:.0f} req/s, p99 {r['p99']:.2f} ms, "
           f"{r['cpu_us']:.1f} µs CPU/req, non-2xx {r['non2xx']}", file=sys.stderr, flush=True)
     return r
