@@ -1,0 +1,897 @@
+#!/usr/bin/env python3
+"""The soak's checker: did the gateway keep its promises during one run?
+
+    python3 tests/soak/check.py RUN_DIR [--json]
+
+Jepsen-style, it reads only the run's records (setup.json, history.ndjson, events.ndjson,
+metering/, receiver.ndjson, end.json) and trusts nothing the gateway says about itself, except
+the clients' view of each answer (status, code, rate-limit headers) and the one figure the
+docs allow (end.json's store_timeouts). Exit 0: every invariant holds; 1: one fails; 2: the
+records are missing or unreadable.
+
+Read it top to bottom: 1. load the records; 2. derive facts from them (keys and their quotas,
+fault windows, where each request counts); 3. one function per invariant, each saying why it
+is stated the way it is; 4. the report. Units are integers throughout; times are Unix seconds.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import sys
+from collections import Counter, defaultdict, namedtuple
+
+Result = namedtuple("Result", "name ok figure violations")
+Fault = namedtuple("Fault", "name id start end lo hi nodes store loses")
+Key = namedtuple("Key", "plan quota")
+
+MARGINS = {"fault_before": 1.0, "fault_after": 5.0, "revocation": 1.0, "loss": 2.0,
+           "ready_within": 30.0, "kill_notice": 1.0}
+STORE_FAULTS = {"primary_kill", "redis_restart", "partition", "redis_latency"}
+COUNT_LOSING_FAULTS = {"primary_kill", "redis_restart"}
+LOSSLESS_FAULTS = {"spool_full", "backend_restart"}  # they lose no usage events
+ADMITTED_ERRORS = {(502, "bad_gateway"), (503, "overloaded"), (504, "gateway_timeout")}
+ADMITTED, POSSIBLE, REFUSED = "admitted", "possible", "refused"
+USAGE, BANNED, THRESHOLD = "pet.usage.v1", "pet.key.banned.v1", "pet.quota.threshold.v1"
+UNWRITTEN_TAIL = 45.0  # a minute ending this close to `ended` may not be in the files yet
+BAN_SLACK = 2  # seconds: one ban's X-RateLimit-Reset varies by ±1 s, its event's end by 2
+THRESHOLD_KILL = 2.0  # a kill this soon after a crossing may have lost its notice
+DAY = 86400
+NAMES = {1: "second", 60: "minute", 3600: "hour", DAY: "day"}
+
+
+class RecordsError(Exception):
+    """The run's records are missing or cannot be read: nothing can be checked (exit 2)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Loading the records
+
+def read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise RecordsError(f"{path}: {e}") from e
+
+
+def read_ndjson(path, bad=None):
+    """The objects of an NDJSON file, each keeping its line verbatim (`_line`) for the report.
+    A line that does not parse is unreadable records (exit 2), or goes to `bad` if given."""
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                    if not isinstance(obj, dict):
+                        raise ValueError("not an object")
+                except ValueError as e:
+                    if bad is None:
+                        raise RecordsError(f"{path}:{n}: {e}") from e
+                    bad.append(f"{path}:{n}: {line.strip()[:200]}")
+                    continue
+                obj["_line"] = line.rstrip("\n")
+                out.append(obj)
+    except OSError as e:
+        raise RecordsError(f"{path}: {e}") from e
+    return out
+
+
+def read_metering(folder):
+    """Every line of every `<node>.YYYY-MM-DD` file, tagged with its node (`_node`). Lines that
+    do not parse are kept aside: the docs promise no half-written line, so they are a finding."""
+    if not os.path.isdir(folder):
+        raise RecordsError(f"{folder}: no metering folder")
+    lines, bad = [], []
+    for name in sorted(os.listdir(folder)):
+        m = re.fullmatch(r"(.+)\.(\d{4}-\d{2}-\d{2})", name)
+        if m:
+            for ev in read_ndjson(os.path.join(folder, name), bad):
+                ev["_node"] = m.group(1)
+                lines.append(ev)
+    return lines, bad
+
+
+def unix(value):
+    """Unix seconds of an RFC 3339 time (what the gateway writes: `2026-11-18T11:07:40Z`), or
+    of a number, in case a writer ever gives one."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def iso(t):
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%H:%M:%SZ")
+
+
+def window_name(length):
+    """A window's name in the RateLimit header (the gateway's `Every::name`)."""
+    return NAMES.get(length) or window_spec(length)
+
+
+def window_spec(length):
+    """A window as a plan writes it (`Every::spec`): `1d`, `90m`, `10s`; in threshold ids."""
+    for unit, secs in (("d", DAY), ("h", 3600), ("m", 60)):
+        if length % secs == 0:
+            return f"{length // secs}{unit}"
+    return f"{length}s"
+
+
+def rate_windows(header):
+    """`"minute";r=12;t=8, "day";r=388;t=51342` -> {"minute": (12, 8), "day": (388, 51342)}."""
+    out = {}
+    for item in (header or "").split(","):
+        name, *params = item.strip().split(";")
+        kv = dict(p.strip().split("=", 1) for p in params if "=" in p)
+        try:
+            out[name.strip().strip('"')] = (int(kv["r"]), int(kv["t"]))
+        except (KeyError, ValueError):
+            continue
+    return out
+
+
+def classify(req):
+    """Whether a request spent its cost. 2xx (and 3xx) and the 502/503/504 the docs say keep what
+    was spent: admitted. 401 and 429: refused. No answer, or a 5xx of unknown effect (500, 503
+    internal: the store may have counted it before failing): possibly; but a connection
+    refused reached no gateway process, so spent nothing. Another 4xx with the plan's RateLimit
+    header is the backend's answer to a forwarded request: possibly (upper bounds count it,
+    lower bounds do not); without it the gateway refused before counting."""
+    s = req.get("status")
+    if s is None:
+        return REFUSED if "ConnectionRefused" in str(req.get("error")) else POSSIBLE
+    if s >= 500 and (s, req.get("code")) not in ADMITTED_ERRORS:
+        return POSSIBLE
+    if s < 400 or s >= 500:
+        return ADMITTED
+    if s in (401, 429):
+        return REFUSED
+    return POSSIBLE if req.get("ratelimit") else REFUSED
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. The run: records plus the facts every invariant shares
+
+class Run:
+    """One run's records, read once, and what they say about keys, faults and requests."""
+
+    def __init__(self, run_dir):
+        join = lambda name: os.path.join(run_dir, name)  # noqa: E731
+        self.setup = read_json(join("setup.json"))
+        self.history = read_ndjson(join("history.ndjson"))
+        self.events = read_ndjson(join("events.ndjson"))
+        self.meter_lines, self.bad_lines = read_metering(join("metering"))
+        self.receiver = read_ndjson(join("receiver.ndjson"))
+        self.end = read_json(join("end.json"))
+        try:
+            self.derive()
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise RecordsError(f"{run_dir}: records malformed: {e!r}") from e
+
+    def derive(self):
+        s = self.setup
+        self.history.sort(key=lambda r: r["sent"])
+        self.events.sort(key=lambda e: e["t"])
+        self.nodes, self.plans = list(s["nodes"]), s["plans"]
+        self.margins = {**MARGINS, **s.get("margins", {})}
+        self.started, self.load_end, self.ended = s["started"], s["load_end"], s["ended"]
+        self.keys = key_table(s["keys"], self.events)
+        self.quota_plans = defaultdict(set)
+        for k in self.keys.values():
+            self.quota_plans[k.quota].add(k.plan)
+        self.faults = fault_windows(self.events, self.nodes, self.margins, self.ended)
+        self.store_windows = {n: [(f.lo, f.hi) for f in self.faults if f.store and n in f.nodes]
+                              for n in self.nodes}
+        loss = self.margins["loss"]
+        self.loss_spans = [span for f in self.faults if f.loses
+                           for span in ((f.start - loss, f.start), (f.end - loss, f.end))]
+        self.kills, self.restarts = kills_and_restarts(self.events, self.faults, self.ended)
+        self.edits = defaultdict(list)
+        for e in self.events:
+            if e["kind"] == "plan_edit":
+                self.edits[(e["plan"], str(e["window"]))].append((e["t"], int(e["limit"])))
+        self.meter, self.meter_nodes = dedupe(self.meter_lines)
+        self.max_cost = max([1] + [int(c) for p in self.plans.values()
+                                   for c in p.get("cost", {}).values()])
+        for req in self.history:
+            self.describe(req)
+        self.spent = self.spending()
+
+    def describe(self, req):
+        """Hidden fields (`_…`) on each request: class, cost, quota, parsed RateLimit header."""
+        key = self.keys.get(req["key"])
+        req["_cls"] = classify(req)
+        req["_quota"] = key.quota if key else None
+        req["_plan"] = key.plan if key else None
+        costs = self.plans[key.plan].get("cost", {}) if key else {}
+        req["_cost"] = int(costs.get(req["op"], 1)) if key else int(req.get("cost") or 1)
+        req["_rl"] = rate_windows(req.get("ratelimit"))
+
+    def windows_of(self, quota):
+        """The windows (lengths in seconds) that any plan of the quota's keys enforces."""
+        return sorted({int(w) for p in self.quota_plans[quota]
+                       for w in self.plans[p]["windows"] if str(w).isdigit()})
+
+    def spending(self):
+        """(quota, window length, instance) -> the requests that did or may have spent there."""
+        spent = defaultdict(list)
+        for req in self.history:
+            if req["_quota"] is not None and req["_cls"] != REFUSED:
+                for w in self.windows_of(req["_quota"]):
+                    spent[(req["_quota"], w, instance(req, w))].append(req)
+        return spent
+
+    def plan_limit(self, plan, length, s, e):
+        """The highest limit in force during [s, e): the one at s, or any edit made before e. An
+        edit reaches every node within the revocation margin, so one made just before s may not
+        have been in force yet at s."""
+        limit = self.plans[plan]["windows"].get(str(length))
+        if limit is None:
+            return 0
+        edits = self.edits.get((plan, str(length)), [])
+        reach = self.margins["revocation"]
+        limit = ([lim for t, lim in edits if t <= s - reach] or [limit])[-1]
+        return max([limit] + [lim for t, lim in edits if s - reach < t < e])
+
+    def limit_at(self, plan, length, t):
+        limit = self.plans[plan]["windows"].get(str(length), 0)
+        return ([lim for te, lim in self.edits.get((plan, str(length)), []) if te <= t]
+                or [limit])[-1]
+
+    def quota_limit(self, quota, length, s, e):
+        """Keys sharing a quota normally share a plan; if not, the most generous one binds."""
+        return max(self.plan_limit(p, length, s, e) for p in self.quota_plans[quota])
+
+    def in_store_fault(self, node, t):
+        return any(lo <= t <= hi for lo, hi in self.store_windows.get(node, []))
+
+
+def key_table(setup_keys, events):
+    """Every key the run knew: setup's, and those issued or rotated in during the run."""
+    keys = {}
+    for k, v in setup_keys.items():
+        keys[k] = Key(v["plan"], v.get("quota") or quota_id(k, v.get("customer")))
+    for e in events:
+        if e["kind"] == "issue":
+            keys[e["key"]] = Key(e["plan"], e.get("quota") or quota_id(e["key"], e.get("customer")))
+        elif e["kind"] == "rotate" and e["key"] in keys:
+            old = keys[e["key"]]
+            keys[e["successor"]] = Key(e.get("plan") or old.plan, e.get("quota") or old.quota)
+    return keys
+
+
+def quota_id(key, customer):
+    return f"customer:{customer}" if customer else key
+
+
+def fault_windows(events, nodes, m, ended):
+    """Faults paired by id, each with its window [start - fault_before, end + fault_after]; one
+    never ended lasts until the run's end."""
+    starts, ends = {}, {}
+    for e in events:
+        if e["kind"] == "fault":
+            (starts if e["phase"] == "start" else ends)[e["id"]] = e
+    faults = []
+    for fid, s in starts.items():
+        end = ends[fid]["t"] if fid in ends else ended
+        name = s["name"]
+        faults.append(Fault(name, fid, s["t"], end, s["t"] - m["fault_before"],
+                            end + m["fault_after"], tuple(s.get("nodes") or nodes),
+                            bool(s.get("store", name in STORE_FAULTS)),
+                            bool(s.get("loses_counts", name in COUNT_LOSING_FAULTS))))
+    return sorted(faults, key=lambda f: f.start)
+
+
+def kills_and_restarts(events, faults, ended):
+    """Kills (t, node), from `kill` events and node_kill faults; and per node the spans it was
+    down, from a kill to its next `start` (or the run's end)."""
+    kills = [(e["t"], e["node"]) for e in events if e["kind"] == "kill"]
+    kills += [(f.start, n) for f in faults if f.name == "node_kill" for n in f.nodes]
+    restarts = defaultdict(list)
+    for t, node in sorted(set(k for k in kills if k[0] is not None)):
+        back = [e["t"] for e in events
+                if e["kind"] == "start" and e["node"] == node and e["t"] >= t]
+        restarts[node].append((t, min(back) if back else ended))
+    return sorted(set(kills)), restarts
+
+
+def dedupe(lines):
+    """The metering events a reader keeps (the first line of each id), and the nodes that wrote
+    each id (two nodes writing one ban or threshold id is a double report, not a duplicate)."""
+    kept, nodes = {}, defaultdict(set)
+    for ev in lines:
+        kept.setdefault(ev["id"], ev)
+        nodes[ev["id"]].add(ev["_node"])
+    return list(kept.values()), nodes
+
+
+def instance(req, length):
+    """The window instance a request counted in. The gateway's RateLimit entry says `t` seconds
+    to that window's end, by the store's clock at the decision (same machine), so its end is
+    the multiple of the length nearest to sent+t .. recv+t; else the instance of `sent`."""
+    w = req["_rl"].get(window_name(length))
+    if w is None or req.get("recv") is None:
+        return int(req["sent"] // length)
+    return round(((req["sent"] + req["recv"]) / 2 + w[1]) / length) - 1
+
+
+def overlaps(lo, hi, s, e):
+    return lo < e and hi >= s
+
+
+def in_spans(t, spans):
+    return any(lo <= t <= hi for lo, hi in spans)
+
+
+def violation(what, records=(), most=5):
+    """One broken promise: what, and the records that show it (the first `most`)."""
+    return {"what": what, "records": list(records)[:most]}
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. The invariants
+
+def check_quota(run):
+    """quota: admitted units per quota and window instance <= limit + allowance.
+
+    Only certain admissions count: a request with no answer is possibly admitted, and a check
+    that can fail only on what certainly happened may not count it (a node killed while a
+    request waited may have refused it; Jepsen's indeterminate operations). The limit is the highest in
+    force during the instance (a plan edit can raise it mid-window). Allowance (the docs'
+    promises): a minute (or shorter) window: limit x F + lost, F = the nodes with a store-fault
+    window overlapping the instance, since each node in fallback enforces it alone ("N nodes
+    admit up to N times those limits"); a day (or longer): the units admitted by nodes inside
+    their store-fault windows (the day pauses in fallback, counting nothing) + lost. lost = the
+    quota's units admitted in the `loss` seconds before a count-losing fault's start or end
+    (failover, restart): counts Redis may not have replicated or persisted."""
+    violations, used_allow, top = [], [], (0, 1)
+    for (quota, w, inst), reqs in sorted(run.spent.items(), key=lambda kv: kv[0][2] * kv[0][1]):
+        s, e = inst * w, (inst + 1) * w
+        limit = run.quota_limit(quota, w, s, e)
+        reqs = [r for r in reqs if r["_cls"] == ADMITTED]
+        used = sum(r["_cost"] for r in reqs)
+        allow, why = allowance(run, w, s, e, limit, reqs)
+        if used * top[1] > top[0] * limit:
+            top = (used, limit)
+        if used > limit:
+            used_allow.append(used - limit)
+        if used > limit + allow:
+            violations.append(violation(
+                f"{quota} {window_name(w)} from {iso(s)}: {used} units admitted, limit {limit}"
+                f" + allowance {allow} ({why})", past(reqs, limit + allow)))
+    figure = (f"{len(run.spent):,} window instances; most used {top[0]}/{top[1]}; allowance "
+              f"used in {len(used_allow)} (max +{max(used_allow, default=0)}); "
+              f"{len(violations)} over (allowance: minute limit x nodes in store fault + lost; "
+              "day: units admitted in fallback + lost)")
+    return Result("quota", not violations, figure, violations)
+
+
+def allowance(run, w, s, e, limit, reqs):
+    """The allowance of one window instance (see check_quota), and how it came about."""
+    lost = lost_units(run, reqs)
+    if w <= 60:
+        f = sum(1 for n in run.nodes if any(overlaps(lo, hi, s, e)
+                                            for lo, hi in run.store_windows[n]))
+        return limit * f + lost, f"{f} node(s) in store fault x {limit} + {lost} lost"
+    local = sum(r["_cost"] for r in reqs if run.in_store_fault(r["node"], r["sent"]))
+    return local + lost, f"{local} admitted in fallback + {lost} lost"
+
+
+def lost_units(run, reqs):
+    return sum(r["_cost"] for r in reqs if in_spans(r["sent"], run.loss_spans))
+
+
+def past(reqs, bound):
+    """The requests, in the order sent, from the one whose units went past `bound`."""
+    total, out = 0, []
+    for r in sorted(reqs, key=lambda r: r["sent"]):
+        total += r["_cost"]
+        if total > bound:
+            out.append(r)
+    return out
+
+
+def revoked_at(run):
+    """key -> when it stopped being valid: its revocation, or its rotation's overlap_until."""
+    out = {}
+    for e in run.events:
+        if e["kind"] == "revoke":
+            t = e["t"]
+        elif e["kind"] == "rotate":
+            t = e.get("overlap_until", e["t"])
+        else:
+            continue
+        out[e["key"]] = min(t, out.get(e["key"], t))
+    return out
+
+
+def revocation_deadline(run, node, t):
+    """When node must have applied a revocation made at t: at t, unless it could not hear of it
+    then: a store fault of that node in progress at t (the change travels through the store)
+    delays it to the fault window's end; a node down at t learns at its next start."""
+    deadline = t
+    for f in run.faults:
+        if f.store and node in f.nodes and f.lo <= t <= f.hi:
+            deadline = max(deadline, f.hi)
+    for down, up in run.restarts.get(node, []):
+        if down <= t < up:
+            deadline = max(deadline, up)
+    return deadline
+
+
+def check_revocation(run):
+    """revocation: no request of a revoked key (or a rotated-away key past overlap_until) is
+    admitted by node n when sent later than the node's deadline + the revocation margin (1 s).
+
+    "Admitted" here is every answer that reached the backend's side of the gate (2xx, and the
+    502/503/504 that spend), not only 2xx: a revoked key must get 401. The deadline is the
+    revocation, pushed back by a store fault on n in progress then, or n being down then (the
+    docs: in force on every node within a second, through the store)."""
+    revoked, violations, worst, late = revoked_at(run), [], None, 0
+    margin = run.margins["revocation"]
+    for req in run.history:
+        t = revoked.get(req["key"])
+        if t is None or req["_cls"] != ADMITTED or req["sent"] <= t:
+            continue
+        late += 1
+        worst = max(worst or 0.0, req["sent"] - t)
+        deadline = revocation_deadline(run, req["node"], t)
+        if req["sent"] > deadline + margin:
+            violations.append(violation(
+                f"{req['key']} admitted ({req['status']}) by {req['node']} "
+                f"{req['sent'] - t:.2f} s after its revocation ({deadline - t + margin:.2f} s "
+                "allowed)", [req]))
+    figure = (f"{len(revoked)} keys revoked; {late} admissions after a revocation, worst "
+              f"{'-' if worst is None else f'{worst:.2f} s'} late; {len(violations)} too late")
+    return Result("revocation", not violations, figure, violations)
+
+
+def check_metering(run):
+    """metering: the usage events add up to what the clients saw, and reached the webhook.
+
+    Per key and minute (the store's clock, as both the events and the RateLimit header say):
+    the events' cost lies in [admitted, admitted + possibly admitted] by the history. Excused:
+    minutes a fault window touches (fallback decisions and timed-out store calls are not
+    metered: documented), minutes a node that served the key was killed in or within 60 s
+    after (its unwritten minutes die with it: documented) and minutes that may not be written
+    yet at the end (written up to 41 s after they end). spool_full and backend_restart lose no
+    usage, so they excuse nothing. A minute metered short is allowed only within the store calls
+    that timed out (such a decision is made by the node alone and not metered, though the store
+    may have counted it: the docs' one loss outside faults): the shortfalls of all checked
+    minutes together may not pass the nodes' timed-out calls (end.json) x the highest cost.
+    A minute metered above what the clients could have been admitted is always a violation.
+    Then the day per quota against Redis (check_day), and delivery: every usage, ban and
+    threshold event reached the receiver, the spools empty."""
+    minutes, excused, violations = key_minutes(run), Counter(), []
+    checked, short, short_reqs = 0, 0, []
+    for (key, m), (low, high, cost, reqs) in sorted(minutes.items(), key=lambda kv: kv[0][1]):
+        cause = minute_excuse(run, m, {r["node"] for r in reqs})
+        if cause:
+            excused[cause] += 1
+            continue
+        checked += 1
+        if cost < low:
+            short += low - cost
+            short_reqs.append((key, m, low - cost))
+            continue
+        if cost > high:
+            events = usage_of(run, key, m) if len(violations) < 20 else []
+            violations.append(violation(
+                f"{key} minute {iso(m * 60)}: metered {cost} units, clients saw {low} admitted"
+                f" (+{high - low} possibly)", events + reqs[:5], len(events) + 5))
+    timed_out = sum(run.end.get("store_timeouts", {}).values()) * run.max_cost
+    if short > timed_out:
+        violations.append(violation(
+            f"{short} units metered short in {len(short_reqs)} key-minutes, more than the "
+            f"{timed_out} the timed-out store calls allow: "
+            + ", ".join(f"{k} {iso(m * 60)} -{d}" for k, m, d in short_reqs[:10])))
+    day_figure, day_violations = check_day(run)
+    sent_figure, sent_violations = check_delivery(run)
+    violations += day_violations + sent_violations
+    causes = ", ".join(f"{c} {n}" for c, n in sorted(excused.items())) or "none"
+    figure = (f"{checked:,} key-minutes checked ({short} units short in {len(short_reqs)}, "
+              f"within {timed_out} timed-out store calls allow), {sum(excused.values())} "
+              f"excused ({causes}); "
+              f"{day_figure}; {sent_figure}; {len(violations)} off")
+    return Result("metering", not violations, figure, violations)
+
+
+def minute_of(ev):
+    return int(unix(ev["data"]["minute"]) // 60)
+
+
+def usage_of(run, key, m):
+    return [ev for ev in run.meter
+            if ev["type"] == USAGE and ev["data"]["key_id"] == key and minute_of(ev) == m]
+
+
+def key_minutes(run):
+    """(key, minute) -> [admitted units, admitted + possible units, metered units, the key's
+    requests then], for every key-minute with a request or a usage event."""
+    out = defaultdict(lambda: [0, 0, 0, []])
+    for req in run.history:
+        if req["key"] not in run.keys:
+            continue
+        row = out[(req["key"], instance(req, 60))]
+        row[3].append(req)
+        if req["_cls"] != REFUSED:
+            row[1] += req["_cost"]
+            row[0] += req["_cost"] if req["_cls"] == ADMITTED else 0
+    for ev in run.meter:
+        if ev["type"] == USAGE:
+            out[(ev["data"]["key_id"], minute_of(ev))][2] += int(ev["data"]["cost"])
+    return out
+
+
+def minute_excuse(run, m, served):
+    """Why a key's minute m cannot be held to exact metering, or None."""
+    s, e = m * 60, m * 60 + 60
+    if e > run.ended - UNWRITTEN_TAIL:
+        return "not yet written"
+    for f in run.faults:
+        if f.name not in LOSSLESS_FAULTS and overlaps(f.lo, f.hi, s, e):
+            return f"fault {f.name}"
+    if any(n in served and s <= t < e + 60 for t, n in run.kills):
+        return "node kill"
+    return None
+
+
+def check_day(run):
+    """The day per quota: Redis's final count (end.json) against the metered units of that
+    UTC day. Surplus (metering - Redis) <= lost (counts Redis lost, as in quota). Shortfall
+    (Redis - metering) <= store timeouts x the highest cost (a timed-out call may have been
+    counted, and is not metered) + the units sent to a node in the minutes its kill lost + the
+    units of minutes possibly unwritten at the end. A quota end.json does not name is skipped."""
+    day, violations, rows = int(run.end["t"] // DAY), [], 0
+    timeouts = sum(int(v) for v in run.end.get("store_timeouts", {}).values())
+    top_cost = run.max_cost
+    metered = Counter()
+    for ev in run.meter:
+        key = run.keys.get(ev["data"].get("key_id")) if ev["type"] == USAGE else None
+        if key and minute_of(ev) * 60 // DAY == day:
+            metered[key.quota] += int(ev["data"]["cost"])
+    worst = [0, 0]
+    for quota, held in sorted(run.end.get("redis", {}).items()):
+        inst, count = held.get("windows", {}).get(str(DAY), [day, None])
+        if count is None or quota not in run.quota_plans:
+            continue
+        rows += 1
+        redis = int(count) if int(inst) == day else 0
+        reqs = run.spent.get((quota, DAY, day), [])
+        short_ok = timeouts * top_cost + unmetered_units(run, reqs)
+        surplus_ok = lost_units(run, reqs)
+        short, surplus = redis - metered[quota], metered[quota] - redis
+        worst = [max(worst[0], short), max(worst[1], surplus)]
+        if short > short_ok or surplus > surplus_ok:
+            violations.append(violation(
+                f"{quota} day: Redis counted {redis}, metering {metered[quota]} (allowed: "
+                f"{short_ok} short, {surplus_ok} over)"))
+    return (f"day: {rows} quotas against Redis, max {worst[0]} short, {worst[1]} over",
+            violations)
+
+
+def unmetered_units(run, reqs):
+    """Units that may be in Redis but in no usage event for a documented reason."""
+    units = 0
+    for r in reqs:
+        s = instance(r, 60) * 60
+        killed = any(n == r["node"] and s <= t < s + 120 for t, n in run.kills)
+        if killed or s + 60 > run.ended - UNWRITTEN_TAIL:
+            units += r["_cost"]
+    return units
+
+
+def check_delivery(run):
+    """Every usage, ban and threshold event of the metering files reached the webhook's
+    receiver (at least once), and no spool still holds a batch at the end."""
+    received = {ev.get("id") for ev in run.receiver}
+    violations, count = [], 0
+    for ev in run.meter:
+        if ev["type"] in (USAGE, BANNED, THRESHOLD):
+            count += 1
+            if ev["id"] not in received:
+                violations.append(violation(
+                    f"event {ev['id']} ({ev['type']}, {ev['_node']}) never reached the "
+                    "receiver", [ev]))
+    for node, left in sorted(run.end.get("spool_left", {}).items()):
+        if int(left):
+            violations.append(violation(f"{node}'s spool still holds {left} batches"))
+    for line in run.bad_lines:
+        violations.append(violation(f"unreadable metering line {line}"))
+    return f"webhook: {count:,} events, {count - len(violations)} delivered", violations
+
+
+def client_bans(run):
+    """The bans the clients saw, per quota (a ban is the quota's: every key of it is refused):
+    runs of 429 api_key_banned whose X-RateLimit-Reset (the ban's end) stays within 2 s."""
+    bans = defaultdict(list)
+    for req in run.history:
+        if req.get("status") == 429 and req.get("code") == "api_key_banned" and req["_quota"]:
+            runs = bans[req["_quota"]]
+            if runs and abs(ban_end(runs[-1][0]) - ban_end(req)) <= BAN_SLACK:
+                runs[-1].append(req)
+            else:
+                runs.append([req])
+    return bans
+
+
+def ban_end(req):
+    """A banned 429's X-RateLimit-Reset (the ban's end); without one, its Retry-After."""
+    if req.get("reset") is not None:
+        return req["reset"]
+    return int(req["sent"] + (req.get("retry_after") or 0))
+
+
+def check_notices(run):
+    """notices: each ban and each threshold crossing reported exactly once.
+
+    Bans: the store starts a ban once, and its node alone reports it, so every ban the
+    clients saw has one pet.key.banned.v1 (one id, from one node, its banned_until within 2 s
+    of the clients' X-RateLimit-Reset). Missing is excused only when a node was killed within
+    kill_notice + 1 s of the ban's first 429 (the notice waits up to a second in the node's
+    memory: "at most once across a crash"). A ban event no client saw is fine if no answer
+    outside store faults came for its quota during it. Thresholds: see check_thresholds."""
+    violations, seen, excused, unseen = [], 0, 0, 0
+    by_quota = defaultdict(list)
+    for ev in run.meter:
+        key = run.keys.get(ev["data"].get("key_id")) if ev["type"] == BANNED else None
+        if ev["type"] == BANNED:
+            by_quota[key.quota if key else ev["data"].get("key_id")].append(ev)
+    matched = set()
+    for quota, runs in sorted(client_bans(run).items()):
+        for reqs in runs:
+            seen += 1
+            got, why = ban_reported(run, reqs, by_quota[quota])
+            matched.update(got)
+            excused += why == "excused"
+            if why not in ("ok", "excused"):
+                violations.append(violation(f"{quota}: ban until {ban_end(reqs[0])} {why}",
+                                            reqs))
+    for quota, evs in by_quota.items():
+        for ev in evs:
+            if ev["id"] not in matched:
+                unseen += 1
+                violations += unseen_ban(run, quota, ev)
+    violations += double_reports(run)
+    t_figure, t_violations = check_thresholds(run)
+    violations += t_violations
+    figure = (f"bans: {seen} seen by clients ({excused} unreported, excused by a kill), "
+              f"{unseen} reported but unseen; {t_figure}")
+    return Result("notices", not violations, figure, violations)
+
+
+def ban_reported(run, reqs, events):
+    """The ids of the ban events matching one client-seen ban, and "ok", "excused" or why not."""
+    resets = [ban_end(r) for r in reqs]
+    got = sorted({ev["id"] for ev in events
+                  if min(resets) - BAN_SLACK <= unix(ev["data"]["banned_until"])
+                  <= max(resets) + BAN_SLACK})
+    if len(got) > 1:
+        return got, f"reported under {len(got)} ids: {', '.join(got)}"
+    if got:
+        return got, "ok"
+    first, notice = reqs[0]["sent"], run.margins["kill_notice"]
+    if any(first - notice <= t <= first + notice + 1 for t, _ in run.kills):
+        return got, "excused"
+    return got, "has no pet.key.banned.v1 event"
+
+
+def unseen_ban(run, quota, ev):
+    """A ban event no client saw: a violation if its quota got an answer other than the ban
+    while it lasted (from a node that was asking the store)."""
+    start, until = unix(ev["time"]) + 1, unix(ev["data"]["banned_until"]) - 1
+    odd = [r for r in run.history
+           if r["_quota"] == quota and start < r["sent"] < until and r.get("status")
+           and r.get("code") != "api_key_banned" and not run.in_store_fault(r["node"], r["sent"])]
+    if not odd:
+        return []
+    return [violation(f"ban event {ev['id']} ({ev['_node']}) but {quota} was answered "
+                      f"{odd[0]['status']} during it", [ev] + odd)]
+
+
+def double_reports(run):
+    """Ban and threshold ids written by two nodes: reported twice, not a duplicate line."""
+    return [violation(f"{ev['id']} reported by {len(run.meter_nodes[ev['id']])} nodes: "
+                      f"{', '.join(sorted(run.meter_nodes[ev['id']]))}", [ev])
+            for ev in run.meter
+            if ev["type"] in (BANNED, THRESHOLD) and len(run.meter_nodes[ev["id"]]) > 1]
+
+
+def check_thresholds(run):
+    """Thresholds: when the clients' admitted answers show a quota's day `r` reach
+    limit - ceil(limit x p / 100) (used at or past p %), one pet.quota.threshold.v1 with the id
+    the code derives (`pet.quota.threshold.v1:<quota>:1d:<instance>:<p>`) must exist. Answers
+    of a node in a store-fault window are left out (its day pauses). Missing is excused if the
+    crossing request's node was in a store fault or a kill followed within 2 s (the notice dies
+    with the node); when the crossing request's answer is unknown, if a store fault or kill
+    touches the span between the last answer below and the first at or past."""
+    ids = {ev["id"] for ev in run.meter if ev["type"] == THRESHOLD}
+    seen, excused, violations = 0, 0, []
+    for (quota, inst), obs in sorted(day_answers(run).items()):
+        plan = obs[0][2]["_plan"]
+        for p in run.plans[plan].get("notify_at", []):
+            reached = [o for o in obs if o[0] >= math.ceil(o[3] * p / 100)]
+            if not reached:
+                continue
+            seen += 1
+            if f"{THRESHOLD}:{quota}:{window_spec(DAY)}:{inst}:{p}" in ids:
+                continue
+            if crossing_excused(run, obs, p):
+                excused += 1
+                continue
+            violations.append(violation(
+                f"{quota} crossed {p} % of its day (used {reached[0][0]} of {reached[0][3]}) "
+                "with no pet.quota.threshold.v1", [o[2] for o in reached]))
+    return f"thresholds: {seen} crossings seen ({excused} unreported, excused)", violations
+
+
+def day_answers(run):
+    """(quota, day instance) -> [(used, cost, request, limit)] by the day's `r` in admitted
+    answers of nodes not in store fault, ordered by used (the store's order of decisions)."""
+    out = defaultdict(list)
+    for req in run.history:
+        day = req["_rl"].get("day")
+        if (req["_cls"] != ADMITTED or day is None or req["recv"] is None
+                or run.in_store_fault(req["node"], req["sent"])):
+            continue
+        limit = run.limit_at(req["_plan"], DAY, req["sent"])
+        out[(req["_quota"], instance(req, DAY))].append(
+            (limit - day[0], req["_cost"], req, limit))
+    return {k: sorted(v, key=lambda o: (o[0], o[2]["sent"])) for k, v in out.items()}
+
+
+def crossing_excused(run, obs, p):
+    """See check_thresholds: whether a missing threshold notice may have died with a node."""
+    below = [o for o in obs if o[0] < math.ceil(o[3] * p / 100)]
+    first = next(o for o in obs if o[0] >= math.ceil(o[3] * p / 100))
+    used, cost, req, limit = first
+    if used - cost < math.ceil(limit * p / 100):  # the crossing request itself was answered
+        lo, hi, nodes = req["sent"], req["recv"], [req["node"]]
+    else:
+        lo = max([o[2]["sent"] for o in below], default=run.started)
+        hi, nodes = req["recv"], run.nodes
+    if any(overlaps(a, b, lo, hi) for n in nodes for a, b in run.store_windows[n]):
+        return True
+    return any(lo <= t <= hi + THRESHOLD_KILL and n in nodes for t, n in run.kills)
+
+
+def check_errors(run):
+    """errors: the gateway answers every request, and 5xx only where the docs say.
+
+    503 overloaded is the documented shedding (counted, allowed anywhere); 502 bad_gateway and
+    504 gateway_timeout only while a backend restarts (its window with margins). Any other 5xx
+    (500, 503 internal, ...) is a violation: store faults decide locally, never fail a request.
+    No answer is excused only while that node was killed (its node_kill window, or from a
+    kill to its start, with margins): an upgrade drops nothing, and a store fault must not hang
+    a request (store calls have a 50 ms deadline), so no answer then is a violation too."""
+    counts, violations = Counter(), []
+    before, after = run.margins["fault_before"], run.margins["fault_after"]
+    restarts = [(f.lo, f.hi) for f in run.faults if f.name == "backend_restart"]
+    for req in run.history:
+        s = req.get("status")
+        counts["no answer" if s is None else s] += 1
+        node, t = req["node"], req["sent"]
+        if s is None:
+            down = [(f.lo, f.hi) for f in run.faults if f.name == "node_kill" and node in f.nodes]
+            down += [(a - before, b + after) for a, b in run.restarts.get(node, [])]
+            if not in_spans(t, down):
+                violations.append(violation(
+                    f"no answer from {node} ({req.get('error')}) outside its kill windows", [req]))
+        elif s >= 500:
+            code = req.get("code")
+            if (s, code) == (503, "overloaded"):
+                continue
+            if (s, code) in ADMITTED_ERRORS and in_spans(t, restarts):
+                continue
+            violations.append(violation(f"{s} {code} from {node} at {iso(t)}", [req]))
+    figure = "; ".join(f"{k}: {n:,}" for k, n in sorted(counts.items(), key=lambda kv: str(kv[0])))
+    return Result("errors", not violations, f"{figure}; {len(violations)} not allowed", violations)
+
+
+def check_slots(run):
+    """slots: no quota still holds a concurrency lease in Redis once the fleet settled. The
+    docs promise a lost release ends within concurrency_lease_secs; end.json is read after
+    that, so every lease count must be 0."""
+    leases = run.end.get("leases", {})
+    violations = [violation(f"{quota} still holds {n} leases at the end")
+                  for quota, n in sorted(leases.items()) if int(n)]
+    figure = f"{len(leases)} quotas, {sum(int(n) for n in leases.values())} leases left"
+    return Result("slots", not violations, figure, violations)
+
+
+def check_ready(run):
+    """ready: every node answers its readiness probe within ready_within seconds of the last
+    fault's end: faults heal by themselves (no operator in the loop). Without a
+    last_fault_end event, the last fault's end is used; a run without faults passes."""
+    ends = [e["t"] for e in run.events if e["kind"] == "last_fault_end"]
+    last = ends[0] if ends else max((f.end for f in run.faults), default=None)
+    if last is None:
+        return Result("ready", True, "no faults: nothing to recover from", [])
+    within, violations, slowest = run.margins["ready_within"], [], 0.0
+    for node in run.nodes:
+        ready = [e for e in run.events if e["kind"] == "ready" and e["node"] == node
+                 and e["t"] >= last]
+        if not ready:
+            violations.append(violation(f"{node} never ready after the last fault"))
+            continue
+        slowest = max(slowest, ready[0]["t"] - last)
+        if ready[0]["t"] - last > within:
+            violations.append(violation(
+                f"{node} ready {ready[0]['t'] - last:.1f} s after the last fault "
+                f"({within:g} s allowed)", ready[:1]))
+    figure = f"{len(run.nodes)} nodes, slowest ready {slowest:.1f} s after the last fault"
+    return Result("ready", not violations, figure, violations)
+
+
+INVARIANTS = [check_quota, check_revocation, check_metering, check_notices, check_errors,
+              check_slots, check_ready]
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. The report
+
+class Report:
+    def __init__(self, run, results):
+        self.results = results
+        self.ok = all(r.ok for r in results)
+        ok2xx = sum(1 for r in run.history if 200 <= (r.get("status") or 0) < 300)
+        self.summary = (f"soak check: {len(run.nodes)} nodes, {len(run.history):,} requests "
+                        f"({ok2xx:,} answered 2xx), {len(run.faults)} faults")
+
+    def result(self, name):
+        """The Result of the invariant called `name`."""
+        return next(r for r in self.results if r.name == name)
+
+    def text(self):
+        lines = [self.summary]
+        for r in self.results:
+            lines.append(f"  {'PASS' if r.ok else 'FAIL'} {r.name:<12}{r.figure}")
+            if r.violations:
+                first = r.violations[0]
+                more = len(r.violations) - 1
+                lines.append(f"      {first['what']}" + (f" (and {more} more)" if more else ""))
+                lines += [f"      {rec.get('_line') or json.dumps(rec)}"
+                          for rec in first["records"]]
+        return "\n".join(lines)
+
+    def json(self):
+        clean = lambda rec: {k: v for k, v in rec.items() if not k.startswith("_")}  # noqa
+        return {"ok": self.ok, "summary": self.summary, "results": [
+            {"name": r.name, "ok": r.ok, "figure": r.figure, "violation_count": len(r.violations),
+             "violations": [{"what": v["what"], "records": [clean(x) for x in v["records"]]}
+                            for v in r.violations[:20]]} for r in self.results]}
+
+
+def check(run_dir):
+    """Checks one run's folder: a Report (raises RecordsError if the records cannot be read)."""
+    run = Run(run_dir)
+    results = []
+    for invariant in INVARIANTS:
+        try:
+            results.append(invariant(run))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise RecordsError(f"{run_dir}: {invariant.__name__}: records malformed: {e!r}") from e
+    return Report(run, results)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    try:
+        report = check(args.run_dir)
+    except RecordsError as e:
+        print(f"soak check: cannot read the records: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.json(), indent=1) if args.json else report.text())
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""A real planted violation: a soak whose gw3 runs with the `tight` plan's minute limit doubled
+(every other node, and the records, say 30) must fail the checker's `quota` invariant, and only
+it. The checker's other invariants are planted in records (test_check.py); this one shows the
+whole chain, gateway to records to checker, catches a node that admits too much.
+
+    python3 tests/soak/test_soak_plant.py [--bin-dir target/debug]
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import check  # noqa: E402
+import fleet  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin-dir", default=os.path.join(fleet.ROOT, "target/debug"))
+    args = ap.parse_args()
+    out = os.path.join(fleet.ROOT, f"target/soak/planted-doubled-limit-{int(time.time())}")
+    r = subprocess.run([sys.executable, os.path.join(HERE, "soak.py"), "--minutes", "1.2",
+                        "--seed", "11", "--faults", "none", "--plant", "doubled-limit",
+                        "--bin-dir", args.bin_dir, "--out", out])
+    report = check.check(out)
+    failed = sorted(r.name for r in report.results if not r.ok)
+    if r.returncode == 0 or failed != ["quota"]:
+        sys.exit(f"test_soak_plant: a node with a doubled limit should fail `quota` alone; "
+                 f"soak exited {r.returncode}, failed: {failed or 'nothing'} (records: {out})")
+    print(f"test_soak_plant: the doubled limit was caught: {report.result('quota').figure}")
+
+
+if __name__ == "__main__":
+    main()
