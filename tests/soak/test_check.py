@@ -503,6 +503,22 @@ class Metering(CheckTest):
         v = self.only_fails(d, "metering")
         self.assertIn(ev["id"], v[0]["what"])
 
+    def test_an_undelivered_event_is_excused_only_when_its_process_stopped_on_a_full_spool(self):
+        for upgraded, ok in ((True, True), (False, False)):
+            with self.subTest(upgraded=upgraded):
+                _, ev = self.usage_line(self.run_dir(), "key_a", "gw2")
+                made = check.unix(ev["time"])
+                full = fault("spool_full", 7, made - 5, made + 10)
+                events = [{"kind": "upgrade", "t": made - 7, "node": "gw2"}] if upgraded else []
+                d = self.run_dir(faults=[fault("backend_restart", 1, S + 90, S + 93), full],
+                                 events=events)
+                edit_ndjson(os.path.join(d, "receiver.ndjson"),
+                            lambda evs: [e for e in evs if e["id"] != ev["id"]])
+                if ok:
+                    self.assertIn("1 lost with a process stopped", self.passes(d).results[2].figure)
+                else:
+                    self.assertIn(ev["id"], self.only_fails(d, "metering")[0]["what"])
+
     def test_batches_left_in_a_spool_fail(self):
         d = self.run_dir()
         end = read_json(d, "end.json")
