@@ -16,7 +16,6 @@ counts (`loses_counts`): the checker's allowances are stated from these.
 
 import os
 import random
-import signal
 import subprocess
 import threading
 import time
@@ -203,8 +202,3 @@ class Player:
 
 def nft(rule):
     subprocess.run(["nft", *rule.split()], check=True)
-
-
-def stop_process(p, sig=signal.SIGTERM):
-    if p.poll() is None:
-        p.send_signal(sig)
