@@ -18,6 +18,7 @@ import http.server
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -329,6 +330,16 @@ class Soak:
         """One key change or plan edit of the schedule, recorded with the command's exit time."""
         rng_pick = sorted(k for k, v in self.keys.items() if v["name"].startswith("victim")
                           and not v.get("gone"))
+        if what in ("revoke", "rotate") and not rng_pick:
+            # Every victim is gone: a fresh one, issued now, so that no change of the schedule
+            # is skipped.
+            key_id, _ = self.issue(f"victim{len(self.keys)}", "roomy")
+            self.keys[key_id]["late"] = True
+            self.event({"kind": "issue", "key": key_id, "plan": "roomy", "customer": None,
+                        "quota": key_id})
+            self.stream(key_id, 4.0, 1, True)
+            self.wait_known([key_id])
+            rng_pick = [key_id]
         if what == "issue":
             name = f"new{len(self.keys)}"
             key_id, _ = self.issue(name, "tight")
@@ -367,7 +378,7 @@ class Soak:
         successor = next(w for w in self.key_id_candidates(r.stdout + r.stderr) if w != victim)
         old = self.keys[victim]
         self.keys[successor] = {"plan": old["plan"], "customer": None, "quota": old["quota"],
-                                "name": old["name"] + "-next", "token": token, "gone": True,
+                                "name": old["name"] + "-next", "token": token,
                                 "late": True}
         self.event({"kind": "rotate", "key": victim, "successor": successor, "quota": old["quota"],
                     "overlap_until": time.time() + 15})
@@ -558,6 +569,9 @@ def main():
                     help="all, none (the load and the key changes alone: the planted run's "
                          "baseline), or kinds separated by commas (each once, a drill)")
     args = ap.parse_args()
+    # A SIGTERM (a CI timeout, an operator's kill) still tears the fleet down: the nodes run in
+    # sessions of their own and would outlive the soak.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.out = args.out or os.path.join(fleet.ROOT, f"target/soak/seed-{args.seed}-{int(time.time())}")
     if os.path.exists(args.out):
         sys.exit(f"soak: {args.out} exists; give another --out")
