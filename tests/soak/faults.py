@@ -78,6 +78,8 @@ class Player:
         self.ids = 0
         self.id_lock = threading.Lock()
         self.errors = []
+        # Set by the teardown: no fault starts a process or adds a rule after it.
+        self.stopping = threading.Event()
 
     def _record(self, kind, phase, fid, target):
         store, loses, _ = KINDS[kind]
@@ -96,14 +98,34 @@ class Player:
         if lock:
             lock.acquire()
         try:
+            if self.stopping.is_set():
+                raise RuntimeError("the soak is stopping")
             self._record(kind, "start", fid, target)
             getattr(self, kind)(target, duration)
         except Exception as e:  # recorded and reported: a fault that could not be played
             self.errors.append(f"{kind} {target or ''}: {type(e).__name__}: {e}")
         finally:
             self._record(kind, "end", fid, target)
-            if lock:
-                lock.release()
+            try:
+                if kind in ("node_kill", "node_upgrade") and not self.stopping.is_set():
+                    self.ready_after(target, fid)
+            finally:
+                if lock:
+                    lock.release()
+
+    def ready_after(self, node, fid):
+        """A node fault ends when its action is done; how long the node then takes to answer
+        its readiness probe is the checker's (`ready`), recorded here."""
+        try:
+            t = self.s.gateways[node].wait_ready(60)
+            self.s.event({"kind": "ready", "node": node, "after": fid, "t": t})
+        except RuntimeError as e:
+            self.errors.append(f"{node} after fault {fid}: {e}")
+
+    def guard(self):
+        """Raises when the soak is stopping: checked before every process start and rule."""
+        if self.stopping.is_set():
+            raise RuntimeError("the soak is stopping")
 
     # Redis
 
@@ -120,6 +142,7 @@ class Player:
                 raise RuntimeError("the Sentinels named no new primary within 30 s")
             time.sleep(0.1)
         new_port = fleet.sentinel_master(s.sentinels[0], s.pw)
+        self.guard()
         s.redis.start_node(old, port, replica_of=new_port)
         s.wait_replica_synced(old)
 
@@ -130,6 +153,7 @@ class Player:
         port, proc = s.redis.nodes[name]
         proc.stop(10)
         master = fleet.sentinel_master(s.sentinels[0], s.pw)
+        self.guard()
         s.redis.start_node(name, port, replica_of=None if master == port else master)
         s.wait_writable()
 
@@ -139,14 +163,21 @@ class Player:
         end = time.time() + duration
         busy = ("local t=redis.call('TIME') local s=t[1]*1000000+t[2] "
                 "repeat local n=redis.call('TIME') until n[1]*1000000+n[2]-s > 30000 return 1")
-        while time.time() < end:
+        evals, failures = 0, []
+        while time.time() < end and not self.stopping.is_set():
             try:
                 with s.redis.default(s.redis.nodes[s.primary_name()][0]) as r:
                     while time.time() < end:
                         r.call("EVAL", busy, 0)
+                        evals += 1
                         time.sleep(0.02)
-            except (resp.RedisError, OSError):
+            except (resp.RedisError, OSError, RuntimeError) as e:
+                failures.append(str(e))
                 time.sleep(0.2)
+        # A slow Redis that was not slowed would earn the nodes an allowance for nothing.
+        if evals < duration * 5:
+            raise RuntimeError(f"Redis was held busy {evals} times in {duration} s "
+                               f"({'; '.join(failures[:3]) or 'no error'})")
 
     # One node
 
@@ -156,6 +187,7 @@ class Player:
         uid = s.users[node].pw_uid
         ports = ",".join(str(p) for p in sorted([p for p, _ in s.redis.nodes.values()] + s.sentinels))
         table = f"petsoak_{node}"
+        self.guard()
         nft(f"add table inet {table}")
         nft(f"add chain inet {table} out {{ type filter hook output priority 0 ; }}")
         nft(f"add rule inet {table} out meta skuid {uid} tcp dport {{ {ports} }} drop")
@@ -165,20 +197,20 @@ class Player:
             nft(f"delete table inet {table}")
 
     def node_kill(self, node, duration):
-        """SIGKILL, `duration` seconds down, started again; ends when ready."""
+        """SIGKILL, `duration` seconds down, started again (its readiness: `ready_after`)."""
         g = self.s.gateways[node]
         g.kill()
         self.s.event({"kind": "kill", "node": node})
         time.sleep(duration)
+        self.guard()
         g.start()
         self.s.event({"kind": "start", "node": node})
-        g.wait_ready(30)
 
     def node_upgrade(self, node, _duration):
         g = self.s.gateways[node]
+        self.guard()
         self.s.event({"kind": "upgrade", "node": node})
         g.upgrade()
-        g.wait_ready(30)
 
     # Around the gateways
 
@@ -186,6 +218,7 @@ class Player:
         b = self.s.backend
         b.stop(10)
         time.sleep(duration)
+        self.guard()
         b.start()
         fleet.wait_port(self.s.backend_port)
 
@@ -195,6 +228,10 @@ class Player:
         subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"],
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
+            left = os.statvfs(self.s.spool_root)
+            if left.f_bavail * left.f_frsize > 64 * 1024:
+                raise RuntimeError(f"the spools' disk still has {left.f_bavail * left.f_frsize} "
+                                   "bytes free after filling it")
             time.sleep(duration)
         finally:
             os.unlink(filler)

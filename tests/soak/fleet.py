@@ -108,9 +108,12 @@ class Redis:
         conf = os.path.join(d, "redis.conf")
         if not os.path.exists(conf):
             shutil.copyfile(os.path.join(ROOT, "deploy/redis/redis.conf"), conf)
+            # The replication password in the file, not on the command line (`ps` shows that).
+            with open(conf, "a") as out:
+                out.write(f"\nmasteruser replica\nmasterauth {self.pw['replica']}\n")
+            os.chmod(conf, 0o600)
         argv = ["redis-server", conf,
                 "--port", str(port), "--dir", d, "--aclfile", os.path.join(self.run, "redis/users.acl"),
-                "--masteruser", "replica", "--masterauth", self.pw["replica"],
                 "--daemonize", "no", "--logfile", "", "--repl-diskless-sync-delay", "0"]
         if replica_of:
             argv += ["--replicaof", "127.0.0.1", str(replica_of)]
@@ -166,6 +169,7 @@ def sentinel_conf(run, port, primary_port, pw, down_after_ms):
     path = os.path.join(d, "sentinel.conf")
     with open(path, "w") as out:
         out.write(text)
+    os.chmod(path, 0o600)  # every Sentinel password is in it
     return path
 
 

@@ -25,7 +25,9 @@ import select
 import threading
 import time
 
-TIMEOUT = 5.0
+# Past the backend's own deadline (upstream_read_timeout_ms = 5000 in the soak), so a slow
+# backend's 504 is an answer, not a request left without one.
+TIMEOUT = 15.0
 HEADERS = {"x-ratelimit-limit": "limit", "x-ratelimit-remaining": "remaining",
            "x-ratelimit-reset": "reset"}
 
@@ -78,6 +80,7 @@ class Load:
         self.stopping = threading.Event()
         self.threads = [threading.Thread(target=self._worker, daemon=True) for _ in range(workers)]
         self.dropped = 0
+        self.lag_max = 0.0  # how late the scheduler sent a request at worst (a saturated soak)
 
     def add(self, stream, at=None):
         with self.lock:
@@ -110,6 +113,7 @@ class Load:
             if s.stop_at is not None and time.time() > s.stop_at:
                 continue
             if s.pause_until <= time.time():
+                self.lag_max = max(self.lag_max, time.time() - due)
                 self._enqueue(s)
             with self.lock:
                 gap = self.rng.expovariate(s.rate / s.burst)
@@ -159,9 +163,10 @@ class Load:
         try:
             try:
                 r, data = exchange(conn, method, path, body, headers)
-            except (ConnectionError, http.client.RemoteDisconnected):
+            except (ConnectionError, http.client.RemoteDisconnected) as first:
                 if not reused or method != "GET":
                     raise
+                rec["first_error"] = type(first).__name__
                 conn.close()
                 conn = http.client.HTTPConnection("127.0.0.1", self.nodes[node], timeout=TIMEOUT)
                 rec["attempts"] = 2

@@ -1,6 +1,6 @@
 """A real planted violation: a soak whose gw3 runs with the `tight` plan's minute limit doubled
-(every other node, and the records, say 30) must fail the checker's `quota` invariant, and only
-it. The checker's other invariants are planted in records (test_check.py); this one shows the
+(every other node, and the records, say 30), under a Redis restart and a node kill, must fail
+the checker's `quota` invariant, and only it. The checker's other invariants are planted in records (test_check.py); this one shows the
 whole chain, gateway to records to checker, catches a node that admits too much.
 
     python3 tests/soak/test_soak_plant.py [--bin-dir target/debug]
@@ -24,8 +24,11 @@ def main():
     ap.add_argument("--bin-dir", default=os.path.join(fleet.ROOT, "target/debug"))
     args = ap.parse_args()
     out = os.path.join(fleet.ROOT, f"target/soak/planted-doubled-limit-{int(time.time())}")
-    r = subprocess.run([sys.executable, os.path.join(HERE, "soak.py"), "--minutes", "1.2",
-                        "--seed", "11", "--faults", "none", "--plant", "doubled-limit",
+    # With faults on (a Redis restart, a node killed): the allowances they earn must not hide
+    # a node that admits twice the limit through the store.
+    r = subprocess.run([sys.executable, os.path.join(HERE, "soak.py"), "--minutes", "1.5",
+                        "--seed", "11", "--faults", "redis_restart,node_kill",
+                        "--plant", "doubled-limit",
                         "--bin-dir", args.bin_dir, "--out", out])
     report = check.check(out)
     failed = sorted(r.name for r in report.results if not r.ok)
