@@ -26,7 +26,7 @@ def main():
     out = os.path.join(fleet.ROOT, f"target/soak/planted-doubled-limit-{int(time.time())}")
     # With faults on (a Redis restart, a node killed): the allowances they earn must not hide
     # a node that admits twice the limit through the store.
-    r = subprocess.run([sys.executable, os.path.join(HERE, "soak.py"), "--minutes", "1.5",
+    r = subprocess.run([sys.executable, os.path.join(HERE, "soak.py"), "--minutes", "1",
                         "--seed", "11", "--faults", "redis_restart,node_kill",
                         "--plant", "doubled-limit",
                         "--bin-dir", args.bin_dir, "--out", out])
