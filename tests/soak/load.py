@@ -40,6 +40,7 @@ class Stream:
         self.rate, self.burst, self.create_share = rate, burst, create_share
         self.stop_at = None  # a revoked key goes on a while, then stops
         self.polite = True  # waits out a 429's Retry-After (a wild script does not)
+        self.nodes = None  # the nodes it talks to (None: any, at random)
         self.pause_until = 0.0
 
 
@@ -120,7 +121,7 @@ class Load:
                 heapq.heappush(self.heap, (due + gap, id(s), s))
 
     def _enqueue(self, s):
-        node = self.rng.choice(sorted(self.nodes))
+        node = self.rng.choice(s.nodes or sorted(self.nodes))
         for _ in range(s.burst):
             op = "createPet" if self.rng.random() < s.create_share else "listPets"
             try:

@@ -325,10 +325,10 @@ class Soak:
 
     # The run
 
-    def stream(self, key_id, rate, burst, polite):
+    def stream(self, key_id, rate, burst, polite, nodes=None):
         k = self.keys[key_id]
         s = load.Stream(key_id, k["token"], k["quota"], rate, burst, COST.get(k["plan"]))
-        s.polite = polite
+        s.polite, s.nodes = polite, nodes
         self.streams[key_id] = s
         self.load.add(s)
         return s
@@ -430,6 +430,9 @@ class Soak:
             print(f"  at {at:6.1f}s {kind} {target or ''} {duration or ''}")
         print("key changes: " + ", ".join(f"{w} at {at}s" for at, w in changes), flush=True)
         self.player = faults.Player(self)
+        # The samples' baseline, taken before the first request: a store call that times out
+        # in the load's first second is then a counted change, not part of the baseline.
+        sample_once(self)
         self.t0 = time.time()
         threading.Thread(target=sample_stores, args=(self,), daemon=True).start()
         self.load.start()
@@ -572,16 +575,20 @@ def sample_stores(soak):
     to events.ndjson: the checker's allowances come from what the gateway counted (a store
     call can time out with no fault injected), never from a guess."""
     while not soak.sampling.wait(1.0):
-        for node, g in soak.gateways.items():
-            text = g.metrics()
-            if not text:
-                continue  # down (killed) or not answering: the records say so elsewhere
-            soak.event({"kind": "store_sample", "node": node,
-                        "errors": metric_sum(text, "pet_gateway_store_errors_total", ""),
-                        "timeouts": metric_sum(text, "pet_gateway_store_errors_total",
-                                               'kind="timeout"'),
-                        "fallback": metric_sum(text, "pet_gateway_store_fallback ", "")},
-                       quiet=True)
+        sample_once(soak)
+
+
+def sample_once(soak):
+    for node, g in soak.gateways.items():
+        text = g.metrics()
+        if not text:
+            continue  # down (killed) or not answering: the records say so elsewhere
+        soak.event({"kind": "store_sample", "node": node,
+                    "errors": metric_sum(text, "pet_gateway_store_errors_total", ""),
+                    "timeouts": metric_sum(text, "pet_gateway_store_errors_total",
+                                           'kind="timeout"'),
+                    "fallback": metric_sum(text, "pet_gateway_store_fallback ", "")},
+                   quiet=True)
 
 
 def pending_events(metrics):
@@ -664,6 +671,12 @@ def run(soak):
                           soak.args.seed)
     for (name, plan, customer, rate, burst, polite), key_id in zip(KEYS, list(soak.keys)):
         soak.stream(key_id, rate * scale, burst, polite)
+    if soak.args.plant == "doubled-limit":
+        # A client that talks to gw3 alone and ignores its 429s: gw3 admits it up to its own
+        # (doubled) limit whatever the other nodes say, which the checker must see.
+        key_id, _ = soak.issue("plant", "tight")
+        soak.wait_known([key_id])
+        soak.stream(key_id, 1.5, 1, False, nodes=["gw3"])
     soak.t0 = time.time()
     soak.play()
     soak.settle()

@@ -1,6 +1,6 @@
 """A real planted violation: a soak whose gw3 runs with the `tight` plan's minute limit doubled
-(every other node, and the records, say 30), under a Redis restart and a node kill, must fail
-the checker's `quota` invariant, and only it. The checker's other invariants are planted in records (test_check.py); this one shows the
+(every other node, and the records, say 30), with a client that talks to gw3 alone, under a
+node kill and a backend restart, must fail the checker's `quota` invariant, and only it. The checker's other invariants are planted in records (test_check.py); this one shows the
 whole chain, gateway to records to checker, catches a node that admits too much.
 
     python3 tests/soak/test_soak_plant.py [--bin-dir target/debug]
@@ -24,10 +24,10 @@ def main():
     ap.add_argument("--bin-dir", default=os.path.join(fleet.ROOT, "target/debug"))
     args = ap.parse_args()
     out = os.path.join(fleet.ROOT, f"target/soak/planted-doubled-limit-{int(time.time())}")
-    # With faults on (a Redis restart, a node killed): the allowances they earn must not hide
-    # a node that admits twice the limit through the store.
-    r = subprocess.run([sys.executable, os.path.join(HERE, "soak.py"), "--minutes", "1",
-                        "--seed", "11", "--faults", "redis_restart,node_kill",
+    # With faults on (a node killed, the backend restarted): the allowances of a store fault
+    # would cover a node deciding alone, so the planted node is caught where none is.
+    r = subprocess.run([sys.executable, os.path.join(HERE, "soak.py"), "--minutes", "1.2",
+                        "--seed", "11", "--faults", "node_kill,backend_restart",
                         "--plant", "doubled-limit",
                         "--bin-dir", args.bin_dir, "--out", out])
     report = check.check(out)
