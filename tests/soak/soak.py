@@ -72,7 +72,7 @@ def plan_limits(text):
 class Receiver(http.server.BaseHTTPRequestHandler):
     """The webhook's receiver: checks the `Pet-Signature`, records every event with its time."""
 
-    out, lock, secret, last = None, threading.Lock(), b"", 0.0
+    out, lock, secret = None, threading.Lock(), b""
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
@@ -89,7 +89,6 @@ class Receiver(http.server.BaseHTTPRequestHandler):
                 e["received"] = now
                 self.out.write(json.dumps(e, separators=(",", ":")) + "\n")
             self.out.flush()
-            Receiver.last = now
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
