@@ -116,10 +116,17 @@ pub struct GatewayProcess {
 
 impl GatewayProcess {
     pub fn start(dir: &Path, spec: &GatewaySpec) -> GatewayProcess {
+        let gateway = GatewayProcess::spawn(dir, spec);
+        wait_for_listener(gateway.addr, Duration::from_secs(10));
+        gateway
+    }
+
+    /// Starts a gateway and returns at once, before it listens: for what must hold from its
+    /// first moment (a stop signal while it starts).
+    pub fn spawn(dir: &Path, spec: &GatewaySpec) -> GatewayProcess {
         let (addr, admin, config) = write_config(dir, spec);
         let log = dir.join(format!("gateway-{}.log", addr.port()));
         let process = spawn_serve(&config, &log, spec);
-        wait_for_listener(addr, Duration::from_secs(10));
         GatewayProcess {
             addr,
             admin,

@@ -698,3 +698,31 @@ async fn a_graceful_upgrade_under_steady_traffic_loses_no_request() {
     assert!(new.log_text().contains("access"));
     let _ = Path::new(&new.log);
 }
+
+/// A SIGTERM while the gateway starts, before pingora's main loop runs, is a graceful stop: it
+/// used to end the process by the signal's default action (exit by signal, the open minute's
+/// usage and the leases lost) when it came after the listeners opened and before pingora
+/// registered its own handlers.
+#[test]
+fn sigterm_while_starting_is_a_graceful_stop() {
+    let s = setup(100);
+    let backend = EchoUpstream::start();
+    let mut spec = GatewaySpec::new(backend.addr, &s.keys, &s.plans);
+    spec.extra = "grace_period_secs = 1\n".into();
+    let gw = GatewayProcess::spawn(s.dir.path(), &spec);
+    let started = Instant::now();
+    while !gw.log_text().contains("pet-gateway starting") {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the gateway never logged its start:\n{}",
+            gw.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    gw.process.signal(15);
+    let log = gw.log.clone();
+    let code = Process::wait_exit(gw.process, Duration::from_secs(30));
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(code, Some(0), "a graceful stop, exit 0; the log:\n{text}");
+    assert!(text.contains("gracefully exiting"), "the log:\n{text}");
+}

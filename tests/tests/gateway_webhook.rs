@@ -56,12 +56,6 @@ fn check(f: &Fixture, spec: &GatewaySpec) -> (bool, String) {
 }
 
 fn stop(gateway: GatewayProcess) {
-    // A SIGTERM in the first moments of a start, after the listeners are open but before
-    // pingora's main loop registers its signal handlers, ends the process by the signal's
-    // default action (no graceful stop: exit by signal, not 0). Nothing is lost then (events
-    // wait on disk), but this test is about the graceful stop, so it stops a gateway that has
-    // lived a second: a test that stopped a just-started one failed in CI.
-    std::thread::sleep(Duration::from_secs(1));
     gateway.process.signal(15);
     let log = gateway.log.clone();
     let code = Process::wait_exit(gateway.process, Duration::from_secs(30));

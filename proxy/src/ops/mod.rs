@@ -8,6 +8,7 @@
 //! | [`admin_client`] | the command line's HTTP client to a running gateway's admin listener |
 //! | [`cli`] | the command line (a stable contract operators script against) |
 //! | [`commands`] | what each command does |
+//! | [`stop_signals`] | SIGTERM, SIGQUIT and SIGINT, taken before anything listens |
 //! | [`wiring`] | what a node and the commands both open: the key registry, the key-change sink |
 
 pub mod admin;
@@ -16,4 +17,5 @@ pub mod cli;
 pub mod commands;
 pub mod console;
 pub mod server;
+pub mod stop_signals;
 pub mod wiring;
