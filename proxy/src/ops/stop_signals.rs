@@ -4,7 +4,10 @@
 //! test that stopped a gateway it had just started) ended the process by the signal's default
 //! action, with no graceful stop: the open minute's usage never metered, the leases left held
 //! until they expired, an exit by signal instead of 0. Registered here first, a signal that
-//! comes early waits in a channel until the main loop asks for it.
+//! comes early waits in a channel until the main loop asks for it. SIGHUP (the reloader's,
+//! registered when its service starts) is taken here too, so that one sent while the gateway
+//! starts (a deploy tool's reload right after its start) is ignored instead of ending it: the
+//! files it would reload are being read then anyway.
 
 use async_trait::async_trait;
 use pingora::server::{ShutdownSignal, ShutdownSignalWatch};
@@ -67,8 +70,11 @@ fn forward(
 }
 
 /// pingora's meanings: SIGQUIT hands the sockets over (an upgrade), SIGTERM stops gracefully,
-/// SIGINT at once.
+/// SIGINT at once. SIGHUP's handler is installed and its stream dropped: tokio keeps a handler
+/// for the process's life, so an early SIGHUP is ignored, and the reloader's own stream gets
+/// the later ones.
 fn handlers() -> std::io::Result<[Signal; 3]> {
+    drop(signal(SignalKind::hangup())?);
     Ok([
         signal(SignalKind::quit())?,
         signal(SignalKind::terminate())?,
@@ -81,9 +87,12 @@ impl ShutdownSignalWatch for StopSignals {
     async fn recv(&self) -> ShutdownSignal {
         match self.received.lock().await.recv().await {
             Some(received) => received,
-            // The thread cannot end while this end is held, but should it, stop rather than
-            // run on deaf to every signal.
-            None => ShutdownSignal::GracefulTerminate,
+            // The thread cannot end while this end is held but by a panic; should it, stop
+            // rather than run on deaf to every signal.
+            None => {
+                tracing::error!("the stop signals' thread ended; stopping the gateway");
+                ShutdownSignal::GracefulTerminate
+            }
         }
     }
 }
