@@ -8,7 +8,7 @@
 //! | [`admin_client`] | the command line's HTTP client to a running gateway's admin listener |
 //! | [`cli`] | the command line (a stable contract operators script against) |
 //! | [`commands`] | what each command does |
-//! | [`stop_signals`] | SIGTERM, SIGQUIT and SIGINT, taken before anything listens |
+//! | [`stop_signals`] | SIGTERM, SIGQUIT, SIGINT and SIGHUP, taken before anything listens |
 //! | [`wiring`] | what a node and the commands both open: the key registry, the key-change sink |
 
 pub mod admin;

@@ -1,13 +1,13 @@
-//! The stop signals (SIGTERM, SIGQUIT, SIGINT), taken from before the gateway starts. pingora's
-//! own watch registers its handlers only when its main loop begins, after the listeners serve
-//! and the event threads run: a SIGTERM in between (a pod stopped just after it was ready, a
+//! The stop signals (SIGTERM, SIGQUIT, SIGINT) and SIGHUP, taken from before the gateway starts.
+//! pingora's own watch registers its handlers only when its main loop begins, after the listeners
+//! serve and the event threads run: a SIGTERM in between (a pod stopped just after it was ready, a
 //! test that stopped a gateway it had just started) ended the process by the signal's default
-//! action, with no graceful stop: the open minute's usage never metered, the leases left held
-//! until they expired, an exit by signal instead of 0. Registered here first, a signal that
-//! comes early waits in a channel until the main loop asks for it. SIGHUP (the reloader's,
-//! registered when its service starts) is taken here too, so that one sent while the gateway
-//! starts (a deploy tool's reload right after its start) is ignored instead of ending it: the
-//! files it would reload are being read then anyway.
+//! action, with no graceful stop: the open minute's usage never metered, the leases left held until
+//! they expired, an exit by signal instead of 0. Registered here first, a signal that comes early
+//! waits in a channel until the main loop asks for it. SIGHUP (the reloader's, registered when its
+//! service starts) is taken here too, so that one sent while the gateway starts (a deploy tool's
+//! reload right after its start) is ignored instead of ending it: the files it would reload are
+//! being read then anyway.
 
 use async_trait::async_trait;
 use pingora::server::{ShutdownSignal, ShutdownSignalWatch};
