@@ -463,10 +463,10 @@ class Soak:
         deadline, quiet = time.time() + 60, 0
         while time.time() < deadline:
             # Two quiet reads in a row, 1.1 s apart, and each read in the order the events
-            # travel: the metering file (a round writes it first), the pending gauges, the
+            # travel: the metering file (a round writes it first), the pending gauges, then the
             # spools on disk (a round writes there second; the gauges lag the rounds, so a
-            # batch written a moment ago can read as nothing pending), then the receiver (which
-            # records a batch before it answers, so its file leaves the spool a moment later).
+            # batch written a moment ago can read as nothing pending; a batch leaves its spool
+            # only once the receiver has recorded it and answered).
             # Once every node wrote the last minute and no spool holds a batch, what has not
             # arrived will not (the checker judges whether that loss is a documented one).
             written = self.written_by_all(minute_end - 60)

@@ -258,6 +258,14 @@ impl GatewayProcess {
         }
     }
 
+    /// Stops it by SIGTERM and waits (30 s at most) for it to exit: its exit code (none when a
+    /// signal ended it) and its whole log.
+    pub fn stop(self) -> (Option<i32>, String) {
+        self.process.signal(15);
+        let code = Process::wait_exit(self.process, Duration::from_secs(30));
+        (code, std::fs::read_to_string(&self.log).unwrap_or_default())
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -70,10 +70,7 @@ fn events(dir: &Path) -> Vec<Value> {
 
 /// Stops a gateway by SIGTERM and waits for it to exit 0.
 fn stop(gateway: GatewayProcess) {
-    gateway.process.signal(15); // SIGTERM
-    let log = gateway.log.clone();
-    let code = Process::wait_exit(gateway.process, Duration::from_secs(30));
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let (code, text) = gateway.stop();
     assert_eq!(code, Some(0), "the gateway stops cleanly; its log:\n{text}");
 }
 

@@ -705,16 +705,9 @@ async fn a_graceful_upgrade_under_steady_traffic_loses_no_request() {
 /// registered its own handlers.
 #[test]
 fn sigterm_while_starting_is_a_graceful_stop() {
-    let s = setup(100);
-    let backend = EchoUpstream::start();
-    let mut spec = GatewaySpec::new(backend.addr, &s.keys, &s.plans);
-    spec.extra = "grace_period_secs = 1\n".into();
-    let gw = GatewayProcess::spawn(s.dir.path(), &spec);
-    wait_for_log(&gw, "pet-gateway starting");
-    gw.process.signal(15);
-    let log = gw.log.clone();
-    let code = Process::wait_exit(gw.process, Duration::from_secs(30));
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let (s, backend) = (setup(100), EchoUpstream::start());
+    let gw = gateway_starting(&s, &backend);
+    let (code, text) = gw.stop();
     assert_eq!(code, Some(0), "a graceful stop, exit 0; the log:\n{text}");
     assert!(text.contains("gracefully exiting"), "the log:\n{text}");
 }
@@ -726,22 +719,15 @@ fn sigterm_while_starting_is_a_graceful_stop() {
 /// first line; a release build passes that window in milliseconds.)
 #[test]
 fn sighup_while_starting_is_ignored() {
-    let s = setup(100);
-    let backend = EchoUpstream::start();
-    let mut spec = GatewaySpec::new(backend.addr, &s.keys, &s.plans);
-    spec.extra = "grace_period_secs = 1\n".into();
-    let gw = GatewayProcess::spawn(s.dir.path(), &spec);
-    wait_for_log(&gw, "pet-gateway starting");
+    let (s, backend) = (setup(100), EchoUpstream::start());
+    let gw = gateway_starting(&s, &backend);
     gw.process.signal(1);
     assert!(
         e2e::process::listens_within(gw.addr, Duration::from_secs(15)),
         "the gateway did not come up after a SIGHUP while it started:\n{}",
         gw.log_text()
     );
-    gw.process.signal(15);
-    let log = gw.log.clone();
-    let code = Process::wait_exit(gw.process, Duration::from_secs(30));
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let (code, text) = gw.stop();
     assert_eq!(
         code,
         Some(0),
@@ -749,14 +735,19 @@ fn sighup_while_starting_is_ignored() {
     );
 }
 
-fn wait_for_log(gw: &GatewayProcess, line: &str) {
+/// A gateway caught the moment it logs its start, before it listens.
+fn gateway_starting(s: &Fixture, backend: &EchoUpstream) -> GatewayProcess {
+    let mut spec = GatewaySpec::new(backend.addr, &s.keys, &s.plans);
+    spec.extra = "grace_period_secs = 1\n".into();
+    let gw = GatewayProcess::spawn(s.dir.path(), &spec);
     let started = Instant::now();
-    while !gw.log_text().contains(line) {
+    while !gw.log_text().contains("pet-gateway starting") {
         assert!(
             started.elapsed() < Duration::from_secs(15),
-            "the gateway never logged `{line}`:\n{}",
+            "the gateway never logged its start:\n{}",
             gw.log_text()
         );
         std::thread::sleep(Duration::from_millis(2));
     }
+    gw
 }

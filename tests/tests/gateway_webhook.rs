@@ -56,10 +56,7 @@ fn check(f: &Fixture, spec: &GatewaySpec) -> (bool, String) {
 }
 
 fn stop(gateway: GatewayProcess) {
-    gateway.process.signal(15);
-    let log = gateway.log.clone();
-    let code = Process::wait_exit(gateway.process, Duration::from_secs(30));
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let (code, text) = gateway.stop();
     assert_eq!(code, Some(0), "the gateway stops cleanly; its log:\n{text}");
 }
 
