@@ -110,6 +110,9 @@ class Soak:
         self.threads = []  # every fault's and key change's, joined before the teardown
         self.player = None
         self.sampling = threading.Event()
+        # Key changes are acts, not spans, so they take turns where they share a thing: picking
+        # a victim (no two changes take one key), writing the plan file (one `.new` file).
+        self.victims_lock, self.plans_lock = threading.Lock(), threading.Lock()
 
     def event(self, e, quiet=False):
         e.setdefault("t", time.time())
@@ -334,18 +337,23 @@ class Soak:
 
     def change_keys(self, at, what):
         """One key change or plan edit of the schedule, recorded with the command's exit time."""
-        rng_pick = sorted(k for k, v in self.keys.items() if v["name"].startswith("victim")
-                          and not v.get("gone"))
-        if what in ("revoke", "rotate") and not rng_pick:
-            # Every victim is gone: a fresh one, issued now, so that no change of the schedule
-            # is skipped.
-            key_id, _ = self.issue(f"victim{len(self.keys)}", "roomy")
-            self.keys[key_id]["late"] = True
-            self.event({"kind": "issue", "key": key_id, "plan": "roomy", "customer": None,
-                        "quota": key_id})
-            self.stream(key_id, 4.0, 1, True)
-            self.wait_known([key_id])
-            rng_pick = [key_id]
+        with self.victims_lock:
+            rng_pick = sorted(k for k, v in self.keys.items() if v["name"].startswith("victim")
+                              and not v.get("gone"))
+            if what in ("revoke", "rotate") and not rng_pick:
+                # Every victim is gone: a fresh one, issued now, so that no change of the
+                # schedule is skipped.
+                key_id, _ = self.issue(f"victim{len(self.keys)}", "roomy")
+                self.keys[key_id]["late"] = True
+                self.event({"kind": "issue", "key": key_id, "plan": "roomy", "customer": None,
+                            "quota": key_id})
+                self.stream(key_id, 4.0, 1, True)
+                self.wait_known([key_id])
+                rng_pick = [key_id]
+            victim = None
+            if what in ("revoke", "rotate"):
+                victim = rng_pick[int(at * 10) % len(rng_pick)]
+                self.keys[victim]["gone"] = True
         if what == "issue":
             name = f"new{len(self.keys)}"
             key_id, _ = self.issue(name, "tight")
@@ -353,9 +361,7 @@ class Soak:
             self.event({"kind": "issue", "key": key_id, "plan": "tight", "customer": None,
                         "quota": key_id})
             self.stream(key_id, 1.0, 1, True)
-        elif what in ("revoke", "rotate") and rng_pick:
-            victim = rng_pick[int(at * 10) % len(rng_pick)]
-            self.keys[victim]["gone"] = True
+        elif victim:
             if what == "revoke":
                 self.revoke(victim)
             else:
@@ -364,10 +370,11 @@ class Soak:
             limit = 45 if what == "plan_raise" else 30
             text = PLANS["tight"].replace("requests_per_minute = 30", f"requests_per_minute = {limit}")
             path = os.path.join(self.run_dir, "plans", "tight.toml")
-            with open(path + ".new", "w") as out:
-                out.write(text)
-            os.replace(path + ".new", path)
-            self.event({"kind": "plan_edit", "plan": "tight", "window": "60", "limit": limit})
+            with self.plans_lock:
+                with open(path + ".new", "w") as out:
+                    out.write(text)
+                os.replace(path + ".new", path)
+                self.event({"kind": "plan_edit", "plan": "tight", "window": "60", "limit": limit})
 
     def revoke(self, victim):
         r = self.keys_cmd("revoke", victim)
@@ -438,7 +445,7 @@ class Soak:
         kt = threading.Thread(target=self.timed, args=(changes, self.change_keys), daemon=True)
         kt.start()
         self.timed([(at, kind, target, d) for at, kind, target, d in sched],
-                   lambda _at, kind, target, d: self.player.run(kind, target, d))
+                   lambda at, kind, target, d: self.player.run(kind, target, d, at))
         kt.join(120)
         self.event({"kind": "last_fault_end"})
         last = time.time()
