@@ -20,7 +20,7 @@ fn console_gateway(f: &Fixture, upstream: std::net::SocketAddr, extra: &str) -> 
 
 /// Where the screenshots go, for a person to look at.
 fn shots() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/console-screenshots")
+    e2e::repo_root().join("target/console-screenshots")
 }
 
 /// Opens the console and signs in with the token.
@@ -477,6 +477,8 @@ async fn key_search_finds_filters_and_pages_with_usage_in_one_call() {
         let issued = admin(&gw, reqwest::Method::POST, "/keys", body).await;
         assert!(issued["id"].is_string(), "{issued}");
     }
+    // The key's day usage is read back below: not across midnight UTC.
+    e2e::fresh_day(Duration::from_secs(10));
     assert_eq!(gw.status(&first).await, 200);
     let search = |q: &str| {
         let url = gw.admin_url(&format!("/key-search?{q}"));
@@ -603,13 +605,13 @@ async fn key_search_answers_stale_while_the_records_are_read_again() {
 /// requests answered, refused and shed, and the requests at the backends with their limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_overview_charts_the_last_minutes_from_the_gateways_own_history() {
-    // The refusals come from passing the minute's 60 within one minute (about 2 s of traffic):
-    // a minute boundary in between would split them and leave none refused.
-    e2e::fresh_minute(Duration::from_secs(20));
     let f = Fixture::new(60, 1_000);
     let key = f.issue("free");
     let backend = f.backend();
     let gw = console_gateway(&f, backend.addr, "upstream_max_in_flight = 16\n");
+    // The refusals come from passing the minute's 60 within one minute (about 2 s of traffic):
+    // a minute boundary in between would split them and leave none refused.
+    e2e::fresh_minute(Duration::from_secs(15));
     // Traffic across two samples: answered requests, and refusals (past the minute's 60).
     let started = Instant::now();
     let mut sent = 0;

@@ -66,13 +66,14 @@ async fn hold(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_its_concurrency_a_key_gets_429_concurrency_limited_spending_and_striking_nothing() {
-    // The minute's `remaining` is compared from start to end (about 4 s): within one minute.
-    e2e::fresh_minute(Duration::from_secs(15));
     let f = Fixture::new(100, 1_000);
     plan(&f, "free", "concurrency = 2\n");
     let key = f.issue("free");
     let upstream = EchoUpstream::start_with_delay(Duration::from_millis(1_500));
     let gw = f.gateway(&f.spec(upstream.addr));
+    // The minute's `remaining` is compared from start to end (about 4 s): within one minute,
+    // measured from here, not before the gateway's start.
+    e2e::fresh_minute(Duration::from_secs(15));
     let held = hold(&gw, &key, 2).await;
     let status = gw.rate_limit(&key).await;
     assert_eq!(

@@ -395,6 +395,8 @@ async fn three_nodes_report_each_threshold_of_the_day_once() {
     let redis = RedisServer::start();
     let metering = metering_folder(&f);
     let gateways = three_nodes(&f, backend.addr, &redis, &metering, 100);
+    // The day's 40 are the subject: not across midnight UTC.
+    e2e::fresh_day(Duration::from_secs(30));
     let counts = burst(&gateways, &key, 60).await;
     assert_eq!(counts.get(&200).copied(), Some(40), "{counts:?}");
     for g in gateways {
@@ -586,7 +588,10 @@ async fn usage_events_follow_the_stores_count_through_a_redis_restart() {
     let mut spec = metered(&f, backend.addr, &metering, "grace_period_secs = 0\n");
     spec.redis_url = Some(redis.url());
     let gateway = f.gateway(&spec);
-    fresh_minute(Duration::from_secs(20));
+    // The store's day count is compared with every event metered: not across midnight UTC.
+    // (Minutes may turn meanwhile: the events of each are summed. The test can outlast 20 s
+    // on a loaded machine, a Redis shutdown alone may take 10.)
+    e2e::fresh_day(Duration::from_secs(90));
     let client = reqwest::Client::new();
     let load = {
         let (client, url, key) = (client.clone(), gateway.url("/v1/pets"), key.clone());

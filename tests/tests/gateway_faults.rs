@@ -172,7 +172,8 @@ async fn redis_killed_mid_stream_costs_no_request_in_local_mode_and_sharing_resu
     let outcomes = stream.finish().await;
     assert_all(&outcomes, 200, DEADLINE + SLACK);
 
-    // Shared again: B continues A's count.
+    // Shared again: B continues A's count (both reads in one minute).
+    fresh_minute(Duration::from_secs(5));
     let client = reqwest::Client::new();
     let after_a = remaining(&client, &a, &s.key).await;
     let after_b = remaining(&client, &b, &s.key).await;
@@ -503,10 +504,7 @@ async fn a_ban_lifted_on_one_node_does_not_return_on_another_during_an_outage() 
 /// on from where it was, never from zero.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_redis_refuses_visibly_and_never_resets_a_count() {
-    let conf = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/redis/redis.conf"),
-    )
-    .unwrap();
+    let conf = std::fs::read_to_string(e2e::repo_root().join("deploy/redis/redis.conf")).unwrap();
     let policy = conf
         .lines()
         .find_map(|l| l.strip_prefix("maxmemory-policy "))

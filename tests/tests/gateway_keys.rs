@@ -325,7 +325,6 @@ async fn the_admin_listener_requires_its_token_when_one_is_set() {
 #[tokio::test]
 async fn a_rotated_key_shares_its_quota_with_its_successor_and_stops_after_the_overlap() {
     let f = Fixture::new(600, 100_000);
-    fresh_minute(Duration::from_secs(15));
     let keys = f.keys.to_string_lossy().to_string();
     let plans = f.plans.to_string_lossy().to_string();
     let out = gateway_cli(&[
@@ -349,6 +348,9 @@ async fn a_rotated_key_shares_its_quota_with_its_successor_and_stops_after_the_o
     let old_id = e2e::first_key_id(&f.keys);
     let upstream = EchoUpstream::start();
     let gw = f.gateway(&f.spec(upstream.addr));
+    // 5 a minute for both keys, counted through a rotation and the successor's load (two
+    // commands, up to 2 s): within one minute, measured once the gateway is up.
+    fresh_minute(Duration::from_secs(20));
     for _ in 0..3 {
         assert_eq!(get(&gw, &old).await.status(), 200);
     }
@@ -418,11 +420,13 @@ async fn a_rotated_key_shares_its_quota_with_its_successor_and_stops_after_the_o
 #[tokio::test]
 async fn show_reports_usage_reset_usage_zeroes_it_and_list_json_is_pure_json() {
     let f = Fixture::new(600, 100_000);
-    fresh_minute(Duration::from_secs(15));
     let key = f.issue("free");
     let id = e2e::first_key_id(&f.keys);
     let upstream = EchoUpstream::start();
     let gw = f.gateway(&f.spec(upstream.addr));
+    // The minute's usage is read back by two `keys show` commands: within one minute, measured
+    // once the gateway is up.
+    fresh_minute(Duration::from_secs(15));
     for _ in 0..4 {
         assert_eq!(get(&gw, &key).await.status(), 200);
     }

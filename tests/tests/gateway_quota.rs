@@ -108,6 +108,8 @@ async fn the_day_quota_binds_with_the_days_reset() {
     let backend = f.backend();
     let gw = f.gateway(&f.spec(backend.addr));
     let client = reqwest::Client::new();
+    // The day's count and reset are the subject: not across midnight UTC.
+    e2e::fresh_day(Duration::from_secs(30));
     let day_end = (unix_now() / 86_400 + 1) * 86_400;
     for i in 1..=5u64 {
         let resp = get(&client, &gw.url("/v1/pets"), &key).await;

@@ -213,6 +213,8 @@ async fn a_shadow_window_is_counted_and_reported_but_never_refuses_or_shows() {
     let key = f.issue("free");
     let backend = f.backend();
     let gw = f.gateway(&f.spec(backend.addr));
+    // All four in one 10 s window: split 2 + 2 by its turn, none would pass its limit of 2.
+    e2e::fresh_window(Duration::from_secs(10), Duration::from_secs(5));
     for _ in 0..4 {
         let resp = reqwest::Client::new()
             .get(gw.url("/v1/pets"))
@@ -240,8 +242,8 @@ async fn a_shadow_window_is_counted_and_reported_but_never_refuses_or_shows() {
         .find(|l| l.starts_with("pet_gateway_shadow_refusals_total{plan=\"free\",window=\"10s\"}"))
         .unwrap_or_else(|| panic!("no shadow refusals counted:\n{metrics}"));
     let n: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-    // The 10 s window may have turned over between the four requests: 1 or 2 past its limit.
-    assert!((1.0..=2.0).contains(&n), "{line}");
+    // The third and fourth of one 10 s window went past its limit of 2.
+    assert_eq!(n, 2.0, "{line}");
     eventually(Duration::from_secs(5), "the access log says so", || {
         gw.log_text().contains("shadow")
     })

@@ -134,6 +134,8 @@ async fn a_restart_of_the_shipped_redis_keeps_every_count_and_record() {
     let gw = node(&f, &upstream, &redis, 0);
     let operator = operator_config(&f, &redis, &gw);
     let (a_id, a) = issue(&operator);
+    // The day's count is compared across the restart: not across midnight UTC.
+    e2e::fresh_day(Duration::from_secs(60));
     reaches(&gw, &a, 200, Duration::from_secs(2)).await;
     for _ in 0..11 {
         assert_eq!(gw.status(&a).await, 200);
@@ -188,6 +190,8 @@ async fn a_crash_of_the_shipped_redis_loses_at_most_the_last_second() {
     let gw = node(&f, &upstream, &redis, 0);
     let operator = operator_config(&f, &redis, &gw);
     let (a_id, a) = issue(&operator);
+    // The day's count is compared across the crash: not across midnight UTC.
+    e2e::fresh_day(Duration::from_secs(60));
     reaches(&gw, &a, 200, Duration::from_secs(2)).await;
     for _ in 0..19 {
         assert_eq!(gw.status(&a).await, 200);

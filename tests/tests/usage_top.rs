@@ -67,6 +67,8 @@ async fn on_redis_the_heaviest_holders_come_first_and_a_customer_is_one_entry() 
     // machine must not be decided locally.
     spec.extra = "store_timeout_ms = 2000\n".into();
     let gw = f.gateway(&spec);
+    // The day's and the month's tops are the subject: not across midnight UTC.
+    e2e::fresh_day(Duration::from_secs(30));
     drive(&gw, &heavy, 12).await;
     drive(&gw, &acme1, 4).await;
     drive(&gw, &acme2, 5).await;
@@ -117,6 +119,8 @@ async fn embedded_the_table_ranks_keys_and_bad_asks_are_refused() {
     let (b_id, b) = issue(&f, &[]);
     let backend = f.backend();
     let gw = f.gateway(&f.spec(backend.addr));
+    // The day's top is the subject: not across midnight UTC.
+    e2e::fresh_day(Duration::from_secs(30));
     drive(&gw, &b, 2).await;
     drive(&gw, &a, 5).await;
 
