@@ -499,9 +499,13 @@ impl ShippedRedis {
     }
 }
 
-/// The repository's root (this crate is `tests/`).
+/// The repository's root (this crate is `tests/`), read when the test runs: `cargo test` and
+/// `cargo nextest` set `CARGO_MANIFEST_DIR` for it. Never `env!`: the build cache serves a test
+/// binary built in another clone, and a path compiled in would read that clone's files.
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
+        .expect("CARGO_MANIFEST_DIR: run the tests through cargo test or cargo nextest");
+    PathBuf::from(manifest)
         .parent()
         .expect("tests/ is inside the repository")
         .to_owned()

@@ -9,7 +9,7 @@ use e2e::Fixture;
 
 #[test]
 fn schemathesis_finds_no_response_that_breaks_the_document() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = e2e::repo_root();
     let st = root.join("target/tools/venv/bin/st");
     assert!(
         st.exists(),

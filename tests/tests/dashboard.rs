@@ -30,10 +30,7 @@ impl Prometheus {
         gateway_admin: std::net::SocketAddr,
         backend: std::net::SocketAddr,
     ) -> Prometheus {
-        let shipped = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../deploy/prometheus/alerts.yml"
-        );
+        let shipped = e2e::repo_root().join("deploy/prometheus/alerts.yml");
         let rules = std::fs::read_to_string(shipped).expect("alerts.yml");
         let rules: String = rules
             .lines()
@@ -104,10 +101,7 @@ impl Prometheus {
 
 /// Every panel's expressions, with Grafana's variables as a dashboard would send them.
 fn panel_queries() -> Vec<(String, String)> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/grafana/pet-gateway.json"
-    );
+    let path = e2e::repo_root().join("deploy/grafana/pet-gateway.json");
     let dash: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let mut out = Vec::new();
     for panel in dash["panels"].as_array().expect("panels") {
@@ -283,7 +277,8 @@ async fn every_panel_and_alert_works_on_a_real_prometheus() {
             checked += 1;
         }
     }
-    let shipped = include_str!("../../deploy/prometheus/alerts.yml")
+    let shipped = std::fs::read_to_string(e2e::repo_root().join("deploy/prometheus/alerts.yml"))
+        .expect("deploy/prometheus/alerts.yml")
         .matches("- alert:")
         .count();
     assert_eq!(checked, shipped, "every shipped alert rule evaluated");

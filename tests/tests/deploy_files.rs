@@ -8,7 +8,7 @@ use std::process::Command;
 use e2e::{bin_path, promtool};
 
 fn deploy() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+    e2e::repo_root().join("deploy")
 }
 
 fn run_ok(cmd: &mut Command) -> String {

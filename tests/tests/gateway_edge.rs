@@ -12,7 +12,7 @@ use e2e::{
 use serde_json::Value;
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    e2e::repo_root()
 }
 
 fn setup() -> Fixture {

@@ -677,10 +677,8 @@ async fn a_redis_or_sentinels_merely_unreachable_at_start_up_do_not_stop_the_gat
 
 #[test]
 fn the_shipped_sentinel_conf_runs_and_lets_the_gateway_user_only_ask_for_the_primary() {
-    let shipped = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/redis/sentinel.conf"),
-    )
-    .unwrap();
+    let shipped =
+        std::fs::read_to_string(e2e::repo_root().join("deploy/redis/sentinel.conf")).unwrap();
     // Where it listens and keeps its state are the host's; the rest is as shipped.
     let config: Vec<&str> = shipped
         .lines()

@@ -311,6 +311,24 @@ fn is_loopback(host: &str) -> bool {
             .is_ok_and(|ip| ip.to_canonical().is_loopback())
 }
 
+/// A file of the repository, for tests that hold the code to the book or the shipped configs.
+/// Found when the test runs (cargo sets `CARGO_MANIFEST_DIR` for it), never with `env!`: the
+/// build cache serves a test built in another clone, whose compiled-in path would be that
+/// clone's.
+#[cfg(test)]
+pub(crate) fn repo_path(relative: &str) -> std::path::PathBuf {
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
+        .expect("CARGO_MANIFEST_DIR: run the tests through cargo test or cargo nextest");
+    Path::new(&manifest).join("..").join(relative)
+}
+
+/// The text of [`repo_path`]'s file.
+#[cfg(test)]
+pub(crate) fn repo_file(relative: &str) -> String {
+    let path = repo_path(relative);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
@@ -911,7 +929,7 @@ upstream_keepalive_pool_size = 16
 
     #[test]
     fn every_shipped_config_loads() {
-        let deploy = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy"));
+        let deploy = repo_path("deploy");
         let mut loaded = 0;
         for entry in std::fs::read_dir(deploy).unwrap() {
             let path = entry.unwrap().path();
@@ -1068,10 +1086,7 @@ upstream_keepalive_pool_size = 16
     /// `PET_BLESS=1` the test writes it there instead (after a setting is added or changed).
     #[test]
     fn the_book_shows_the_table_of_the_rows() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../docs/src/operating/configuration.md"
-        );
+        let path = repo_path("docs/src/operating/configuration.md");
         let chapter = std::fs::read_to_string(path).unwrap();
         let table = settings_table();
         let start = chapter

@@ -184,10 +184,7 @@ mod tests {
     /// backticks, and nothing else.
     #[test]
     fn the_books_admin_table_lists_every_route_and_no_other() {
-        let section = include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../docs/src/operating/admin-api.md"
-        ));
+        let section = crate::config::repo_file("docs/src/operating/admin-api.md");
         let table: Vec<&str> = section
             .lines()
             .skip_while(|l| !l.starts_with("| request | answer |"))
