@@ -2,7 +2,6 @@
 //! sends them through the real gateway to the real backend with a valid key, and checks every
 //! response against the document (status codes, headers, bodies, content types).
 
-use std::path::Path;
 use std::process::Command;
 
 use e2e::Fixture;

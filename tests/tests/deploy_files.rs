@@ -2,7 +2,7 @@
 //! Prometheus configuration and alert rules, `systemd-analyze verify` for the service units
 //! (where systemd is installed).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use e2e::{bin_path, promtool};

@@ -2,7 +2,7 @@
 //! limit), what reaches the backend, hot reload of keys and plans, a lost backend, and the
 //! `check` command on the shipped configs.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use e2e::{

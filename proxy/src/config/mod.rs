@@ -1087,7 +1087,7 @@ upstream_keepalive_pool_size = 16
     #[test]
     fn the_book_shows_the_table_of_the_rows() {
         let path = repo_path("docs/src/operating/configuration.md");
-        let chapter = std::fs::read_to_string(path).unwrap();
+        let chapter = std::fs::read_to_string(&path).unwrap();
         let table = settings_table();
         let start = chapter
             .find("| file key |")
