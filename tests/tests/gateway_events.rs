@@ -656,3 +656,87 @@ async fn usage_events_follow_the_stores_count_through_a_redis_restart() {
     );
     drop(redis);
 }
+
+/// The check's nodes on a loaded machine: a threshold's round went into a write that did not
+/// come back before the stop (here another process holds the day's file's lock; a stalled
+/// sync does the same), and the stop gave the thread 10 s and exited 0 with the open minute
+/// still in memory: in neither the file nor the spool. The stop now takes the minute itself,
+/// writes each sink on its own, and says what a stalled one did not take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_writes_the_open_minute_while_the_events_thread_is_held_in_a_write() {
+    e2e::fresh_day(Duration::from_secs(120));
+    let f = Fixture::new(1_000, 5);
+    let plan = f.plans.join("free.toml");
+    let text = std::fs::read_to_string(&plan).unwrap();
+    std::fs::write(&plan, format!("notify_at = [80]\n{text}")).unwrap();
+    let key = f.issue("free");
+    let key_id = first_key_id(&f.keys);
+    let backend = f.backend();
+    let metering = metering_folder(&f);
+    let spool = f.dir.path().join("spool");
+    std::fs::create_dir(&spool).unwrap();
+    let secret = f.dir.path().join("secret");
+    std::fs::write(&secret, "a-secret-of-the-test").unwrap();
+    // Nobody listens there: the batches stay in the spool, where the test reads them.
+    let url = format!("http://{}/events", e2e::free_addr());
+    let more = format!(
+        "node_id = \"node-a\"\ngrace_period_secs = 0\nevents_webhook_url = \"{url}\"\n\
+         events_webhook_secret_file = \"{}\"\nevents_spool_dir = \"{}\"\n",
+        secret.display(),
+        spool.display()
+    );
+    let gateway = f.gateway(&metered(&f, backend.addr, &metering, &more));
+    let day = std::process::Command::new("date")
+        .args(["-u", "+%F"])
+        .output()
+        .unwrap();
+    let day_file = metering.join(format!(
+        "metering.ndjson.{}",
+        String::from_utf8_lossy(&day.stdout).trim()
+    ));
+    std::fs::write(&day_file, "").unwrap();
+    let _holder = Process::spawn(
+        "flock",
+        std::process::Command::new("flock")
+            .arg("-x")
+            .arg(&day_file)
+            .args(["sleep", "60"]),
+    );
+    while std::process::Command::new("flock")
+        .args(["-n", "-x"])
+        .arg(&day_file)
+        .arg("true")
+        .status()
+        .unwrap()
+        .success()
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let statuses: Vec<u16> =
+        futures_util::future::join_all((0..5).map(|_| gateway.status(&key))).await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    // The 80 % notice's round is now waiting for the lock (up to 30 s).
+    std::thread::sleep(Duration::from_secs(2));
+    let (code, log) = gateway.stop();
+    assert_eq!(code, Some(0), "{log}");
+    let mut spooled = Vec::new();
+    for entry in std::fs::read_dir(&spool).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "events") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            spooled.extend(
+                text.lines()
+                    .map(|l| serde_json::from_str::<Value>(l).unwrap()),
+            );
+        }
+    }
+    assert_eq!(
+        sum(&spooled, &key_id, "admitted"),
+        5,
+        "the open minute, spooled: {spooled:?}\n{log}"
+    );
+    assert!(
+        log.contains("events lost at stop"),
+        "the file's share is reported:\n{log}"
+    );
+}

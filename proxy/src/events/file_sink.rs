@@ -4,8 +4,9 @@
 //! under an exclusive `flock` so that the processes sharing a file (nodes on one folder, an old
 //! and a new process during `serve --upgrade`) never interleave; a write that fails (a full
 //! disk) is cut back off the file under the same lock, so no line is ever half-written and no
-//! other process's lines are touched. A file deleted or moved away while open (a billing job
-//! taking it) is noticed at the next append and made anew.
+//! other process's lines are touched. The sync comes after the lock is released, so a disk that
+//! holds one writer's sync does not hold the others' appends. A file deleted or moved away
+//! while open (a billing job taking it) is noticed at the next append and made anew.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -64,16 +65,37 @@ impl DailyFile {
         let Some((_, file)) = self.open.as_ref() else {
             return Ok(());
         };
-        let _lock = Flock::exclusive(file, self.lock_wait)?;
-        let before = file.metadata()?.len();
-        let mut out: &File = file;
-        let written = out.write_all(lines).and_then(|()| file.sync_data());
-        if written.is_err() {
-            // Whatever part of it went in comes out again; the caller keeps the lines.
-            let _ = file.set_len(before);
-            let _ = file.sync_data();
+        let before = {
+            let _lock = Flock::exclusive(file, self.lock_wait)?;
+            let before = file.metadata()?.len();
+            let mut out: &File = file;
+            if let Err(e) = out.write_all(lines) {
+                // Whatever part of it went in comes out again; the caller keeps the lines.
+                let _ = file.set_len(before);
+                let _ = file.sync_data();
+                return Err(e);
+            }
+            before
+        };
+        // Synced with the lock released: the lock keeps lines whole, and a sync that a stalled
+        // disk holds must not hold every other writer of the file with it (the other nodes, a
+        // keys command, this process's stop writing the open minute).
+        let synced = file.sync_data();
+        if synced.is_err() {
+            // Cut back when nothing came after them (the caller keeps the lines and writes them
+            // again); after another writer's lines they stay, and their second copy has the
+            // same ids, which a reader drops.
+            if let Ok(_lock) = Flock::exclusive(file, self.lock_wait) {
+                if file
+                    .metadata()
+                    .is_ok_and(|m| m.len() == before + lines.len() as u64)
+                {
+                    let _ = file.set_len(before);
+                    let _ = file.sync_data();
+                }
+            }
         }
-        written
+        synced
     }
 }
 

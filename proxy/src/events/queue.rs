@@ -62,6 +62,11 @@ impl Queue {
         }
     }
 
+    /// The sink's name in metrics.
+    pub fn name(&self) -> &'static str {
+        self.out.name()
+    }
+
     pub fn len(&self) -> usize {
         self.pending.len()
     }

@@ -661,24 +661,32 @@ struct Metering {
 /// The usage meter the request path counts into, the pump that writes it to the metering file
 /// and the webhook's spool, and the thread that posts the spool; none without a sink.
 fn metering(config: &Config) -> Result<(Option<Arc<Meter>>, Option<Metering>), ServeError> {
-    let mut sinks = Vec::new();
-    if let Some(base) = &config.metering_file {
-        sinks.push(Queue::new(Box::new(FileOutput::new(base))));
-    }
-    if let Some(webhook) = &config.events_webhook {
-        let spool = Spool::new(&webhook.spool_dir, webhook.spool_max_bytes);
-        sinks.push(Queue::new(Box::new(SpoolOutput(spool))));
-    }
-    if sinks.is_empty() {
+    if config.metering_file.is_none() && config.events_webhook.is_none() {
         return Ok((None, None));
     }
+    let file = config.metering_file.clone();
+    let spool = config
+        .events_webhook
+        .as_ref()
+        .map(|w| (w.spool_dir.clone(), w.spool_max_bytes));
+    // Made once for the thread, and again by a stop that finds the thread held up.
+    let make_sinks: pump::MakeSinks = Arc::new(move || {
+        let mut sinks = Vec::new();
+        if let Some(base) = &file {
+            sinks.push(Queue::new(Box::new(FileOutput::new(base))));
+        }
+        if let Some((dir, max)) = &spool {
+            sinks.push(Queue::new(Box::new(SpoolOutput(Spool::new(dir, *max)))));
+        }
+        sinks
+    });
     let meter = Arc::new(Meter::default());
     let origin = Arc::new(Origin::new(&config.environment, &config.node_id));
     let webhook = match &config.events_webhook {
         Some(w) => Some(deliver::start(w, &config.node_id).map_err(ServeError::Webhook)?),
         None => None,
     };
-    let pump = pump::start(Arc::clone(&meter), origin, sinks).map_err(ServeError::Events)?;
+    let pump = pump::start(Arc::clone(&meter), origin, make_sinks).map_err(ServeError::Events)?;
     Ok((
         Some(meter),
         Some(Metering {
