@@ -609,16 +609,30 @@ async fn the_overview_charts_the_last_minutes_from_the_gateways_own_history() {
     let key = f.issue("free");
     let backend = f.backend();
     let gw = console_gateway(&f, backend.addr, "upstream_max_in_flight = 16\n");
-    // The refusals come from passing the minute's 60 within one minute (about 2 s of traffic):
-    // a minute boundary in between would split them and leave none refused.
-    e2e::fresh_minute(Duration::from_secs(15));
-    // Traffic across two samples: answered requests, and refusals (past the minute's 60).
+    // The refusals come from passing the minute's 60 within one minute (about 2 s of traffic
+    // on a quiet machine, much more on a loaded one): a minute boundary in between would split
+    // them and leave none refused.
+    e2e::fresh_minute(Duration::from_secs(40));
+    // Traffic across two samples: answered requests, and refusals (past the minute's 60). The
+    // 70 are counted, not timed (a loaded machine answers slower), then the traffic goes on
+    // slowly until the sampler (every 5 s) has taken the refusals and 11 s have passed.
     let started = Instant::now();
     let mut sent = 0;
-    while started.elapsed() < Duration::from_secs(11) {
+    while sent < 70 {
         gw.status(&key).await;
         sent += 1;
-        tokio::time::sleep(Duration::from_millis(if sent < 70 { 20 } else { 500 })).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(35),
+            "70 requests took over 35 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused_by = Instant::now();
+    while started.elapsed() < Duration::from_secs(11)
+        || refused_by.elapsed() < Duration::from_secs(6)
+    {
+        gw.status(&key).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let history = reqwest::Client::new()
         .get(gw.admin_url("/overview/history"))
