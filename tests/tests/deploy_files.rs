@@ -29,12 +29,19 @@ fn prometheus_rules_and_scrape_config_pass_promtool() {
             .args(["check", "rules"])
             .arg(deploy().join("prometheus/alerts.yml")),
     );
-    // `check config` also loads the rule files the config names.
-    run_ok(
+    // `check config` also loads the rule files the config names; the fleet's Prometheus ("To
+    // production", step 4) has the admin token beside it, and its targets (files it may lack).
+    let etc = tempfile::tempdir().unwrap();
+    for file in ["prometheus.yml", "alerts.yml"] {
+        std::fs::copy(deploy().join("prometheus").join(file), etc.path().join(file)).unwrap();
+    }
+    std::fs::write(etc.path().join("pet-admin-token"), "a-token-of-the-fleet").unwrap();
+    let text = run_ok(
         Command::new(promtool())
             .args(["check", "config"])
-            .arg(deploy().join("prometheus/prometheus.yml")),
+            .arg(etc.path().join("prometheus.yml")),
     );
+    assert!(text.contains("rules found"), "{text}");
     // The local fleet's (deploy/compose.yaml), with its token file where the container has it.
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("admin-token");

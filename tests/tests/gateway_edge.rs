@@ -507,11 +507,25 @@ async fn a_backend_that_does_not_answer_gives_504_after_the_read_timeout() {
 #[test]
 fn check_passes_on_every_shipped_config_and_names_the_field_of_a_broken_one() {
     let deploy = repo_root().join("deploy");
+    // The hosts' secrets the production and staging configs name (/etc/pet-gateway/secrets/,
+    // made by "To production"), here files of this test's, by the variables a host could use.
+    let secrets = tempfile::tempdir().unwrap();
+    let password = secrets.path().join("password");
+    std::fs::write(&password, "a-password-of-this-test").unwrap();
+    let ca = secrets.path().join("ca.crt");
+    std::fs::write(&ca, e2e::tls::TestCert::generate("test-ca").cert_pem).unwrap();
     let mut checked = 0;
     for entry in std::fs::read_dir(&deploy).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "toml") {
-            let out = gateway_cli(&["check", "--config", &path.to_string_lossy()]);
+            let out = std::process::Command::new(e2e::bin_path("pet-gateway"))
+                .args(["check", "--config", &path.to_string_lossy()])
+                .env("PET_GATEWAY_REDIS_PASSWORD_FILE", &password)
+                .env("PET_GATEWAY_REDIS_SENTINEL_PASSWORD_FILE", &password)
+                .env("PET_GATEWAY_REDIS_TLS_CA_FILE", &ca)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .unwrap();
             let err = String::from_utf8_lossy(&out.stderr);
             assert!(out.status.success(), "{}: {err}", path.display());
             // The one warning a shipped config may give: production's registry has no verify
