@@ -1,5 +1,6 @@
-//! Property tests for the gateway's parser and quota arithmetic: the bearer-token parser never
-//! panics and only accepts what RFC 6750 allows; the quota rules never admit more than a
+//! Property tests for the gateway's parsers and quota arithmetic: the bearer-token parser never
+//! panics and only accepts what RFC 6750 allows; the request-path scanner passes no path a
+//! normaliser would change, and every path made of plain segments; the quota rules never admit more than a
 //! window's limit, never report a reset in the past, and always ask for at least one second;
 //! a concurrency is never exceeded, its refusals spend nothing, and leases nobody gives back
 //! end by themselves.
@@ -8,6 +9,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use proxy::http::auth::{bearer_token, MAX_TOKEN_LEN};
+use proxy::http::request::path_fault;
 use proxy::keys::limits::{Every, Limits, WindowLimit};
 use proxy::quota::rules::{BanPolicy, KeyState, Lease, Leases, Outcome, RateView};
 
@@ -24,6 +26,31 @@ proptest! {
     fn every_token68_is_read_back(token in "[A-Za-z0-9._~+/-]{1,200}=*", scheme in "(?i)bearer", spaces in " {1,3}") {
         let header = format!("{scheme}{spaces}{token}");
         prop_assert_eq!(bearer_token(std::iter::once(header.as_bytes())), Ok(token.as_str()));
+    }
+
+    #[test]
+    fn a_path_passed_has_nothing_a_normaliser_would_change(
+        path in proptest::collection::vec(proptest::sample::select(b"/.%2eEfF5cC0\\;a\x00\xc3 ".to_vec()), 0..24),
+    ) {
+        if path_fault(&path).is_none() {
+            prop_assert!(path.first() == Some(&b'/'));
+            prop_assert!(path.len() == 1 || !path.ends_with(b"/"));
+            prop_assert!(path.iter().all(|b| b.is_ascii_graphic() && *b != b'\\' && *b != b';'));
+            if path.len() > 1 {
+                for segment in path[1..].split(|b| *b == b'/') {
+                    prop_assert!(!segment.is_empty() && segment != b"." && segment != b"..");
+                }
+            }
+            let lower = path.to_ascii_lowercase();
+            for encoded in [b"%2f", b"%5c", b"%2e", b"%00"] {
+                prop_assert!(!lower.windows(3).any(|w| w == encoded));
+            }
+        }
+    }
+
+    #[test]
+    fn a_path_of_plain_segments_passes(path in "(/[A-Za-z0-9_~!$&'()*+,=:@-]{1,8}(\\.[a-z]{1,3})?(%20|%C3%A9)?){1,6}") {
+        prop_assert_eq!(path_fault(path.as_bytes()), None);
     }
 
     #[test]

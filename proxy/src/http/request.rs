@@ -33,6 +33,151 @@ pub fn refuse_shape(req: &RequestHeader) -> Option<(u16, &'static str)> {
     None
 }
 
+/// Why a request's path is refused: it is not in the one form the gateway decides the route and
+/// the cost on. The path goes to the backend exactly as it came, so any spelling a backend
+/// might normalise into another operation (`/v1//pets`, `/v1/./pets`, `/v1/x/../pets`,
+/// `/v1/%2e%2e/v1/pets`, `/v1/pets;x`, `/v1/%70ets`) would be served as that operation at the
+/// cost of whatever the gateway took it for. Refused rather than normalised: nothing the
+/// interface serves is spelled that way, and a refusal leaves no second reading to disagree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathFault {
+    /// Not an absolute path (`*`, or no leading `/`).
+    NotAbsolute,
+    /// `//`, or a `/` at the end (the root `/` itself aside).
+    EmptySegment,
+    /// A segment that is `.` or `..`, literal or percent-encoded in any case.
+    DotSegment,
+    /// `%2F` or `%5C`: a separator a backend may decode and split on.
+    EncodedSeparator,
+    /// `\`, which some servers take for `/`.
+    Backslash,
+    /// `;`, which servlet containers strip (with what follows) before routing.
+    Semicolon,
+    /// A control byte (NUL included), literal or percent-encoded.
+    Control,
+    /// A byte that must be percent-encoded (space, `"`, `<`, `{`, non-ASCII...).
+    Unencoded,
+    /// An unreserved character percent-encoded (`%70` for `p`, `%2e` in a name): normalisers
+    /// decode these (RFC 3986, section 6.2.2.2).
+    EncodedUnreserved,
+    /// `%` not followed by two hex digits.
+    BadPercent,
+}
+
+impl PathFault {
+    /// The Error body's message: what is wrong, so a client can fix its request.
+    pub fn message(self) -> &'static str {
+        match self {
+            PathFault::NotAbsolute => "the request path must start with /",
+            PathFault::EmptySegment => "the request path has an empty segment (// or a trailing /)",
+            PathFault::DotSegment => "the request path has a . or .. segment",
+            PathFault::EncodedSeparator => "the request path has an encoded / or \\ (%2F, %5C)",
+            PathFault::Backslash => "the request path has a \\",
+            PathFault::Semicolon => "the request path has a ; (path parameters are not accepted)",
+            PathFault::Control => "the request path has a control byte",
+            PathFault::Unencoded => "the request path has a byte that must be percent-encoded",
+            PathFault::EncodedUnreserved => {
+                "the request path percent-encodes a character that needs none (letters, digits, - . _ ~)"
+            }
+            PathFault::BadPercent => "the request path has a % not followed by two hex digits",
+        }
+    }
+}
+
+/// What a request path's bytes are, for [`path_fault`]: one table look-up a byte.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PathByte {
+    /// RFC 3986's unreserved: letters, digits, `-`, `.`, `_`, `~`.
+    Unreserved,
+    /// The other bytes a segment may hold as they are: sub-delims but `;`, `:` and `@`.
+    Allowed,
+    Refused(PathFault),
+}
+
+const PATH_BYTES: [PathByte; 256] = {
+    let mut table = [PathByte::Refused(PathFault::Unencoded); 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = match c {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                PathByte::Unreserved
+            }
+            b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b'=' | b':' | b'@' => {
+                PathByte::Allowed
+            }
+            b'\\' => PathByte::Refused(PathFault::Backslash),
+            b';' => PathByte::Refused(PathFault::Semicolon),
+            0..=0x1f | 0x7f => PathByte::Refused(PathFault::Control),
+            _ => PathByte::Refused(PathFault::Unencoded),
+        };
+        b += 1;
+    }
+    table
+};
+
+/// Whether `path` (the request's, without its query) is in the one form the gateway routes,
+/// prices and forwards; what is wrong with it otherwise. A single pass over its bytes, without
+/// allocating: it runs on every request. The query is not looked at: it is no path, and a
+/// backend does not route on it.
+pub fn path_fault(path: &[u8]) -> Option<PathFault> {
+    match path {
+        [b'/'] => None,
+        [b'/', rest @ ..] => rest.split(|&b| b == b'/').find_map(segment_fault),
+        _ => Some(PathFault::NotAbsolute),
+    }
+}
+
+/// What is wrong with one segment of a path (between two `/`), if anything.
+fn segment_fault(segment: &[u8]) -> Option<PathFault> {
+    let (mut units, mut dots, mut encoded_dot) = (0usize, 0usize, false);
+    let mut rest = segment;
+    while let [b, tail @ ..] = rest {
+        let unit = if *b == b'%' {
+            let [hi, lo, after @ ..] = tail else {
+                return Some(PathFault::BadPercent);
+            };
+            let (Some(hi), Some(lo)) = (hex_value(*hi), hex_value(*lo)) else {
+                return Some(PathFault::BadPercent);
+            };
+            rest = after;
+            let byte = hi << 4 | lo;
+            match (byte, PATH_BYTES[usize::from(byte)]) {
+                (b'/' | b'\\', _) => return Some(PathFault::EncodedSeparator),
+                (_, PathByte::Refused(PathFault::Control)) => return Some(PathFault::Control),
+                (b'.', _) => encoded_dot = true,
+                (_, PathByte::Unreserved) => return Some(PathFault::EncodedUnreserved),
+                _ => {}
+            }
+            byte
+        } else {
+            if let PathByte::Refused(fault) = PATH_BYTES[usize::from(*b)] {
+                return Some(fault);
+            }
+            rest = tail;
+            *b
+        };
+        units += 1;
+        dots += usize::from(unit == b'.');
+    }
+    match (units, dots) {
+        (0, _) => Some(PathFault::EmptySegment),
+        (1, 1) | (2, 2) => Some(PathFault::DotSegment),
+        _ if encoded_dot => Some(PathFault::EncodedUnreserved),
+        _ => None,
+    }
+}
+
+/// A hex digit's value, in either case.
+fn hex_value(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
 /// Keeps a client's `X-Request-Id` when it is sane (short, visible ASCII), else makes one.
 pub fn request_id(req: &RequestHeader) -> String {
     if let Some(v) = req.headers.get("x-request-id") {
@@ -227,6 +372,91 @@ mod tests {
         let got = read_body(&mut session, std::time::Duration::from_secs(2)).await;
         let e = got.expect_err("the body cannot be read");
         assert_eq!(*e.esource(), pingora::ErrorSource::Downstream, "{e}");
+    }
+
+    #[test]
+    fn canonical_paths_pass() {
+        for path in [
+            "/",
+            "/v1/pets",
+            "/v1/pets/42",
+            "/v1/store/orders",
+            "/v1/rate_limit",
+            "/v1/pets/a.b",
+            "/v1/pets/...",
+            "/v1/pets/.x",
+            "/v1/pets/x..",
+            "/v1/pets/%20",
+            "/v1/pets/%C3%A9",
+            "/v1/pets/%c3%a9",
+            "/v1/pets/%25",
+            "/v1/pets/%3B",
+            "/v1/pets/a~b-c_d!$&'()*+,=:@",
+        ] {
+            assert_eq!(path_fault(path.as_bytes()), None, "{path}");
+        }
+    }
+
+    #[test]
+    fn each_spelling_a_backend_might_normalise_is_refused_with_its_reason() {
+        use PathFault::*;
+        let cases: &[(&[u8], PathFault)] = &[
+            (b"", NotAbsolute),
+            (b"*", NotAbsolute),
+            (b"v1/pets", NotAbsolute),
+            (b"//v1/pets", EmptySegment),
+            (b"/v1//pets", EmptySegment),
+            (b"/v1/pets/", EmptySegment),
+            (b"/v1/", EmptySegment),
+            (b"/v1/./pets", DotSegment),
+            (b"/v1/x/../pets", DotSegment),
+            (b"/v1/pets/.", DotSegment),
+            (b"/v1/pets/..", DotSegment),
+            (b"/..", DotSegment),
+            (b"/v1/%2e%2e/v1/pets", DotSegment),
+            (b"/v1/%2E%2E/v1/pets", DotSegment),
+            (b"/v1/.%2e/v1/pets", DotSegment),
+            (b"/v1/%2E./v1/pets", DotSegment),
+            (b"/v1/%2e/pets", DotSegment),
+            (b"/v1/pets/%2ejson", EncodedUnreserved),
+            (b"/v1/%70ets", EncodedUnreserved),
+            (b"/v1/pets/%34%32", EncodedUnreserved),
+            (b"/v1/pets/%7e", EncodedUnreserved),
+            (b"/v1%2fpets", EncodedSeparator),
+            (b"/v1%2Fpets", EncodedSeparator),
+            (b"/v1/pets%5c42", EncodedSeparator),
+            (b"/v1/pets%5C42", EncodedSeparator),
+            (b"/v1\\pets", Backslash),
+            (b"/v1/pets;x=1", Semicolon),
+            (b"/v1/x/..;/pets", Semicolon),
+            (b"/v1/pets\0", Control),
+            (b"/v1/pets\t", Control),
+            (b"/v1/pets\x7f", Control),
+            (b"/v1/pets%00", Control),
+            (b"/v1/pets%0a", Control),
+            (b"/v1/pets%7F", Control),
+            (b"/v1/pets/\xc3\xa9", Unencoded),
+            (b"/v1/pets/a b", Unencoded),
+            (b"/v1/pets/{id}", Unencoded),
+            (b"/v1/pets/%", BadPercent),
+            (b"/v1/pets/%4", BadPercent),
+            (b"/v1/pets/%g0", BadPercent),
+            (b"/v1/pets/%0g", BadPercent),
+            (b"/v1/%%2e", BadPercent),
+        ];
+        for (path, want) in cases {
+            let shown = String::from_utf8_lossy(path);
+            assert_eq!(path_fault(path), Some(*want), "{shown}");
+            assert!(!want.message().is_empty());
+        }
+    }
+
+    /// The fault in the first segment that has one is the one named, and nothing after the
+    /// path (a query is never handed in) changes it.
+    #[test]
+    fn the_first_fault_is_named() {
+        assert_eq!(path_fault(b"/v1//./pets"), Some(PathFault::EmptySegment));
+        assert_eq!(path_fault(b"/./v1//pets"), Some(PathFault::DotSegment));
     }
 
     #[test]
