@@ -56,11 +56,31 @@ impl EchoUpstream {
         idle: Duration,
         connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     ) -> EchoUpstream {
-        Self::start_inner(Duration::ZERO, "", Some(idle), connections)
+        Self::start_inner(
+            Duration::ZERO,
+            "",
+            Some(idle),
+            connections,
+            Default::default(),
+        )
+    }
+
+    /// Like `start`, but the request line of every request it is sent is kept, in order: what
+    /// reached the backend, byte for byte.
+    pub fn start_recording() -> (EchoUpstream, RequestLines) {
+        let lines = RequestLines::default();
+        let echo = Self::start_inner(Duration::ZERO, "", None, Default::default(), lines.clone());
+        (echo, lines)
     }
 
     fn start_with(delay: Duration, extra_head: &'static str) -> EchoUpstream {
-        Self::start_inner(delay, extra_head, None, Default::default())
+        Self::start_inner(
+            delay,
+            extra_head,
+            None,
+            Default::default(),
+            Default::default(),
+        )
     }
 
     fn start_inner(
@@ -68,6 +88,7 @@ impl EchoUpstream {
         extra_head: &'static str,
         idle: Option<Duration>,
         connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        lines: RequestLines,
     ) -> EchoUpstream {
         use std::io::{BufReader, Write};
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind echo upstream");
@@ -77,10 +98,12 @@ impl EchoUpstream {
                 connections.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 // A read that waits past `idle` fails, and the connection is dropped: closed.
                 let _ = stream.set_read_timeout(idle);
+                let lines = lines.clone();
                 std::thread::spawn(move || {
                     let mut reader = BufReader::new(stream.try_clone().expect("clone stream"));
                     let mut writer = stream;
                     while let Some(head) = read_request(&mut reader) {
+                        lines.push(head.lines().next().unwrap_or_default());
                         std::thread::sleep(delay);
                         let response = format!(
                             "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n{extra_head}content-length: {}\r\n\r\n{head}",
@@ -94,6 +117,21 @@ impl EchoUpstream {
             }
         });
         EchoUpstream { addr }
+    }
+}
+
+/// The request lines an [`EchoUpstream::start_recording`] was sent (`GET /v1/pets HTTP/1.1`).
+#[derive(Clone, Default)]
+pub struct RequestLines(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl RequestLines {
+    fn push(&self, line: &str) {
+        self.0.lock().expect("not poisoned").push(line.to_owned());
+    }
+
+    /// Every line so far, in the order the requests arrived.
+    pub fn taken(&self) -> Vec<String> {
+        self.0.lock().expect("not poisoned").clone()
     }
 }
 

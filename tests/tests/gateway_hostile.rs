@@ -1,13 +1,13 @@
 //! Hostile input through the real gateway: oversized and malformed headers, smuggling
-//! attempts, old and pipelined HTTP, slow and vanishing clients. Each gets a clear 4xx or a
-//! closed connection, the gateway keeps serving everyone else, and no key material reaches a
-//! log line or a metric.
+//! attempts, paths not in canonical form, old and pipelined HTTP, slow and vanishing clients.
+//! Each gets a clear 4xx or a closed connection, the gateway keeps serving everyone else, and no
+//! key material reaches a log line or a metric.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use e2e::{Backend, Fixture, GatewayProcess};
+use e2e::{Backend, EchoUpstream, Fixture, GatewayProcess};
 
 struct Stack {
     gw: GatewayProcess,
@@ -297,4 +297,105 @@ fn no_key_material_in_logs_or_metrics() {
         assert!(!log.contains(material), "key material in the log");
         assert!(!metrics.contains(material), "key material in the metrics");
     }
+}
+
+/// Every spelling of a path that a normalising backend could read as another operation: the
+/// four tried in the review, their encoded variants, and the other separators. Sent as raw
+/// bytes: an HTTP client library would normalise some of them itself.
+const NON_CANONICAL: &[&[u8]] = &[
+    b"/v1//pets",
+    b"/v1/./pets",
+    b"/v1/x/../pets",
+    b"/v1/%2e%2e/v1/pets",
+    b"/v1/%2E%2E/v1/pets",
+    b"/v1/.%2e/v1/pets",
+    b"/v1/%2e/pets",
+    b"/v1/pets/",
+    b"/v1/pets/..",
+    b"/v1/%70ets",
+    b"/v1%2fpets",
+    b"/v1/pets%2F42",
+    b"/v1/pets%5c42",
+    b"/v1\\pets",
+    b"/v1/pets;x=1",
+    b"/v1/x/..;/pets",
+    b"/v1/pets%00",
+    b"/v1/pets/%zz",
+    b"/v1/pets/\xc3\xa9",
+];
+
+/// One request to `target` with `auth` (or none), answered on a connection of its own.
+fn request_to(addr: SocketAddr, method: &str, target: &[u8], auth: Option<&str>) -> String {
+    let mut raw = format!("{method} ").into_bytes();
+    raw.extend_from_slice(target);
+    raw.extend_from_slice(b" HTTP/1.1\r\nHost: t\r\nConnection: close\r\n");
+    if let Some(key) = auth {
+        raw.extend_from_slice(format!("Authorization: Bearer {key}\r\n").as_bytes());
+    }
+    if method == "POST" {
+        raw.extend_from_slice(b"Content-Type: application/json\r\nContent-Length: 14\r\n\r\n");
+        raw.extend_from_slice(br#"{"name":"rex"}"#);
+    } else {
+        raw.extend_from_slice(b"\r\n");
+    }
+    exchange(addr, &raw, Duration::from_secs(3))
+}
+
+/// The JSON body of a whole answer.
+fn body_of(answer: &str) -> serde_json::Value {
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or(serde_json::Value::Null)
+}
+
+/// A path a backend might normalise into another operation is refused with 400
+/// `invalid_request` before its key is looked at: it costs no quota, needs no key, and never
+/// reaches the backend. Canonical paths, with `..` and `//` in their query, go on as sent.
+#[test]
+fn non_canonical_paths_are_refused_before_the_key_and_never_forwarded() {
+    let f = Fixture::new(60, 1_000);
+    let key = f.issue("free");
+    let (echo, reached) = EchoUpstream::start_recording();
+    let gw = f.gateway(&f.spec(echo.addr));
+    for target in NON_CANONICAL {
+        let shown = String::from_utf8_lossy(target);
+        for (method, auth) in [
+            ("GET", Some(key.as_str())),
+            ("GET", None),
+            ("POST", Some(&key)),
+        ] {
+            let answer = request_to(gw.addr, method, target, auth);
+            assert_eq!(status_of(&answer), 400, "{method} {shown}: {answer}");
+            let body = body_of(&answer);
+            assert_eq!(
+                body["code"], "invalid_request",
+                "{method} {shown}: {answer}"
+            );
+            assert!(
+                body["message"].as_str().is_some_and(|m| m.contains("path")),
+                "{method} {shown}: {answer}"
+            );
+        }
+    }
+    let canonical: [&[u8]; 5] = [
+        b"/v1/pets",
+        b"/v1/pets/42",
+        b"/v1/pets?next=../../admin",
+        b"/v1/pets?a=//b&c=%2e%2e%2f",
+        b"/v1/store/orders",
+    ];
+    for target in canonical {
+        let answer = request_to(gw.addr, "GET", target, Some(&key));
+        assert_eq!(status_of(&answer), 200, "{answer}");
+    }
+    let sent: Vec<String> = canonical
+        .iter()
+        .map(|t| format!("GET {} HTTP/1.1", String::from_utf8_lossy(t)))
+        .collect();
+    assert_eq!(reached.taken(), sent, "only the canonical paths, as sent");
+    let quota = body_of(&request_to(gw.addr, "GET", b"/v1/rate_limit", Some(&key)));
+    assert_eq!(
+        quota["day"]["remaining"],
+        1_000 - canonical.len(),
+        "the refused cost nothing: {quota}"
+    );
 }

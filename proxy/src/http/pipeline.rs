@@ -26,7 +26,7 @@ use crate::events::{lifecycle, threshold};
 use crate::http::auth::{bearer_token, AuthFailure};
 use crate::http::context::Ctx;
 use crate::http::quota_status::QuotaStatus;
-use crate::http::request::{read_body, refuse_shape, request_id};
+use crate::http::request::{path_fault, read_body, refuse_shape, request_id};
 use crate::http::responses::{RateHeaders, Refusal};
 use crate::http::routes::Route;
 use crate::http::spans::{self, Phase, Recording};
@@ -88,7 +88,7 @@ impl Pipeline {
     /// The steps, in order.
     pub async fn run(&self, session: &mut Session, ctx: &mut Ctx) -> Step {
         self.begin(session, ctx);
-        shape(session)?;
+        shape(session, ctx)?;
         let t = spans::start(&ctx.spans);
         let authenticated = self.authenticate(session, ctx);
         spans::mark(&mut ctx.spans, Phase::Authenticate, t);
@@ -109,7 +109,7 @@ impl Pipeline {
         placed
     }
 
-    /// Names the request (id, trace, route); never stops it.
+    /// Names the request (id, trace); never stops it.
     fn begin(&self, session: &mut Session, ctx: &mut Ctx) {
         // A client that stalls while sending its body is cut off, not waited on.
         session.set_read_timeout(Some(self.client_read_timeout));
@@ -117,7 +117,6 @@ impl Pipeline {
         ctx.request_id = request_id(req);
         let mut trace =
             TraceContext::from_header(req.headers.get("traceparent").map(|v| v.as_bytes()));
-        ctx.route = Route::of(&req.method, req.uri.path());
         if let Some(tracing) = &self.tracing {
             // A caller's sampled flag counts only from a trusted proxy; the ratio decides the rest.
             let caller = match trace.parent_id {
@@ -343,10 +342,21 @@ impl Pipeline {
     }
 }
 
-/// Oversized or smuggling-prone requests, refused before anything else is read.
-fn shape(session: &Session) -> Step {
-    match refuse_shape(session.req_header()) {
-        Some((status, message)) => Err(Stop::refuse(Refusal::bad_shape(status, message))),
+/// Oversized or smuggling-prone requests, and paths not in canonical form, refused before
+/// anything else is read: before the key, so a refusal costs no quota and needs no key. Only a
+/// canonical path is given a route (the label, and later the cost): a path is sent on as it
+/// came, so a route read off another spelling could be another operation at the backend.
+fn shape(session: &Session, ctx: &mut Ctx) -> Step {
+    let req = session.req_header();
+    let fault = path_fault(req.uri.path().as_bytes());
+    if fault.is_none() {
+        ctx.route = Route::of(&req.method, req.uri.path());
+    }
+    if let Some((status, message)) = refuse_shape(req) {
+        return Err(Stop::refuse(Refusal::bad_shape(status, message)));
+    }
+    match fault {
+        Some(fault) => Err(Stop::refuse(Refusal::non_canonical_path(fault.message()))),
         None => Ok(()),
     }
 }

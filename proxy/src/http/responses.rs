@@ -207,6 +207,12 @@ impl Refusal {
         }
     }
 
+    /// 400 for a path not in canonical form (`request::PathFault`): the connection stays open,
+    /// its framing was sound.
+    pub fn non_canonical_path(message: &'static str) -> Refusal {
+        Refusal::new(400, ErrorCode::InvalidRequest, message)
+    }
+
     /// A request body that stalled (408) or was too large (413); the request was admitted, so
     /// its rate-limit headers go with it. An HTTP/1 connection closes (its unread body would
     /// otherwise be drained, however slowly it comes); an HTTP/2 one's other streams go on.
