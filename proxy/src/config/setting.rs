@@ -1,13 +1,14 @@
 //! The row that declares a setting once, and the merge every row goes through.
 //!
-//! A row says how each layer spells the setting (file key, flag, variable), its default, how its
-//! value is checked, and what it means. The file, flag and environment layers, the merge, the
+//! A row says the setting's file key (its flag and variable follow from it by one rule, so no
+//! row can leave a layer out), its default, how its value is checked, and what it means. The file, flag and environment layers, the merge, the
 //! book's table and `check`'s report all read the rows, so a setting added as a row is
 //! complete everywhere at once.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
+use std::sync::{Mutex, PoisonError};
 
 use clap::builder::PossibleValue;
 
@@ -56,12 +57,24 @@ pub enum Preset {
 }
 
 /// A setting's flag; `serve` is false for a flag only the `keys` commands take.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Flag {
     /// With its dashes (`--listen`), as errors and help show it.
     pub name: &'static str,
     pub value_name: &'static str,
     pub serve: bool,
+}
+
+/// How the flag or the environment spells a setting. By the rule unless a row says otherwise,
+/// so a new row is complete in every layer without a line of its own.
+#[derive(Debug, Clone, Copy)]
+enum Spelling {
+    /// From the file key: `ban.strikes` is `--ban-strikes` and `PET_GATEWAY_BAN_STRIKES`.
+    Rule,
+    /// A spelling older than the rule, kept because operators script against it.
+    Own(&'static str),
+    /// Not in this layer (a secret is never a flag: flags show in `ps`).
+    Never,
 }
 
 /// A setting, apart from the type its check produces: what the layers and the tables need.
@@ -70,8 +83,11 @@ pub struct Row {
     /// The file's key; `ban.strikes` is `strikes` in the file's `[ban]` table.
     pub name: &'static str,
     pub kind: Kind,
-    pub flag: Option<Flag>,
-    pub env: Option<&'static str>,
+    flag: Spelling,
+    /// The flag's value in help and the book; `None`: one by the kind (`N`, `PATH`).
+    value_name: Option<&'static str>,
+    keys_commands_only: bool,
+    env: Spelling,
     pub preset: Preset,
     /// Never a flag (flags show in `ps`) and never printed.
     pub secret: bool,
@@ -86,7 +102,7 @@ pub struct Setting<T> {
 }
 
 impl<T> Setting<T> {
-    /// A setting read from the file only; [`Self::flag`] and [`Self::env`] open other layers.
+    /// A setting in the file, its flag and its variable, both spelled by the rule.
     pub const fn new(
         name: &'static str,
         kind: Kind,
@@ -98,8 +114,10 @@ impl<T> Setting<T> {
             row: Row {
                 name,
                 kind,
-                flag: None,
-                env: None,
+                flag: Spelling::Rule,
+                value_name: None,
+                keys_commands_only: false,
+                env: Spelling::Rule,
                 preset,
                 secret: false,
                 doc,
@@ -108,31 +126,34 @@ impl<T> Setting<T> {
         }
     }
 
+    /// A flag spelled otherwise than the rule would: only the spellings older than the rule.
     pub const fn flag(mut self, name: &'static str, value_name: &'static str) -> Setting<T> {
-        self.row.flag = Some(Flag {
-            name,
-            value_name,
-            serve: true,
-        });
+        self.row.flag = Spelling::Own(name);
+        self.row.value_name = Some(value_name);
+        self
+    }
+
+    /// What the flag's value is called in help and the book, when the kind's word says too little.
+    pub const fn value_name(mut self, value_name: &'static str) -> Setting<T> {
+        self.row.value_name = Some(value_name);
         self
     }
 
     /// The flag is taken by the `keys` commands only (`--audit-log`: `serve` writes no audit).
     pub const fn keys_commands_only(mut self) -> Setting<T> {
-        if let Some(flag) = &mut self.row.flag {
-            flag.serve = false;
-        }
+        self.row.keys_commands_only = true;
         self
     }
 
+    /// A variable spelled otherwise than the rule would: only the spellings older than the rule.
     pub const fn env(mut self, var: &'static str) -> Setting<T> {
-        self.row.env = Some(var);
+        self.row.env = Spelling::Own(var);
         self
     }
 
     /// In the file or the environment, never a flag, never shown.
-    pub const fn secret(mut self, var: &'static str) -> Setting<T> {
-        self.row.env = Some(var);
+    pub const fn secret(mut self) -> Setting<T> {
+        self.row.flag = Spelling::Never;
         self.row.secret = true;
         self
     }
@@ -143,7 +164,7 @@ impl Value {
     pub fn from_text(kind: Kind, text: &str) -> Value {
         match kind {
             Kind::Path => Value::Path(PathBuf::from(text)),
-            Kind::Texts => Value::Texts(text.split(',').map(str::to_owned).collect()),
+            Kind::Texts => Value::Texts(list(text)),
             _ => Value::Text(text.to_owned()),
         }
     }
@@ -193,7 +214,7 @@ impl Value {
     pub fn texts(self) -> Result<Vec<String>, String> {
         match self {
             Value::Texts(v) => Ok(v),
-            Value::Text(t) => Ok(t.split(',').map(str::to_owned).collect()),
+            Value::Text(t) => Ok(list(&t)),
             other => Err(format!("expected a list, not `{}`", other.render())),
         }
     }
@@ -201,7 +222,7 @@ impl Value {
     pub fn ints(self) -> Result<Vec<u64>, String> {
         match self {
             Value::Ints(v) => Ok(v),
-            Value::Text(t) if t.is_empty() => Ok(Vec::new()),
+            Value::Text(t) if t.trim().is_empty() => Ok(Vec::new()),
             Value::Text(t) => t.split(',').map(number).collect(),
             other => Err(format!(
                 "expected a list of numbers, not `{}`",
@@ -229,6 +250,47 @@ impl Value {
     }
 }
 
+/// A list as a variable or a literal default spells it: comma-separated, each item trimmed. An
+/// empty text is one empty item, which the setting's check refuses, never the empty list: an
+/// empty `PET_GATEWAY_REGISTRY_VERIFY_KEYS` (a Secret's key left blank) must not switch the
+/// signature check off.
+fn list(text: &str) -> Vec<String> {
+    text.split(',').map(|item| item.trim().to_owned()).collect()
+}
+
+/// What every setting's variable starts with.
+pub const ENV_PREFIX: &str = "PET_GATEWAY_";
+
+/// The words of a file key, for the rule's spellings: `ban.strikes` is `ban`, `strikes`, and
+/// `upstream_priority.listPets` is `upstream`, `priority`, `list`, `pets`.
+fn words(name: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    for part in name.split(['.', '_']) {
+        let mut word = String::new();
+        for c in part.chars() {
+            if c.is_ascii_uppercase() && !word.is_empty() {
+                words.push(std::mem::take(&mut word));
+            }
+            word.push(c.to_ascii_lowercase());
+        }
+        words.push(word);
+    }
+    words
+}
+
+/// A spelling made by the rule, kept for the process's life as clap and [`Origin`] need: each
+/// distinct one is made once, so this holds at most two a row.
+fn intern(text: String) -> &'static str {
+    static SPELLINGS: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let mut spellings = SPELLINGS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(known) = spellings.get(text.as_str()) {
+        return known;
+    }
+    let made: &'static str = Box::leak(text.into_boxed_str());
+    spellings.insert(made);
+    made
+}
+
 fn number(text: &str) -> Result<u64, String> {
     text.trim()
         .parse()
@@ -236,6 +298,45 @@ fn number(text: &str) -> Result<u64, String> {
 }
 
 impl Row {
+    /// The flag that sets this row: its own spelling, else the rule's; none for a secret.
+    pub fn flag(&self) -> Option<Flag> {
+        let name = match self.flag {
+            Spelling::Never => return None,
+            Spelling::Own(name) => name,
+            Spelling::Rule => intern(format!("--{}", words(self.name).join("-"))),
+        };
+        Some(Flag {
+            name,
+            value_name: self.value_name.unwrap_or(match self.kind {
+                Kind::Text => "TEXT",
+                Kind::Path => "PATH",
+                Kind::Int | Kind::Ints | Kind::Number => "N",
+                Kind::Bool => "BOOL",
+                Kind::Texts => "ITEM",
+                Kind::Choice(_) => "NAME",
+            }),
+            serve: !self.keys_commands_only,
+        })
+    }
+
+    /// The variable that sets this row: its own spelling, else the rule's.
+    pub fn env(&self) -> Option<&'static str> {
+        match self.env {
+            Spelling::Never => None,
+            Spelling::Own(var) => Some(var),
+            Spelling::Rule => {
+                let words = words(self.name).join("_").to_ascii_uppercase();
+                Some(intern(format!("{ENV_PREFIX}{words}")))
+            }
+        }
+    }
+
+    /// Whether the flag or the variable is spelled otherwise than the rule.
+    #[cfg(test)]
+    pub fn spelled_its_own_way(&self) -> bool {
+        matches!(self.flag, Spelling::Own(_)) || matches!(self.env, Spelling::Own(_))
+    }
+
     /// The preset's value, if it has one of its own.
     fn preset_value(&self) -> Option<Value> {
         match self.preset {
@@ -392,10 +493,10 @@ pub struct Layers {
 impl Layers {
     /// The value of the highest layer that gives one: flags > environment > file.
     pub fn given(&self, row: &Row) -> Option<(Value, Origin)> {
-        if let (Some(v), Some(flag)) = (self.flags.get(row.name), row.flag) {
+        if let (Some(v), Some(flag)) = (self.flags.get(row.name), row.flag()) {
             return Some((v.clone(), Origin::Flag(flag.name)));
         }
-        if let (Some(v), Some(var)) = (self.env.get(row.name), row.env) {
+        if let (Some(v), Some(var)) = (self.env.get(row.name), row.env()) {
             return Some((v.clone(), Origin::Env(var)));
         }
         match (self.file.get(row.name), &self.file_path) {

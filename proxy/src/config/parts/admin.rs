@@ -15,8 +15,7 @@ const ADMIN_LISTEN: Setting<SocketAddr> = Setting::new(
      (`check` and `serve` refuse it otherwise)",
     socket_addr,
 )
-.flag("--admin-listen", "ADDR")
-.env("PET_GATEWAY_ADMIN_LISTEN");
+.value_name("ADDR");
 const ADMIN_TOKEN: Setting<String> = Setting::new(
     "admin_token",
     Kind::Text,
@@ -28,7 +27,7 @@ const ADMIN_TOKEN: Setting<String> = Setting::new(
      variable. Never a flag: flags show in `ps`",
     token,
 )
-.secret("PET_GATEWAY_ADMIN_TOKEN");
+.secret();
 
 const ADMIN_HOSTS: Setting<Vec<String>> = Setting::new(
     "admin_hosts",
@@ -54,8 +53,7 @@ const ADMIN_HOSTS: Setting<Vec<String>> = Setting::new(
             .collect())
     },
 )
-.flag("--admin-host", "NAME")
-.env("PET_GATEWAY_ADMIN_HOSTS");
+.flag("--admin-host", "NAME");
 
 pub const SETTINGS: &[Row] = &[ADMIN_LISTEN.row, ADMIN_TOKEN.row, ADMIN_HOSTS.row];
 

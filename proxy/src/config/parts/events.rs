@@ -18,8 +18,7 @@ const NODE_ID: Setting<String> = Setting::new(
      1 to 64 letters, digits, `-`, `_` or `.`",
     node_name,
 )
-.flag("--node-id", "NAME")
-.env("PET_GATEWAY_NODE_ID");
+.value_name("NAME");
 const METERING_FILE: Setting<PathBuf> = Setting::new(
     "metering_file",
     Kind::Path,
@@ -28,9 +27,7 @@ const METERING_FILE: Setting<PathBuf> = Setting::new(
      line to `<metering_file>.YYYY-MM-DD`, a file a UTC day; its folder must exist and be \
      writable (`check` and `serve` say so otherwise)",
     Value::path,
-)
-.flag("--metering-file", "PATH")
-.env("PET_GATEWAY_METERING_FILE");
+);
 
 const WEBHOOK_URL: Setting<WebhookUrl> = Setting::new(
     "events_webhook_url",
@@ -42,8 +39,7 @@ const WEBHOOK_URL: Setting<WebhookUrl> = Setting::new(
      `events_webhook_secret` (or its file) and `events_spool_dir`",
     |v| WebhookUrl::parse(&v.text()?),
 )
-.flag("--events-webhook-url", "URL")
-.env("PET_GATEWAY_EVENTS_WEBHOOK_URL");
+.value_name("URL");
 const WEBHOOK_SECRET: Setting<String> = Setting::new(
     "events_webhook_secret",
     Kind::Text,
@@ -52,16 +48,14 @@ const WEBHOOK_SECRET: Setting<String> = Setting::new(
      `events_webhook_secret_file`, never a flag",
     Value::text,
 )
-.secret("PET_GATEWAY_EVENTS_WEBHOOK_SECRET");
+.secret();
 const WEBHOOK_SECRET_FILE: Setting<PathBuf> = Setting::new(
     "events_webhook_secret_file",
     Kind::Path,
     Preset::Absent("none"),
     "a file holding the webhook's signing key (one trailing newline is dropped), read at start",
     Value::path,
-)
-.flag("--events-webhook-secret-file", "PATH")
-.env("PET_GATEWAY_EVENTS_WEBHOOK_SECRET_FILE");
+);
 const WEBHOOK_SIGNATURE: Setting<Scheme> = Setting::new(
     "events_webhook_signature",
     choice::<Scheme>(),
@@ -71,8 +65,7 @@ const WEBHOOK_SIGNATURE: Setting<Scheme> = Setting::new(
      secret a `whsec_` base64 value), or `both` (the two, while receivers move)",
     parse_choice,
 )
-.flag("--events-webhook-signature", "SCHEME")
-.env("PET_GATEWAY_EVENTS_WEBHOOK_SIGNATURE");
+.value_name("SCHEME");
 const WEBHOOK_PREVIOUS_SECRET: Setting<String> = Setting::new(
     "events_webhook_previous_secret",
     Kind::Text,
@@ -82,16 +75,14 @@ const WEBHOOK_PREVIOUS_SECRET: Setting<String> = Setting::new(
      `events_webhook_previous_secret_file`, never a flag",
     Value::text,
 )
-.secret("PET_GATEWAY_EVENTS_WEBHOOK_PREVIOUS_SECRET");
+.secret();
 const WEBHOOK_PREVIOUS_SECRET_FILE: Setting<PathBuf> = Setting::new(
     "events_webhook_previous_secret_file",
     Kind::Path,
     Preset::Absent("none"),
     "a file holding the secret being retired (one trailing newline is dropped), read at start",
     Value::path,
-)
-.flag("--events-webhook-previous-secret-file", "PATH")
-.env("PET_GATEWAY_EVENTS_WEBHOOK_PREVIOUS_SECRET_FILE");
+);
 const SPOOL_DIR: Setting<PathBuf> = Setting::new(
     "events_spool_dir",
     Kind::Path,
@@ -100,9 +91,7 @@ const SPOOL_DIR: Setting<PathBuf> = Setting::new(
      receiver that is down or a restart loses nothing; its `dead-letter.ndjson` keeps what the \
      receiver refused or what ran out of retries",
     Value::path,
-)
-.flag("--events-spool-dir", "PATH")
-.env("PET_GATEWAY_EVENTS_SPOOL_DIR");
+);
 const SPOOL_MAX_MB: Setting<u64> = Setting::new(
     "events_spool_max_mb",
     Kind::Int,
@@ -118,8 +107,7 @@ const SPOOL_MAX_MB: Setting<u64> = Setting::new(
         }
     },
 )
-.flag("--events-spool-max-mb", "MIB")
-.env("PET_GATEWAY_EVENTS_SPOOL_MAX_MB");
+.value_name("MIB");
 
 pub const SETTINGS: &[Row] = &[
     NODE_ID.row,

@@ -16,17 +16,14 @@ const KEYS_SOURCE: Setting<KeysSource> = Setting::new(
      quota store's Redis, see \"The key registry\"; needs `redis_url`)",
     parse_choice,
 )
-.flag("--keys-source", "SOURCE")
-.env("PET_GATEWAY_KEYS_SOURCE");
+.value_name("SOURCE");
 const KEYS_FILE: Setting<PathBuf> = Setting::new(
     "keys_file",
     Kind::Path,
     Preset::Computed("`keys.toml`"),
     "the keys file; with `keys_source = \"store\"`, this node's local snapshot of the registry",
     Value::path,
-)
-.flag("--keys-file", "PATH")
-.env("PET_GATEWAY_KEYS_FILE");
+);
 const PLANS_DIR: Setting<PathBuf> = Setting::new(
     "plans_dir",
     Kind::Path,
@@ -34,8 +31,7 @@ const PLANS_DIR: Setting<PathBuf> = Setting::new(
     "the plan files",
     Value::path,
 )
-.flag("--plans-dir", "DIR")
-.env("PET_GATEWAY_PLANS_DIR");
+.value_name("DIR");
 const API_KEY_PREFIX: Setting<String> = Setting::new(
     "api_key_prefix",
     Kind::Text,
@@ -49,7 +45,8 @@ const API_KEY_PREFIX: Setting<String> = Setting::new(
             Err("must be 2 to 16 of a-z, 0-9 and '_', ending in '_' (`acme_`)".to_owned())
         }
     },
-);
+)
+.value_name("PREFIX");
 const AUDIT_LOG: Setting<Option<PathBuf>> = Setting::new(
     "audit_log",
     Kind::Path,
@@ -57,9 +54,7 @@ const AUDIT_LOG: Setting<Option<PathBuf>> = Setting::new(
     "where key changes are logged, one JSON line each",
     |v| Ok(Some(v.path()?).filter(|p| !p.as_os_str().is_empty())),
 )
-.flag("--audit-log", "PATH")
-.keys_commands_only()
-.env("PET_GATEWAY_AUDIT_LOG");
+.keys_commands_only();
 const REGISTRY_VERIFY_KEYS: Setting<Vec<String>> = Setting::new(
     "registry_verify_keys",
     Kind::Texts,
@@ -77,8 +72,7 @@ const REGISTRY_VERIFY_KEYS: Setting<Vec<String>> = Setting::new(
         Ok(keys)
     },
 )
-.flag("--registry-verify-key", "KEY")
-.env("PET_GATEWAY_REGISTRY_VERIFY_KEYS");
+.flag("--registry-verify-key", "KEY");
 const REGISTRY_SIGNING_KEY_FILE: Setting<Option<PathBuf>> = Setting::new(
     "registry_signing_key_file",
     Kind::Path,
@@ -94,9 +88,7 @@ const REGISTRY_SIGNING_KEY_FILE: Setting<Option<PathBuf>> = Setting::new(
         SigningKey::load(&path).map_err(|e| e.to_string())?;
         Ok(Some(path))
     },
-)
-.flag("--registry-signing-key-file", "PATH")
-.env("PET_GATEWAY_REGISTRY_SIGNING_KEY_FILE");
+);
 
 pub const SETTINGS: &[Row] = &[
     KEYS_SOURCE.row,

@@ -51,7 +51,8 @@ const TRUSTED_PROXIES: Setting<Vec<ipnet::IpNet>> = Setting::new(
      the client, for the unauthenticated limit; the right-most address in it that is not itself \
      trusted is the client; from any other peer the header is ignored",
     |v| v.texts()?.iter().map(|n| parse_net(n)).collect(),
-);
+)
+.value_name("NET");
 const BAN_STRIKES: Setting<u64> = Setting::new(
     "ban.strikes",
     Kind::Int,
@@ -72,7 +73,8 @@ const BAN_DURATIONS_SECS: Setting<Vec<u64>> = Setting::new(
             Ok(d)
         }
     },
-);
+)
+.value_name("SECS");
 const BAN_DECAY_SECS: Setting<u64> = Setting::new(
     "ban.decay_secs",
     Kind::Int,

@@ -16,8 +16,7 @@ const LISTEN: Setting<SocketAddr> = Setting::new(
     "public listener",
     socket_addr,
 )
-.flag("--listen", "ADDR")
-.env("PET_GATEWAY_LISTEN");
+.value_name("ADDR");
 const REQUEST_HEADER_TIMEOUT_MS: Setting<Duration> = Setting::new(
     "request_header_timeout_ms",
     Kind::Int,

@@ -11,8 +11,7 @@ const LOG_FORMAT: Setting<LogFormat> = Setting::new(
     "`text`, or `json` (one object per line)",
     parse_choice,
 )
-.flag("--log-format", "FORMAT")
-.env("PET_GATEWAY_LOG_FORMAT");
+.value_name("FORMAT");
 
 pub const SETTINGS: &[Row] = &[LOG_FORMAT.row];
 

@@ -26,8 +26,7 @@ const REDIS_USERNAME: Setting<String> = Setting::new(
      `redis://USER:PASSWORD@host:6379/0`)",
     some_text,
 )
-.flag("--redis-username", "USER")
-.env("PET_GATEWAY_REDIS_USERNAME");
+.value_name("USER");
 const REDIS_PASSWORD: Setting<String> = Setting::new(
     "redis_password",
     Kind::Text,
@@ -37,7 +36,7 @@ const REDIS_PASSWORD: Setting<String> = Setting::new(
      flags show in `ps`, and a password in `--redis-url` is refused for that reason",
     some_text,
 )
-.secret("PET_GATEWAY_REDIS_PASSWORD");
+.secret();
 const REDIS_PASSWORD_FILE: Setting<PathBuf> = Setting::new(
     "redis_password_file",
     Kind::Path,
@@ -45,9 +44,7 @@ const REDIS_PASSWORD_FILE: Setting<PathBuf> = Setting::new(
     "a file holding the Redis password (one line), read again at every reconnection: rotate \
      by writing the new password here, then changing it in Redis",
     Value::path,
-)
-.flag("--redis-password-file", "PATH")
-.env("PET_GATEWAY_REDIS_PASSWORD_FILE");
+);
 const REDIS_TLS_CA_FILE: Setting<PathBuf> = Setting::new(
     "redis_tls_ca_file",
     Kind::Path,
@@ -55,9 +52,7 @@ const REDIS_TLS_CA_FILE: Setting<PathBuf> = Setting::new(
     "PEM CA certificate(s) that verify the certificates of Redis and of the Sentinels, for \
      `rediss://` and `rediss+sentinel://` URLs",
     Value::path,
-)
-.flag("--redis-tls-ca-file", "PATH")
-.env("PET_GATEWAY_REDIS_TLS_CA_FILE");
+);
 const REDIS_TLS_CERT_FILE: Setting<PathBuf> = Setting::new(
     "redis_tls_cert_file",
     Kind::Path,
@@ -65,18 +60,14 @@ const REDIS_TLS_CERT_FILE: Setting<PathBuf> = Setting::new(
     "PEM client certificate (chain) the gateway presents to Redis and the Sentinels, with \
      `redis_tls_key_file`, where they ask for one (`tls-auth-clients`)",
     Value::path,
-)
-.flag("--redis-tls-cert-file", "PATH")
-.env("PET_GATEWAY_REDIS_TLS_CERT_FILE");
+);
 const REDIS_TLS_KEY_FILE: Setting<PathBuf> = Setting::new(
     "redis_tls_key_file",
     Kind::Path,
     Preset::Absent("none"),
     "PEM private key of `redis_tls_cert_file`",
     Value::path,
-)
-.flag("--redis-tls-key-file", "PATH")
-.env("PET_GATEWAY_REDIS_TLS_KEY_FILE");
+);
 const REDIS_SENTINEL_USERNAME: Setting<String> = Setting::new(
     "redis_sentinel_username",
     Kind::Text,
@@ -84,8 +75,7 @@ const REDIS_SENTINEL_USERNAME: Setting<String> = Setting::new(
     "the ACL user the gateway logs in to the Sentinels as (`redis+sentinel://` URLs)",
     some_text,
 )
-.flag("--redis-sentinel-username", "USER")
-.env("PET_GATEWAY_REDIS_SENTINEL_USERNAME");
+.value_name("USER");
 const REDIS_SENTINEL_PASSWORD: Setting<String> = Setting::new(
     "redis_sentinel_password",
     Kind::Text,
@@ -94,16 +84,14 @@ const REDIS_SENTINEL_PASSWORD: Setting<String> = Setting::new(
      a flag",
     some_text,
 )
-.secret("PET_GATEWAY_REDIS_SENTINEL_PASSWORD");
+.secret();
 const REDIS_SENTINEL_PASSWORD_FILE: Setting<PathBuf> = Setting::new(
     "redis_sentinel_password_file",
     Kind::Path,
     Preset::Absent("none"),
     "a file holding the Sentinels' password, read again at every reconnection",
     Value::path,
-)
-.flag("--redis-sentinel-password-file", "PATH")
-.env("PET_GATEWAY_REDIS_SENTINEL_PASSWORD_FILE");
+);
 
 const REGISTRY_ADMIN_USERNAME: Setting<String> = Setting::new(
     "registry_admin_username",
@@ -114,8 +102,7 @@ const REGISTRY_ADMIN_USERNAME: Setting<String> = Setting::new(
      apart from the node's own `redis_username`; a node without it changes keys with its own",
     some_text,
 )
-.flag("--registry-admin-username", "USER")
-.env("PET_GATEWAY_REGISTRY_ADMIN_USERNAME");
+.value_name("USER");
 const REGISTRY_ADMIN_PASSWORD: Setting<String> = Setting::new(
     "registry_admin_password",
     Kind::Text,
@@ -124,16 +111,14 @@ const REGISTRY_ADMIN_PASSWORD: Setting<String> = Setting::new(
      `registry_admin_password_file`, never a flag",
     some_text,
 )
-.secret("PET_GATEWAY_REGISTRY_ADMIN_PASSWORD");
+.secret();
 const REGISTRY_ADMIN_PASSWORD_FILE: Setting<PathBuf> = Setting::new(
     "registry_admin_password_file",
     Kind::Path,
     Preset::Absent("none"),
     "a file holding the password of `registry_admin_username`, read again at every connection",
     Value::path,
-)
-.flag("--registry-admin-password-file", "PATH")
-.env("PET_GATEWAY_REGISTRY_ADMIN_PASSWORD_FILE");
+);
 
 pub const SETTINGS: &[Row] = &[
     REDIS_USERNAME.row,

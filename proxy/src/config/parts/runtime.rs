@@ -20,8 +20,7 @@ pub const ENVIRONMENT: Setting<String> = Setting::new(
         }
     },
 )
-.flag("--environment", "NAME")
-.env("PET_GATEWAY_ENVIRONMENT");
+.value_name("NAME");
 const THREADS: Setting<usize> = Setting::new(
     "threads",
     Kind::Int,

@@ -33,8 +33,7 @@ const REDIS_URL: Setting<Option<String>> = Setting::new(
             .map_err(|e| format!("not a usable Redis URL: {e}"))
     },
 )
-.flag("--redis-url", "URL")
-.env("PET_GATEWAY_REDIS_URL");
+.value_name("URL");
 const KEY_PREFIX: Setting<String> = Setting::new(
     "key_prefix",
     Kind::Text,
@@ -52,8 +51,7 @@ const KEY_PREFIX: Setting<String> = Setting::new(
         }
     },
 )
-.flag("--key-prefix", "P")
-.env("PET_GATEWAY_KEY_PREFIX");
+.value_name("P");
 const ON_STORE_ERROR: Setting<OnStoreError> = Setting::new(
     "on_store_error",
     choice::<OnStoreError>(),
@@ -63,8 +61,7 @@ const ON_STORE_ERROR: Setting<OnStoreError> = Setting::new(
      (admit), `closed` (503)",
     parse_choice,
 )
-.flag("--on-store-error", "MODE")
-.env("PET_GATEWAY_ON_STORE_ERROR");
+.value_name("MODE");
 const STORE_TIMEOUT_MS: Setting<Duration> = Setting::new(
     "store_timeout_ms",
     Kind::Int,

@@ -12,18 +12,14 @@ const TLS_CERT: Setting<PathBuf> = Setting::new(
     "PEM certificate chain, leaf first; with `tls_key`, the public listener speaks TLS 1.2/1.3 \
      with HTTP/2 and HTTP/1.1 (ALPN)",
     Value::path,
-)
-.flag("--tls-cert", "PATH")
-.env("PET_GATEWAY_TLS_CERT");
+);
 const TLS_KEY: Setting<PathBuf> = Setting::new(
     "tls_key",
     Kind::Path,
     Preset::Absent("absent: plain HTTP"),
     "PEM private key of `tls_cert`",
     Value::path,
-)
-.flag("--tls-key", "PATH")
-.env("PET_GATEWAY_TLS_KEY");
+);
 
 pub const SETTINGS: &[Row] = &[TLS_CERT.row, TLS_KEY.row];
 

@@ -24,8 +24,7 @@ const TRACING_OTLP_ENDPOINT: Setting<String> = Setting::new(
         }
     },
 )
-.flag("--tracing-otlp-endpoint", "URL")
-.env("PET_GATEWAY_TRACING_OTLP_ENDPOINT");
+.value_name("URL");
 const TRACING_SAMPLE_RATIO: Setting<SampleRatio> = Setting::new(
     "tracing_sample_ratio",
     Kind::Number,
@@ -34,8 +33,7 @@ const TRACING_SAMPLE_RATIO: Setting<SampleRatio> = Setting::new(
      `trusted_proxies` sent a `traceparent` whose sampled flag decides (parent-based)",
     ratio,
 )
-.flag("--tracing-sample-ratio", "RATIO")
-.env("PET_GATEWAY_TRACING_SAMPLE_RATIO");
+.value_name("RATIO");
 
 pub const SETTINGS: &[Row] = &[TRACING_OTLP_ENDPOINT.row, TRACING_SAMPLE_RATIO.row];
 

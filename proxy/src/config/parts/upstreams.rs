@@ -84,7 +84,8 @@ const UPSTREAM_MAX_IN_FLIGHT: Setting<MaxInFlight> = Setting::new(
             )),
         },
     },
-);
+)
+.value_name("N|auto|off");
 const UPSTREAM_AUTO_MIN: Setting<u32> = Setting::new(
     "upstream_auto_min",
     Kind::Int,
@@ -131,7 +132,8 @@ const UPSTREAM_RESERVED_SHARE: Setting<u32> = Setting::new(
             _ => Err(format!("`{text}` is not a share from 0 to 0.9")),
         }
     },
-);
+)
+.value_name("SHARE");
 
 /// One row per operation of `[upstream_priority]`: a name the table may not hold is refused by
 /// the file's reader, naming it.
@@ -148,7 +150,8 @@ macro_rules! priority_row {
                  their plan's `priority` moves it"
             ),
             parse_choice,
-        );
+        )
+        .value_name("LEVEL");
     };
 }
 priority_row!(PRIORITY_LIST_PETS, "listPets", "normal");

@@ -16,7 +16,8 @@ pub fn check(args: ConfigArgs) -> Result<(), String> {
         None => None,
     };
     let ignored = snapshot.plans.ignored_warning(&config.plans_dir);
-    for warning in config.warnings().into_iter().chain(ignored) {
+    let unknown = Env::process().unknown();
+    for warning in config.warnings().into_iter().chain(ignored).chain(unknown) {
         eprintln!("warning: {warning}");
     }
     println!(

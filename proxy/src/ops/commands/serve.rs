@@ -1,7 +1,7 @@
 //! `pet-gateway serve`: logging set up, the config's warnings logged, then the gateway runs.
 
 use crate::base::log_sink::{LogSink, SinkGuard};
-use crate::config::LogFormat;
+use crate::config::{Env, LogFormat};
 use crate::http::access_log;
 use crate::ops::cli::ServeArgs;
 
@@ -40,7 +40,8 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     let config = super::load(c.config.as_deref(), &c.overrides)?;
     crate::config::events_ready(&config)?;
     let _flush_on_exit = init_logging(config.log_format)?;
-    for warning in config.warnings() {
+    let unknown = Env::process().unknown();
+    for warning in config.warnings().into_iter().chain(unknown) {
         tracing::warn!("{warning}");
     }
     // Before anything listens: a stop signal from here on is a graceful stop.
