@@ -4,7 +4,8 @@
 The backend and the gateway run as two containers of the image, the gateway in the backend's
 network namespace (as a Kubernetes pod's containers share one), the gateway's API published
 on a loopback port. Then: a key issued with `<engine> exec … pet-gateway keys issue`, 200 with
-it and then 429 with `Retry-After` and the Error body, `SIGHUP` reloads (the gateway says so
+it and then 429 with `Retry-After` and the Error body, settings given as `PET_GATEWAY_*`
+variables in force (as `check` in the container reports them), `SIGHUP` reloads (the gateway says so
 and serves on), the image's `HEALTHCHECK` passes, and `<engine> stop` (SIGTERM) while a request
 is in flight: that request is answered and the gateway exits 0. Prints the image's size and
 how long the gateway takes from `run` to answering and to ready.
@@ -98,7 +99,8 @@ def run(e, image, port, backend, gateway):
        "--entrypoint", "/usr/local/bin/pet-backend", image,
        "--listen", "127.0.0.1:8081", "--db", "/var/lib/pet-backend/pets.db")
     started = time.monotonic()
-    sh(e, "run", "-d", "--name", gateway, "--network", f"container:{backend}", image)
+    sh(e, "run", "-d", "--name", gateway, "--network", f"container:{backend}",
+       *(arg for var, value in FROM_ENV.items() for arg in ("-e", f"{var}={value}")), image)
     # Listening: any answer on the public port (401 without a key).
     until("the gateway answers on its port", 30, lambda: get(port, "/v1/pets")[0] == 401)
     answering = time.monotonic() - started
@@ -110,6 +112,8 @@ def run(e, image, port, backend, gateway):
             e, "inspect", "--format", "{{.State.Health.Status}}", gateway).stdout.strip() == "healthy")
     ready = time.monotonic() - started
     print(f"start-up: answering after {answering:.2f} s, ready (HEALTHCHECK) after {ready:.2f} s")
+
+    configured_from_env(e, gateway)
 
     out = sh(e, "exec", gateway, "pet-gateway", "keys", "issue", "--plan", "free", "--name", "smoke").stdout
     key = out.strip().splitlines()[-1]
@@ -139,6 +143,29 @@ def run(e, image, port, backend, gateway):
     spare = out.strip().splitlines()[-1]
     until("the second key works", 10, lambda: get(port, "/v1/pets", spare)[0] == 200)
     graceful_stop(e, port, spare, gateway)
+
+
+# Settings the image's gateway.toml leaves at their defaults, given as its variables: a list and
+# a number, each once file-only (the book, "Configuration": every setting has a variable).
+FROM_ENV = {
+    "PET_GATEWAY_TRUSTED_PROXIES": "10.0.0.0/8, 192.168.0.0/16",
+    "PET_GATEWAY_UNAUTHENTICATED_MAX_TRACKED": "5000",
+}
+
+
+def configured_from_env(e, gateway):
+    """`check` in the running container reports each of FROM_ENV in force, from its variable."""
+    report = sh(e, "exec", gateway, "pet-gateway", "check").stdout
+    expected = {
+        "trusted_proxies": '["10.0.0.0/8", "192.168.0.0/16"]',
+        "unauthenticated_max_tracked": "5000",
+    }
+    for name, shown in expected.items():
+        var = f"PET_GATEWAY_{name.upper()}"
+        line = next((l for l in report.splitlines() if l.startswith(f"{name} ")), "")
+        if shown not in line or not line.rstrip().endswith(f"env {var}"):
+            raise SystemExit(f"{name}: expected {shown} from env {var}, check reports: {line!r}")
+    print(f"configured from its environment: {', '.join(expected)} (check: from env)")
 
 
 def listener_closed(port):
