@@ -322,16 +322,25 @@ async fn an_edit_keeping_size_and_mtime_is_reloaded() {
 
 /// The per-client limit on requests without a valid key: behind a trusted load balancer each
 /// client (from `X-Forwarded-For`) has its own bucket, an IPv6 client cannot escape it by
-/// rotating through its /64, and from an untrusted peer the header changes nothing.
+/// rotating through its /64, and from an untrusted peer the header changes nothing. The
+/// balancer's node takes both settings from its environment, as a container does, over a file
+/// with a laxer limit that does not trust the balancer.
 #[tokio::test]
 async fn unauthenticated_clients_are_told_apart_behind_a_trusted_proxy_and_ipv6_by_64() {
     let f = Fixture::new(600, 100_000);
     f.issue("free");
     let upstream = e2e::EchoUpstream::start();
     let mut spec = f.spec(upstream.addr);
-    spec.extra = "unauthenticated_per_minute = 2\ntrusted_proxies = [\"127.0.0.1/32\"]\n".into();
+    spec.extra = "unauthenticated_per_minute = 5\ntrusted_proxies = [\"10.0.0.0/8\"]\n".into();
+    spec.env = [
+        ("PET_GATEWAY_UNAUTHENTICATED_PER_MINUTE", "2"),
+        ("PET_GATEWAY_TRUSTED_PROXIES", "10.0.0.0/8, 127.0.0.1"),
+    ]
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .into();
     let behind_lb = f.gateway(&spec);
     spec.extra = "unauthenticated_per_minute = 2\n".into();
+    spec.env.clear();
     let direct = f.gateway(&spec);
     let client = reqwest::Client::new();
     let status = |gw: &e2e::GatewayProcess, xff: &str| {
