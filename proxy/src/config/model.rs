@@ -80,6 +80,10 @@ pub struct Config {
     pub registry_verify_keys: Vec<String>,
     /// The fleet's signing key, for what changes records from this process.
     pub registry_signing_key_file: Option<PathBuf>,
+    /// What this node's signatures are bound to, and whether unbound records are still taken.
+    pub registry_signature_binding: crate::keys::signing::BindingMode,
+    /// How often the whole registry is compared with this node's replica.
+    pub registry_compare_interval: Duration,
     pub plans_dir: PathBuf,
     pub store_timeout: Duration,
     /// The most decisions one Redis script run carries (group commit); 1: one run each.

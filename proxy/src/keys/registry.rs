@@ -8,7 +8,7 @@
 //! | key | what |
 //! |---|---|
 //! | `<prefix>:{registry}:keys` | hash: key id → the key record as JSON (the keys file's fields: a hash, never the key) |
-//! | `<prefix>:{registry}:changes` | stream, trimmed to about 10,000 entries: one entry (`id`) per changed record |
+//! | `<prefix>:{registry}:changes` | stream, trimmed to about 10,000 entries: one entry (`id`, and `version` written) per changed record |
 //! | `<prefix>:{registry}:meta` | hash: `id`, the registry's identity, created with it; nodes remember it |
 //! | `<prefix>:{registry}:audit` | stream, trimmed to about 100,000 entries: one entry (`key`, `line`) per key change, the audit line its maker wrote, so every node's console shows the fleet's history; written by whoever may write records (the shipped ACL: `admin`, which `registry_admin_username` names; not the `gateway` user) |
 //!
@@ -21,7 +21,8 @@
 //! [`POLL`] from the last entry it applied, fetches the changed records, writes its replica to
 //! its local snapshot (the `keys_file`, in the keys file's format) and reloads from it; a node
 //! whose feed position was trimmed away, or that lost Redis for a while, reloads the whole
-//! table. A node that starts while Redis is down starts from its snapshot and catches up when
+//! table, and every node compares the whole table with its replica every
+//! `registry_compare_interval_secs` (what the feed misses: a record put back by hand). A node that starts while Redis is down starts from its snapshot and catches up when
 //! Redis returns.
 
 use std::collections::BTreeMap;
@@ -33,7 +34,7 @@ use crate::base::metrics::METRICS;
 pub(crate) use crate::base::redis::BlockingConn as Conn;
 use crate::base::redis::RedisAccess;
 use crate::keys::record::{KeyRecord, KeysError, KeysFile};
-use crate::keys::signing::{SigningKey, VerifyKeys};
+use crate::keys::signing::{Binding, BindingMode, SigningKey, VerifyKeys};
 
 /// How often a node asks the change feed for news: a change reaches every node within this
 /// plus a reload.
@@ -56,22 +57,26 @@ const MAX_AUDIT_LINE: usize = 4096;
 ///
 /// - `KEYS[1]`: the records hash; `KEYS[2]`: the change stream (one slot: `{registry}`).
 /// - `ARGV[1]`: the feed length; then key id, the record JSON as read (empty: it was absent),
-///   the new record JSON, ….
+///   the new record JSON, its version, ….
+///
+/// Each feed entry names the record's version too: what a node that holds no version of a
+/// record (started without a snapshot) knows of its latest state ([`FeedVersions`]).
 ///
 /// Returns `{1, last feed id}`, or `{0, key id}` for the first record that changed meanwhile
 /// (then nothing was written).
 const PUT: &str = r#"
-for i = 2, #ARGV, 3 do
+for i = 2, #ARGV, 4 do
   local current = redis.call('HGET', KEYS[1], ARGV[i]) or ''
   if current ~= ARGV[i + 1] then
     return {0, ARGV[i]}
   end
 end
 local last = ''
-for i = 2, #ARGV, 3 do
+for i = 2, #ARGV, 4 do
   -- The feed entry first: a feed that takes no entry (its last id exhausted by hand) fails the
   -- script before any record changes, never leaving a change the nodes do not hear of.
-  last = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'id', ARGV[i])
+  last = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'id', ARGV[i],
+    'version', ARGV[i + 3])
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
 end
 return {1, last}
@@ -106,7 +111,8 @@ for i = 3, #ARGV, 4 do
     write = version < tonumber(ARGV[i + 1])
   end
   if write then
-    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'id', ARGV[i])
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'id', ARGV[i],
+      'version', ARGV[i + 1])
     redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
     written = written + 1
   end
@@ -127,11 +133,13 @@ pub struct Registry {
     trust: Trust,
 }
 
-/// What a reader verifies records with, and what a writer signs them with.
+/// What a reader verifies records with, what a writer signs them with, and what signatures are
+/// bound to.
 #[derive(Debug, Default)]
 pub struct Trust {
     pub verify: VerifyKeys,
     pub signer: Option<SigningKey>,
+    pub binding: Binding,
 }
 
 /// The registry as read: the records that verify, the raw JSON of every record (for
@@ -141,7 +149,24 @@ pub struct Loaded {
     pub position: String,
     pub raw: BTreeMap<String, String>,
     pub refused: Vec<String>,
+    /// Whether the change feed still holds every entry ever written to it: when not (trimmed),
+    /// a record whose last change was trimmed away has no latest version to be held to.
+    pub feed_complete: bool,
 }
+
+/// The highest version the change feed names for each record: what the registry held after
+/// each change. A record in the hash older than that was put back there by hand, without a
+/// feed entry (a replay of a revoked key's older record, say), and is refused even by a node
+/// that holds no version of it.
+#[derive(Debug, Default)]
+struct FeedVersions {
+    latest: BTreeMap<String, u64>,
+    complete: bool,
+}
+
+/// Records and feed entries read per round trip of a full load: each reply stays small, and
+/// each read has the connection's deadline.
+const PAGE: usize = 1000;
 
 fn err(e: impl std::fmt::Display) -> KeysError {
     KeysError::Registry(e.to_string())
@@ -191,6 +216,14 @@ impl Registry {
 
     pub fn verify_keys(&self) -> &VerifyKeys {
         &self.trust.verify
+    }
+
+    /// Whether `record` passes this reader's verify keys and binding.
+    pub fn verifies(&self, record: &KeyRecord) -> bool {
+        self.trust
+            .verify
+            .verify(record, &self.trust.binding)
+            .is_ok()
     }
 
     /// A blocking connection with the deadline on every read and write, to the primary the
@@ -268,6 +301,20 @@ impl Registry {
         conn: &mut dyn ConnectionLike,
         known: &BTreeMap<String, KeyRecord>,
     ) -> Result<Loaded, KeysError> {
+        self.load_with(conn, known, &self.trust.binding, true)
+    }
+
+    /// As [`Registry::load_known`], verifying with `binding` (`registry sign` reads the unbound
+    /// records it is to re-sign even where binding is required); `replays`: refusing records
+    /// older than the feed names. A writer does not: its change is written above both the
+    /// version read and its clock, so a revocation over a replayed record still goes through.
+    fn load_with(
+        &self,
+        conn: &mut dyn ConnectionLike,
+        known: &BTreeMap<String, KeyRecord>,
+        binding: &Binding,
+        replays: bool,
+    ) -> Result<Loaded, KeysError> {
         let last: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
             .arg(&self.changes)
             .arg("+")
@@ -277,11 +324,14 @@ impl Registry {
             .query(conn)
             .map_err(err)?;
         let position = last.first().map_or("0-0".to_owned(), |(id, _)| id.clone());
-        // Two commands, not a pipeline: a blocking cluster connection takes no pipelines.
-        let raw: BTreeMap<String, String> = redis::cmd("HGETALL")
-            .arg(&self.records)
-            .query(conn)
-            .map_err(err)?;
+        // The feed before the records: a change made between the two reads leaves the record
+        // newer than its feed entry, never older.
+        let feed = if replays {
+            self.feed_versions(conn)?
+        } else {
+            FeedVersions::default()
+        };
+        let raw = self.scan_records(conn)?;
         let identity: Option<String> = redis::cmd("HGET")
             .arg(&self.meta)
             .arg("id")
@@ -296,9 +346,12 @@ impl Registry {
             let same = known
                 .get(id)
                 .filter(|held| serde_json::to_string(held).is_ok_and(|j| j == *json));
-            match same.cloned().or_else(|| self.accept(id, json)) {
-                Some(record) => file.keys.push(record),
-                None => refused.push(id.clone()),
+            match same
+                .cloned()
+                .or_else(|| self.accept_with(id, json, binding))
+            {
+                Some(record) if !feed.replayed(&record) => file.keys.push(record),
+                _ => refused.push(id.clone()),
             }
         }
         file.sort();
@@ -307,11 +360,96 @@ impl Registry {
             position,
             raw,
             refused,
+            feed_complete: feed.complete,
         })
+    }
+
+    /// Every record's JSON, read in pages (`HSCAN`), not in one reply: a registry of a million
+    /// records is read a page per round trip, each under the deadline, off the request path.
+    /// A record changed during the scan may be read in either version: its feed entry, after
+    /// the position read first, brings the newer one.
+    fn scan_records(
+        &self,
+        conn: &mut dyn ConnectionLike,
+    ) -> Result<BTreeMap<String, String>, KeysError> {
+        let mut raw = BTreeMap::new();
+        let mut cursor = 0u64;
+        loop {
+            // Two commands a round, not a pipeline: a blocking cluster connection takes none.
+            let (next, page): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
+                .arg(&self.records)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(PAGE)
+                .query(conn)
+                .map_err(err)?;
+            raw.extend(page);
+            if next == 0 {
+                return Ok(raw);
+            }
+            cursor = next;
+        }
+    }
+
+    /// The highest version each feed entry names per record, read in pages from the oldest
+    /// entry (the feed is trimmed to about [`FEED_LENGTH`]). Entries without a version (written
+    /// by a node that predates them) say nothing.
+    fn feed_versions(&self, conn: &mut dyn ConnectionLike) -> Result<FeedVersions, KeysError> {
+        let mut feed = FeedVersions::default();
+        let mut from = "-".to_owned();
+        loop {
+            let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+                .arg(&self.changes)
+                .arg(&from)
+                .arg("+")
+                .arg("COUNT")
+                .arg(PAGE)
+                .query(conn)
+                .map_err(err)?;
+            for (_, fields) in &entries {
+                let field = |name: &str| fields.iter().find(|(f, _)| f == name).map(|(_, v)| v);
+                if let (Some(id), Some(Ok(v))) = (field("id"), field("version").map(|v| v.parse()))
+                {
+                    let latest = feed.latest.entry(id.clone()).or_insert(0);
+                    *latest = (*latest).max(v);
+                }
+            }
+            match entries.last() {
+                Some((last, _)) if entries.len() == PAGE => from = format!("({last}"),
+                _ => break,
+            }
+        }
+        feed.complete = self.feed_trimmed(conn)?.is_none();
+        Ok(feed)
+    }
+
+    /// The newest id trimmed or deleted from the feed, if any was.
+    fn feed_trimmed(&self, conn: &mut dyn ConnectionLike) -> Result<Option<(u64, u64)>, KeysError> {
+        Ok(stream_field(&self.feed_info(conn)?, "max-deleted-entry-id"))
+    }
+
+    /// `XINFO STREAM` of the feed; `Nil` when there is no feed yet.
+    fn feed_info(&self, conn: &mut dyn ConnectionLike) -> Result<redis::Value, KeysError> {
+        redis::cmd("XINFO")
+            .arg("STREAM")
+            .arg(&self.changes)
+            .query(conn)
+            .or_else(|e| {
+                if e.to_string().contains("no such key") {
+                    Ok(redis::Value::Nil)
+                } else {
+                    Err(e)
+                }
+            })
+            .map_err(err)
     }
 
     /// A stored record if it parses and verifies; otherwise logged, counted, `None`.
     pub(crate) fn accept(&self, id: &str, json: &str) -> Option<KeyRecord> {
+        self.accept_with(id, json, &self.trust.binding)
+    }
+
+    fn accept_with(&self, id: &str, json: &str, binding: &Binding) -> Option<KeyRecord> {
         let record = match parse_record(id, json) {
             Ok(record) => record,
             Err(e) => {
@@ -319,7 +457,7 @@ impl Registry {
                 return None;
             }
         };
-        match self.trust.verify.verify(&record) {
+        match self.trust.verify.verify(&record, binding) {
             Ok(()) => Some(record),
             Err(why) => {
                 reject(
@@ -358,11 +496,21 @@ impl Registry {
     /// changed record gets a higher version and this writer's signature.
     pub fn modify<T>(
         &self,
+        change: impl FnMut(&mut KeysFile) -> Result<T, KeysError>,
+    ) -> Result<T, KeysError> {
+        self.modify_reading(&self.trust.binding, change)
+    }
+
+    /// As [`Registry::modify`], reading the records through `binding`.
+    fn modify_reading<T>(
+        &self,
+        binding: &Binding,
         mut change: impl FnMut(&mut KeysFile) -> Result<T, KeysError>,
     ) -> Result<T, KeysError> {
         let mut conn = self.connect()?;
         for _ in 0..ATTEMPTS {
-            let Loaded { mut file, raw, .. } = self.load_on(conn.as_mut())?;
+            let Loaded { mut file, raw, .. } =
+                self.load_with(conn.as_mut(), &BTreeMap::new(), binding, false)?;
             let before: BTreeMap<String, KeyRecord> = file
                 .keys
                 .iter()
@@ -390,7 +538,7 @@ impl Registry {
     /// nothing.
     fn prepare(&self, mut record: KeyRecord, was: u64) -> Result<KeyRecord, KeysError> {
         let verify = &self.trust.verify;
-        if record.version > was && !verify.is_empty() && verify.verify(&record).is_ok() {
+        if record.version > was && !verify.is_empty() && self.verifies(&record) {
             return Ok(record);
         }
         // Above what was read and above the clock in milliseconds: a registry rolled back to an
@@ -402,7 +550,7 @@ impl Registry {
             .saturating_add(1)
             .max(crate::base::clock::unix_now_ms());
         match &self.trust.signer {
-            Some(key) => key.sign(&mut record),
+            Some(key) => key.sign(&mut record, &self.trust.binding),
             None if verify.is_empty() => record.signature = None,
             None => {
                 return Err(KeysError::CannotSign(
@@ -435,7 +583,9 @@ impl Registry {
     }
 
     /// Signs every record that this writer's own key has not signed (records from before
-    /// signing, or signed by a retired key), each at a higher version; returns them. Only
+    /// signing, or signed by a retired key), or signed unbound where this writer signs bound
+    /// (`registry_signature_binding` `sign` or `require`), each at a higher version; returns
+    /// them. Only
     /// records that pass this writer's verify keys are signed: with none set (the move to
     /// signed records) that is every record, so run it then on a registry known to be clean;
     /// with them set (rotating the key) a forged record is never signed.
@@ -446,10 +596,19 @@ impl Registry {
             ));
         };
         let own = VerifyKeys::parse(&[key.public_key()]).map_err(err)?;
-        self.modify(|file| {
+        let done = match self.trust.binding.mode {
+            BindingMode::Off => self.trust.binding.clone(),
+            _ => self.trust.binding.required(),
+        };
+        // Unbound records read even where binding is required: they are what is re-signed.
+        let reading = Binding {
+            mode: BindingMode::Sign,
+            ..self.trust.binding.clone()
+        };
+        self.modify_reading(&reading, |file| {
             let mut signed = Vec::new();
             for record in &mut file.keys {
-                if own.verify(record).is_err() {
+                if own.verify(record, &done).is_err() {
                     signed.push(record.clone());
                     record.version = record.version.saturating_add(1);
                 }
@@ -474,7 +633,8 @@ impl Registry {
                 invocation
                     .arg(&record.id)
                     .arg(*read)
-                    .arg(serde_json::to_string(record).map_err(err)?);
+                    .arg(serde_json::to_string(record).map_err(err)?)
+                    .arg(record.version);
             }
             let (done, _): (i64, String) = invocation.invoke(conn).map_err(err)?;
             if done == 0 {
@@ -530,18 +690,7 @@ impl Registry {
         conn: &mut dyn ConnectionLike,
         after: &str,
     ) -> Result<Option<Changes>, KeysError> {
-        let info: redis::Value = redis::cmd("XINFO")
-            .arg("STREAM")
-            .arg(&self.changes)
-            .query(conn)
-            .or_else(|e| {
-                if e.to_string().contains("no such key") {
-                    Ok(redis::Value::Nil)
-                } else {
-                    Err(e)
-                }
-            })
-            .map_err(err)?;
+        let info = self.feed_info(conn)?;
         let at = stream_id(after);
         // Trimmed past our position: Redis 7 remembers the newest id it deleted from the
         // stream; at or after our position means entries we never read are gone.
@@ -615,6 +764,28 @@ impl Registry {
             }
         }
         Ok(Changes::Some(records, position.clone(), refused))
+    }
+}
+
+impl FeedVersions {
+    /// Whether `record` is older than the feed says the registry held: logged with its id,
+    /// counted (`replayed`).
+    fn replayed(&self, record: &KeyRecord) -> bool {
+        let Some(&latest) = self.latest.get(&record.id) else {
+            return false;
+        };
+        if record.version >= latest {
+            return false;
+        }
+        reject(
+            "replayed",
+            &format!(
+                "record `{}` (version {}): older than version {latest}, which the change feed \
+                 says the registry held (a record put back without a feed entry)",
+                record.id, record.version
+            ),
+        );
+        true
     }
 }
 

@@ -93,6 +93,10 @@ pub struct Sync {
     pub snapshot: PathBuf,
     pub catalog: Arc<Catalog>,
     pub state: Arc<SyncState>,
+    /// How often the whole registry is compared with the replica
+    /// (`registry_compare_interval_secs`): the feed, the identity and the record count miss a
+    /// record put back older without a feed entry, which only a whole comparison finds.
+    pub compare_every: Duration,
 }
 
 /// The records this node holds (the highest version of each it has seen), and the registry's
@@ -104,6 +108,8 @@ struct Replica {
     /// The snapshot could not be written (a full disk): the catalog serves the replica from
     /// memory, and the write is tried again when this says.
     unsaved: Option<Unsaved>,
+    /// Whether the replica was served once: until then a full load serves it whatever it found.
+    served: bool,
 }
 
 /// While the snapshot cannot be written: when to try again, and the wait that led there. The
@@ -124,6 +130,12 @@ const UNSAVED_RETRY_FIRST: Duration = Duration::from_secs(1);
 const UNSAVED_RETRY_MAX: Duration = Duration::from_secs(60);
 
 impl Replica {
+    /// Takes each of `records` as [`Replica::take`] does; whether any changed what is held.
+    fn take_all(&mut self, records: &[KeyRecord]) -> bool {
+        let taken: Vec<Taken> = records.iter().cloned().map(|r| self.take(r)).collect();
+        taken.contains(&Taken::Changed)
+    }
+
     /// Takes `record` unless it is older than (or a different record at the same version as)
     /// the one held; records from before versions (both 0) are taken as they come.
     fn take(&mut self, record: KeyRecord) -> Taken {
@@ -162,6 +174,14 @@ impl Replica {
     }
 }
 
+/// Names the gap a node started without a snapshot cannot close by itself: the feed trimmed
+/// past a record's last change leaves nothing in Redis saying its latest version.
+fn warn_if_history_lost(replica: &Replica, loaded: &Loaded) {
+    if replica.records.is_empty() && !loaded.feed_complete && !loaded.file.keys.is_empty() {
+        tracing::warn!("key registry: this node holds no snapshot and the change feed was trimmed: a record put back older than its last change, if that change was trimmed away, cannot be told from the latest and is taken; the running nodes that hold the newer version write it back at their next comparison. Start new nodes from a copy of another node's snapshot to close this gap");
+    }
+}
+
 /// The highest version a node takes: a day past its clock in milliseconds. Writers' versions
 /// are at least their clock, so a version far beyond it was written by hand, and taking it
 /// would leave no room above it for the next change (a revocation).
@@ -197,7 +217,16 @@ impl Sync {
         // Redis back after a restart is caught up with within a poll or two, and a Redis that
         // stays away costs a connection attempt a second.
         let mut failures: u32 = 0;
+        let mut compared = Instant::now();
         while !stop() {
+            if position.is_some() && compared.elapsed() >= self.compare_every {
+                // No position: the round loads the whole registry, refuses what is older than
+                // held and writes the held version back.
+                position = None;
+            }
+            if position.is_none() {
+                compared = Instant::now();
+            }
             // Before the registry is reached: a snapshot to write matters most while Redis is
             // away (a restart would start from it).
             if replica.unsaved.as_ref().is_some_and(Unsaved::due) {
@@ -281,8 +310,19 @@ impl Sync {
                 KeysFile::default()
             }
         };
+        // What this node would refuse from the registry it does not serve from its own snapshot
+        // either: a record signed by a key no longer trusted, or unbound once binding is
+        // required, stops here too rather than only on nodes started without a snapshot.
+        let (kept, dropped): (Vec<KeyRecord>, Vec<KeyRecord>) = file
+            .keys
+            .into_iter()
+            .partition(|k| self.registry.verifies(k));
+        for k in &dropped {
+            tracing::error!(key_id = %k.id, version = k.version,
+                "key registry: a record of this node's snapshot no longer verifies (a retired signing key, or unbound where binding is required); not served until the registry holds one that does");
+        }
         Replica {
-            records: file.keys.into_iter().map(|k| (k.id.clone(), k)).collect(),
+            records: kept.into_iter().map(|k| (k.id.clone(), k)).collect(),
             identity: file.registry,
             ..Replica::default()
         }
@@ -341,6 +381,7 @@ impl Sync {
         position: &mut Option<String>,
     ) -> Result<Round, KeysError> {
         let loaded = self.registry.load_known(c.as_mut(), &replica.records)?;
+        warn_if_history_lost(replica, &loaded);
         if let (Some(theirs), Some(ours)) = (&loaded.file.registry, replica.identity.clone()) {
             // Another identity over a record this node holds, the very same (verified, same
             // version and content), or over none at all, is this registry renamed (two nodes
@@ -380,9 +421,9 @@ impl Sync {
                 )));
             }
         }
-        for record in loaded.file.keys.iter().cloned() {
-            replica.take(record);
-        }
+        // Served again only when something changed: the periodic comparison of a registry in
+        // step writes no snapshot and reloads nothing.
+        let mut changed = replica.take_all(&loaded.file.keys) || !replica.served;
         // The registry's, or the one this node remembers; a new one only from a node that has
         // records to give it (a node with none, fresh, must not name a registry it never saw).
         let identity = loaded
@@ -402,8 +443,11 @@ impl Sync {
                 "the registry took another identity while this node healed it".to_owned(),
             ));
         };
+        changed |= replica.identity != identity;
         replica.identity = identity;
-        self.apply(replica);
+        if changed {
+            self.apply(replica);
+        }
         Ok(if n == 0 {
             Round::InStep
         } else {
@@ -435,7 +479,7 @@ impl Sync {
             .records
             .values()
             .filter(|r| stored.get(r.id.as_str()).is_none_or(|v| *v < r.version))
-            .filter(|r| self.registry.verify_keys().verify(r).is_ok())
+            .filter(|r| self.registry.verifies(r))
             .collect();
         if missing.is_empty() && loaded.file.registry.is_some() {
             return Ok(Some(0));
@@ -445,6 +489,7 @@ impl Sync {
 
     /// Serves the replica after a change: written to the snapshot and reloaded from it.
     fn apply(&self, replica: &mut Replica) {
+        replica.served = true;
         self.save(replica, true);
     }
 

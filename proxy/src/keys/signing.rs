@@ -6,7 +6,11 @@
 //!
 //! What is signed: a domain tag and the record as JSON with its keys sorted and its `signature`
 //! left out, so the signature does not depend on field order, and a record moved into another
-//! kind of document cannot pass for a key record.
+//! kind of document cannot pass for a key record. A bound signature (`ed25519-bound:`) also
+//! covers the deployment's `environment`, so that with one signing key for staging and
+//! production a record copied from staging's registry into production's does not verify there;
+//! the older, unbound form (`ed25519:`) is taken as long as [`Binding`] allows it, so a fleet can
+//! move to bound records without reissuing a key (the roll is in the book's "Signed key records").
 
 use std::io::Write;
 use std::path::Path;
@@ -20,10 +24,17 @@ use crate::keys::record::KeyRecord;
 
 /// Prefixes the signed bytes: a signature over anything else never verifies as a record's.
 const DOMAIN: &[u8] = b"pet-gateway key record v1\n";
+/// Prefixes a bound signature's bytes, then the environment and a newline: a bound signature
+/// never verifies as an unbound one, nor the other way round.
+const DOMAIN_BOUND: &[u8] = b"pet-gateway key record v2 bound\n";
 const PEM_BEGIN: &str = "-----BEGIN PRIVATE KEY-----";
 const PEM_END: &str = "-----END PRIVATE KEY-----";
-/// How public keys and signatures are written: `ed25519:<base64>`.
+/// How public keys and unbound signatures are written: `ed25519:<base64>`.
 const SCHEME: &str = "ed25519:";
+/// How bound signatures are written: `ed25519-bound:<base64>`. A prefix of its own, so a node
+/// that predates binding reads such a record as unsigned (never as a forgery of a known form)
+/// and `registry sign` can tell the records still to re-sign.
+const SCHEME_BOUND: &str = "ed25519-bound:";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SigningError {
@@ -48,6 +59,8 @@ pub enum SigningError {
 pub enum Rejected {
     Unsigned,
     BadSignature,
+    /// Signed in the unbound form where `registry_signature_binding = "require"`.
+    Unbound,
 }
 
 impl Rejected {
@@ -56,6 +69,48 @@ impl Rejected {
         match self {
             Rejected::Unsigned => "unsigned",
             Rejected::BadSignature => "bad_signature",
+            Rejected::Unbound => "unbound",
+        }
+    }
+}
+
+/// Where a fleet is in its move to bound signatures (`registry_signature_binding`). Every mode
+/// verifies bound records; the modes differ in what a writer signs and whether unbound records
+/// are still taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum BindingMode {
+    /// Writers sign unbound, which nodes that predate binding can still read; both forms taken.
+    #[default]
+    Off,
+    /// Writers sign bound; unbound records are still taken (until `registry sign` re-signed them).
+    Sign,
+    /// Writers sign bound; an unbound record is refused.
+    Require,
+}
+
+/// What a signature is bound to, and how far the fleet has moved to bound signatures.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Binding {
+    /// The deployment's `environment`.
+    pub environment: String,
+    pub mode: BindingMode,
+}
+
+impl Binding {
+    pub fn new(environment: &str, mode: BindingMode) -> Binding {
+        Binding {
+            environment: environment.to_owned(),
+            mode,
+        }
+    }
+
+    /// The same binding, with unbound records refused: what a record must pass to need no
+    /// re-signing.
+    pub fn required(&self) -> Binding {
+        Binding {
+            mode: BindingMode::Require,
+            ..self.clone()
         }
     }
 }
@@ -116,11 +171,18 @@ impl SigningKey {
         public_text(self.pair.public_key().as_ref())
     }
 
-    /// `record` with its signature set (over everything else in it).
-    pub fn sign(&self, record: &mut KeyRecord) {
+    /// `record` with its signature set (over everything else in it), bound to `binding`'s
+    /// environment unless the fleet has not moved to bound signatures yet.
+    pub fn sign(&self, record: &mut KeyRecord, binding: &Binding) {
         record.signature = None;
-        let signature = self.pair.sign(&signed_bytes(record));
-        record.signature = Some(format!("{SCHEME}{}", B64.encode(signature.as_ref())));
+        let (scheme, message) = match binding.mode {
+            BindingMode::Off => (SCHEME, signed_bytes(record)),
+            BindingMode::Sign | BindingMode::Require => {
+                (SCHEME_BOUND, bound_bytes(record, &binding.environment))
+            }
+        };
+        let signature = self.pair.sign(&message);
+        record.signature = Some(format!("{scheme}{}", B64.encode(signature.as_ref())));
     }
 }
 
@@ -141,18 +203,24 @@ impl VerifyKeys {
         self.0.is_empty()
     }
 
-    /// Whether one of the trusted keys signed `record`. With no keys every record passes.
-    pub fn verify(&self, record: &KeyRecord) -> Result<(), Rejected> {
+    /// Whether one of the trusted keys signed `record` for `binding`'s environment (or, where
+    /// its mode takes them, in the unbound form). With no keys every record passes.
+    pub fn verify(&self, record: &KeyRecord, binding: &Binding) -> Result<(), Rejected> {
         if self.0.is_empty() {
             return Ok(());
         }
-        let signature = record
-            .signature
-            .as_deref()
-            .and_then(|s| s.strip_prefix(SCHEME))
-            .ok_or(Rejected::Unsigned)?;
+        let signature = record.signature.as_deref().unwrap_or_default();
+        let (signature, message) = if let Some(bound) = signature.strip_prefix(SCHEME_BOUND) {
+            (bound, bound_bytes(record, &binding.environment))
+        } else if let Some(unbound) = signature.strip_prefix(SCHEME) {
+            if binding.mode == BindingMode::Require {
+                return Err(Rejected::Unbound);
+            }
+            (unbound, signed_bytes(record))
+        } else {
+            return Err(Rejected::Unsigned);
+        };
         let signature = B64.decode(signature).map_err(|_| Rejected::BadSignature)?;
-        let message = signed_bytes(record);
         self.0
             .iter()
             .any(|key| {
@@ -182,14 +250,31 @@ fn public_text(key: &[u8]) -> String {
     format!("{SCHEME}{}", B64.encode(key))
 }
 
-/// The bytes a record's signature covers: the domain tag, then the record as JSON with sorted
+/// The bytes an unbound signature covers: the domain tag, then the record as JSON with sorted
 /// keys and without its signature.
 fn signed_bytes(record: &KeyRecord) -> Vec<u8> {
+    record_bytes(DOMAIN.to_vec(), record)
+}
+
+/// The bytes a bound signature covers: its own domain tag, the environment as JSON (so no
+/// environment name can end early and pass for another) and a newline, then the record as
+/// [`signed_bytes`] writes it.
+fn bound_bytes(record: &KeyRecord, environment: &str) -> Vec<u8> {
+    let mut out = DOMAIN_BOUND.to_vec();
+    out.extend(
+        serde_json::Value::String(environment.to_owned())
+            .to_string()
+            .bytes(),
+    );
+    out.push(b'\n');
+    record_bytes(out, record)
+}
+
+fn record_bytes(mut out: Vec<u8>, record: &KeyRecord) -> Vec<u8> {
     let mut value = serde_json::to_value(record).unwrap_or_default();
     if let Some(fields) = value.as_object_mut() {
         fields.remove("signature");
     }
-    let mut out = DOMAIN.to_vec();
     write_sorted(&value, &mut out);
     out
 }
@@ -232,6 +317,55 @@ mod tests {
         crate::keys::record::sample_record(3)
     }
 
+    fn off() -> Binding {
+        Binding::default()
+    }
+
+    #[test]
+    fn a_bound_signature_verifies_only_in_its_environment_and_unbound_ones_until_required() {
+        let dir = tempfile::tempdir().unwrap();
+        let (key, trusted) = pair(dir.path(), "fleet.key");
+        let staging = Binding::new("staging", BindingMode::Sign);
+        let production = Binding::new("production", BindingMode::Sign);
+        let mut r = record();
+        key.sign(&mut r, &staging);
+        assert!(r.signature.as_deref().unwrap().starts_with(SCHEME_BOUND));
+        assert_eq!(trusted.verify(&r, &staging), Ok(()));
+        assert_eq!(trusted.verify(&r, &staging.required()), Ok(()));
+        assert_eq!(
+            trusted.verify(&r, &production),
+            Err(Rejected::BadSignature),
+            "a staging record in production"
+        );
+        assert_eq!(
+            trusted.verify(&r, &Binding::new("production", BindingMode::Off)),
+            Err(Rejected::BadSignature)
+        );
+        // An environment name cannot run into the record and pass for another one.
+        assert_eq!(
+            trusted.verify(&r, &Binding::new("stagin", BindingMode::Sign)),
+            Err(Rejected::BadSignature)
+        );
+        let mut old = record();
+        key.sign(&mut old, &off());
+        assert!(old.signature.as_deref().unwrap().starts_with(SCHEME));
+        assert_eq!(trusted.verify(&old, &production), Ok(()), "the roll");
+        assert_eq!(
+            trusted.verify(&old, &production.required()),
+            Err(Rejected::Unbound)
+        );
+        // A bound signature relabelled unbound (or the other way) verifies as neither.
+        let mut relabelled = r.clone();
+        relabelled.signature = r
+            .signature
+            .as_deref()
+            .map(|s| s.replacen(SCHEME_BOUND, SCHEME, 1));
+        assert_eq!(
+            trusted.verify(&relabelled, &staging),
+            Err(Rejected::BadSignature)
+        );
+    }
+
     fn pair(dir: &Path, name: &str) -> (SigningKey, VerifyKeys) {
         let path = dir.join(name);
         let public = SigningKey::generate(&path).unwrap();
@@ -245,9 +379,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (key, trusted) = pair(dir.path(), "fleet.key");
         let mut r = record();
-        assert_eq!(trusted.verify(&r), Err(Rejected::Unsigned));
-        key.sign(&mut r);
-        assert_eq!(trusted.verify(&r), Ok(()));
+        assert_eq!(trusted.verify(&r, &off()), Err(Rejected::Unsigned));
+        key.sign(&mut r, &off());
+        assert_eq!(trusted.verify(&r, &off()), Ok(()));
         let changes: [fn(&mut KeyRecord); 5] = [
             |r| r.plan = "enterprise".into(),
             |r| r.version += 1,
@@ -259,23 +393,23 @@ mod tests {
             let mut forged = r.clone();
             change(&mut forged);
             if forged != r {
-                assert_eq!(trusted.verify(&forged), Err(Rejected::BadSignature));
+                assert_eq!(trusted.verify(&forged, &off()), Err(Rejected::BadSignature));
             }
         }
         let (_, other) = pair(dir.path(), "other.key");
-        assert_eq!(other.verify(&r), Err(Rejected::BadSignature));
+        assert_eq!(other.verify(&r, &off()), Err(Rejected::BadSignature));
         let both = VerifyKeys::parse(&[
             key.public_key(),
             "ed25519:".to_owned() + &B64.encode([7u8; 32]),
         ])
         .unwrap();
         assert_eq!(
-            both.verify(&r),
+            both.verify(&r, &off()),
             Ok(()),
             "any trusted key will do (rotation)"
         );
         assert_eq!(
-            VerifyKeys::default().verify(&record()),
+            VerifyKeys::default().verify(&record(), &off()),
             Ok(()),
             "no keys: unsigned taken"
         );
@@ -286,7 +420,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (key, trusted) = pair(dir.path(), "fleet.key");
         let mut r = record();
-        key.sign(&mut r);
+        key.sign(&mut r, &off());
         // The record as another writer might lay it out: same fields, other order.
         let mut fields: Vec<(String, serde_json::Value)> = serde_json::to_value(&r)
             .unwrap()
@@ -305,7 +439,7 @@ mod tests {
                 .join(",")
         );
         let reparsed: KeyRecord = serde_json::from_str(&text).unwrap();
-        assert_eq!(trusted.verify(&reparsed), Ok(()));
+        assert_eq!(trusted.verify(&reparsed, &off()), Ok(()));
     }
 
     #[test]

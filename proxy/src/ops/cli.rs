@@ -80,7 +80,8 @@ pub enum RegistryCommand {
         out: PathBuf,
     },
     /// Sign every record of the key registry that the signing key has not signed yet (records
-    /// from before signing, or signed by a retired key), each at a higher version.
+    /// from before signing, or signed by a retired key), or signed unbound where
+    /// `registry_signature_binding` is `sign` or `require`, each at a higher version.
     Sign {
         #[command(flatten)]
         files: KeyFiles,
@@ -133,6 +134,7 @@ const KEYS_COMMAND_FLAGS: FlagSet = FlagSet::Named(&[
     "audit_log",
     "registry_verify_keys",
     "registry_signing_key_file",
+    "registry_signature_binding",
     "registry_admin_username",
     "registry_admin_password_file",
 ]);

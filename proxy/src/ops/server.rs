@@ -479,6 +479,7 @@ fn key_source(
             snapshot: config.keys_file.clone(),
             catalog: Arc::clone(catalog),
             state: Arc::clone(&state),
+            compare_every: config.registry_compare_interval,
         })),
     ));
     Ok((KeyStore::Registry(changes), Some(state)))

@@ -33,7 +33,13 @@ pub fn open_registry(
         None => None,
     };
     let registry = crate::keys::registry::Registry::connecting(redis, &config.key_prefix, timeout);
-    Ok(registry.with_trust(crate::keys::registry::Trust { verify, signer }))
+    let binding =
+        crate::keys::signing::Binding::new(&config.environment, config.registry_signature_binding);
+    Ok(registry.with_trust(crate::keys::registry::Trust {
+        verify,
+        signer,
+        binding,
+    }))
 }
 
 /// Where the key service reports its changes: the metering file and the webhook's spool, when

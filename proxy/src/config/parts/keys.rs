@@ -1,12 +1,13 @@
 //! Where the API keys and plans live, what new keys look like, and where key changes are logged.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use super::values::{choice, parse_choice};
 use crate::config::model::{ConfigError, KeysSource};
 use crate::config::setting::{Kind, Layers, Preset, Row, Setting, Value};
 use crate::keys::format::{default_prefix, valid_prefix};
-use crate::keys::signing::{parse_public, SigningKey};
+use crate::keys::signing::{parse_public, BindingMode, SigningKey};
 
 const KEYS_SOURCE: Setting<KeysSource> = Setting::new(
     "keys_source",
@@ -90,6 +91,29 @@ const REGISTRY_SIGNING_KEY_FILE: Setting<Option<PathBuf>> = Setting::new(
     },
 );
 
+const REGISTRY_SIGNATURE_BINDING: Setting<BindingMode> = Setting::new(
+    "registry_signature_binding",
+    choice::<BindingMode>(),
+    Preset::Value("off"),
+    "with signed records: `off` signs records unbound (nodes from before binding read them), \
+     `sign` binds each new signature to `environment` so another environment's registry refuses \
+     it, `require` also refuses unbound records; every mode refuses a record bound to another \
+     environment. Move `off` → `sign` (then `registry sign`) → `require` once every node runs a \
+     release that knows binding (see \"Signed key records\")",
+    parse_choice,
+)
+.value_name("MODE");
+const REGISTRY_COMPARE_INTERVAL_SECS: Setting<Duration> = Setting::new(
+    "registry_compare_interval_secs",
+    Kind::Int,
+    Preset::Value("60"),
+    "with `keys_source = \"store\"`: how often each node reads the whole registry (in pages, \
+     off the request path) and compares it with the records it holds, so a record put back \
+     older without a feed entry is refused and the newer one written back within this long",
+    |v| super::values::at_least_one(v.int::<u64>()?).map(Duration::from_secs),
+)
+.value_name("SECS");
+
 pub const SETTINGS: &[Row] = &[
     KEYS_SOURCE.row,
     KEYS_FILE.row,
@@ -98,6 +122,8 @@ pub const SETTINGS: &[Row] = &[
     AUDIT_LOG.row,
     REGISTRY_VERIFY_KEYS.row,
     REGISTRY_SIGNING_KEY_FILE.row,
+    REGISTRY_SIGNATURE_BINDING.row,
+    REGISTRY_COMPARE_INTERVAL_SECS.row,
 ];
 
 pub struct Keys {
@@ -108,6 +134,8 @@ pub struct Keys {
     pub audit_log: Option<PathBuf>,
     pub registry_verify_keys: Vec<String>,
     pub registry_signing_key_file: Option<PathBuf>,
+    pub registry_signature_binding: BindingMode,
+    pub registry_compare_interval: Duration,
 }
 
 pub fn validate(l: &Layers, environment: &str, redis: bool) -> Result<Keys, ConfigError> {
@@ -125,6 +153,8 @@ pub fn validate(l: &Layers, environment: &str, redis: bool) -> Result<Keys, Conf
         audit_log: l.get(&AUDIT_LOG)?.and_then(|a| a.value),
         registry_verify_keys: l.value(&REGISTRY_VERIFY_KEYS)?,
         registry_signing_key_file: l.get(&REGISTRY_SIGNING_KEY_FILE)?.and_then(|k| k.value),
+        registry_signature_binding: l.value(&REGISTRY_SIGNATURE_BINDING)?,
+        registry_compare_interval: l.value(&REGISTRY_COMPARE_INTERVAL_SECS)?,
     })
 }
 

@@ -62,6 +62,7 @@ const ADMIN_COMMAND_SETTINGS: &[&str] = &[
     "admin_token",
     "registry_verify_keys",
     "registry_signing_key_file",
+    "registry_signature_binding",
     "registry_admin_username",
     "registry_admin_password",
     "registry_admin_password_file",

@@ -39,7 +39,8 @@ pub fn registry_command(cmd: RegistryCommand) -> Result<(), String> {
                 );
             }
             println!(
-                "{} record(s) signed; every record of the registry is signed now",
+                "{} record(s) signed; every record of the registry is signed now (bound to the \
+                 environment where registry_signature_binding is sign or require)",
                 signed.len()
             );
             Ok(())
