@@ -102,6 +102,31 @@ fn systemd_units_pass_systemd_analyze_verify() {
     }
 }
 
+/// A core dump of either service holds what its memory held: the gateway's keys' hashes, the
+/// admin token, Redis passwords, the registry's signing key. Every shipped unit turns dumps off.
+#[test]
+fn every_systemd_unit_turns_core_dumps_off() {
+    let mut units = 0;
+    for entry in std::fs::read_dir(deploy().join("systemd")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("service") {
+            continue;
+        }
+        units += 1;
+        let text = std::fs::read_to_string(&path).unwrap();
+        let service = text
+            .split("\n[")
+            .find(|section| section.starts_with("Service]"))
+            .unwrap_or_else(|| panic!("{} has no [Service] section", path.display()));
+        assert!(
+            service.lines().any(|l| l.trim() == "LimitCORE=0"),
+            "{} must set LimitCORE=0 in [Service]: a core dump holds keys and secrets",
+            path.display()
+        );
+    }
+    assert!(units >= 2, "the units were found: {units}");
+}
+
 fn which(name: &str) -> Result<PathBuf, ()> {
     std::env::var_os("PATH")
         .and_then(|p| {
