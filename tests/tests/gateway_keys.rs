@@ -237,7 +237,7 @@ async fn the_admin_listener_requires_its_token_when_one_is_set() {
     f.issue("free");
     let upstream = EchoUpstream::start();
     let mut spec = f.spec(upstream.addr);
-    let token = "s3cret-admin-token-0123";
+    let token = "s3cret-admin-token-0123456789ABCDEFG";
     spec.extra = format!("admin_token = \"{token}\"\n");
     let gw = f.gateway(&spec);
     let client = reqwest::Client::new();
@@ -255,7 +255,7 @@ async fn the_admin_listener_requires_its_token_when_one_is_set() {
         Some("Bearer")
     );
     assert_eq!(
-        metrics(Some("s3cret-admin-token-0124"))
+        metrics(Some("s3cret-admin-token-0123456789ABCDEFH"))
             .await
             .unwrap()
             .status(),
@@ -292,7 +292,10 @@ async fn the_admin_listener_requires_its_token_when_one_is_set() {
             .unwrap()
     };
     assert!(probe(token).status.success());
-    assert_eq!(probe("s3cret-admin-token-0124").status.code(), Some(1));
+    assert_eq!(
+        probe("s3cret-admin-token-0123456789ABCDEFH").status.code(),
+        Some(1)
+    );
     drop(gw);
     let out = gateway_cli(&["health", "--config", &config]);
     assert_eq!(out.status.code(), Some(1));
@@ -527,7 +530,7 @@ async fn the_admin_key_api_issues_rotates_and_revokes_in_force_at_once() {
     let f = Fixture::new(600, 100_000);
     let upstream = EchoUpstream::start();
     let mut spec = f.spec(upstream.addr);
-    let token = "another-admin-token-42";
+    let token = "another-admin-token-0123456789ABCDEF42";
     let audit = f.dir.path().join("audit.log");
     spec.extra = format!(
         "admin_token = \"{token}\"\naudit_log = \"{}\"\nreload_interval_ms = 60000\n",
