@@ -27,6 +27,7 @@ pub struct Metrics {
     pub config_reloads: IntCounterVec,
     pub responses_aborted: IntCounter,
     pub slow_request_heads: IntCounter,
+    pub admin_auth_refusals: IntCounterVec,
     pub catalog_reload_failing: IntGaugeVec,
     pub catalog_keys_skipped: IntGauge,
     pub keys: IntGaugeVec,
@@ -194,8 +195,16 @@ const RESPONSES_ABORTED: Def = Def {
 const SLOW_REQUEST_HEADS: Def = Def {
     name: "pet_gateway_slow_request_heads_total",
     help: "Connections closed because a request head did not arrive within \
-           request_header_timeout_ms (a slow or trickling client).",
+           request_header_timeout_ms (a slow or trickling client), on the public listener or \
+           the admin one.",
     labels: &[],
+};
+const ADMIN_AUTH_REFUSALS: Def = Def {
+    name: "pet_gateway_admin_auth_refusals_total",
+    help: "Admin requests refused for their token, by reason: wrong_token (401, a wrong \
+           token counted against its peer) or limited (429, its peer sent too many wrong ones \
+           within a minute).",
+    labels: &["reason"],
 };
 const CATALOG_RELOAD_FAILING: Def = Def {
     name: "pet_gateway_catalog_reload_failing",
@@ -405,6 +414,9 @@ impl Metrics {
         for reason in ["rejected", "expired", "unreadable"] {
             m.events_dead_lettered.with_label_values(&[reason]);
         }
+        for reason in ["wrong_token", "limited"] {
+            m.admin_auth_refusals.with_label_values(&[reason]);
+        }
         for reason in ["queue_full", "export_failed"] {
             m.trace_spans_dropped.with_label_values(&[reason]);
         }
@@ -443,6 +455,7 @@ impl Metrics {
             config_reloads: counter(r, &CONFIG_RELOADS),
             responses_aborted: plain_counter(r, &RESPONSES_ABORTED),
             slow_request_heads: plain_counter(r, &SLOW_REQUEST_HEADS),
+            admin_auth_refusals: counter(r, &ADMIN_AUTH_REFUSALS),
             catalog_reload_failing: gauge(r, &CATALOG_RELOAD_FAILING),
             catalog_keys_skipped: plain_gauge(r, &CATALOG_KEYS_SKIPPED),
             keys: gauge(r, &KEYS),

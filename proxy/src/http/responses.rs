@@ -25,6 +25,8 @@ pub enum ErrorCode {
     NotFound,
     MethodNotAllowed,
     PayloadTooLarge,
+    /// 415: the admin API's, for a change whose body is not declared JSON.
+    UnsupportedMediaType,
     RateLimited,
     /// 429: the key's (or its customer's) requests in flight are at its concurrency.
     ConcurrencyLimited,
@@ -51,6 +53,7 @@ impl ErrorCode {
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::ApiKeyBanned => "api_key_banned",
             ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::UnsupportedMediaType => "unsupported_media_type",
             ErrorCode::BadGateway => "bad_gateway",
             ErrorCode::GatewayTimeout => "gateway_timeout",
             ErrorCode::Conflict => "conflict",

@@ -63,9 +63,15 @@ fn call(
     let authorization = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
+    // A change is declared JSON, as the admin listener asks of any (its body is empty).
+    let json = if method == "GET" {
+        ""
+    } else {
+        "Content-Type: application/json\r\n"
+    };
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{authorization}Content-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{authorization}{json}Content-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .map_err(unreachable)?;
     let mut raw = Vec::new();

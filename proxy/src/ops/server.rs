@@ -291,7 +291,7 @@ fn admin_service(
         Arc<crate::ops::admin::history::History>,
         Arc<crate::upstream::places::Places>,
     ),
-) -> Service<Admin> {
+) -> Service<HeadDeadline<Admin>> {
     let admin = Admin {
         catalog: Arc::clone(catalog),
         store,
@@ -299,6 +299,7 @@ fn admin_service(
         breaker: Arc::clone(&resilience.breaker),
         store_optional: config.redis_url.is_none() || config.on_store_error != OnStoreError::Closed,
         token: config.admin_token.clone(),
+        token_limit: Default::default(),
         hosts: config.admin_hosts.clone(),
         keys: crate::keys::service::KeyService {
             store: key_store,
@@ -312,7 +313,12 @@ fn admin_service(
         history,
         places,
     };
-    let mut admin_service = Service::new("admin".to_owned(), admin);
+    // The proxy's head deadline here too: the two listeners share the process's descriptors,
+    // so heads trickled to this one under pingora's 60 s read timeout would starve the proxy.
+    let mut admin_service = Service::new(
+        "admin".to_owned(),
+        HeadDeadline::new(admin, config.request_header_timeout),
+    );
     admin_service.add_tcp(&config.admin_listen.to_string());
     admin_service.threads = Some(1);
     admin_service

@@ -5,6 +5,11 @@
 //! store, embedded or Redis. Its endpoints are one table, [`routes::ROUTES`]; the handlers are
 //! grouped by resource: [`health`], [`bans`], [`keys`], [`reload`], [`usage`].
 //!
+//! A request passes, in order: the page guard ([`guard`]: `Host`, `Origin`, `Sec-Fetch-Site`),
+//! the wrong-token limit of its peer ([`token_limit`]), the token, and for a change a JSON
+//! `Content-Type` ([`reply::refuse_media_type`]); each refusal comes before any work. The
+//! listener's heads are under the proxy's deadline (`request_header_timeout_ms`).
+//!
 //! | request | answer |
 //! |---|---|
 //! | `GET /healthz` | 200 while the process serves |
@@ -31,6 +36,7 @@ pub mod reload;
 pub mod reply;
 pub mod routes;
 pub mod search;
+pub mod token_limit;
 pub mod usage;
 
 use std::sync::Arc;
@@ -42,6 +48,7 @@ use pingora::protocols::http::ServerSession;
 
 use self::reply::{error, json_body};
 use self::routes::{Handler, Resolved};
+use crate::base::metrics::METRICS;
 use crate::http::responses::ErrorCode;
 use crate::keys::catalog::Catalog;
 use crate::keys::service::KeyService;
@@ -60,6 +67,8 @@ pub struct Admin {
     pub store_optional: bool,
     /// When set, every request must carry it (`Authorization: Bearer`).
     pub token: Option<String>,
+    /// Wrong tokens by peer: a peer that sent too many is refused for a while ([`token_limit`]).
+    pub token_limit: token_limit::TokenLimit,
     /// Host names answered besides `localhost` and IP addresses ([`guard`]).
     pub hosts: Vec<String>,
     /// The key service the key endpoints change keys through, auditing as `admin`.
@@ -92,7 +101,12 @@ impl ServeHttp for Admin {
             return refused;
         }
         match resolved {
-            Resolved::Route(handler, id) => self.handle(handler, id, session).await,
+            Resolved::Route(handler, id) => {
+                if let Some(refused) = reply::refuse_media_type(session.req_header()) {
+                    return refused;
+                }
+                self.handle(handler, id, session).await
+            }
             Resolved::WrongMethod(allowed) => error(
                 405,
                 ErrorCode::MethodNotAllowed,
@@ -104,18 +118,39 @@ impl ServeHttp for Admin {
 }
 
 impl Admin {
-    /// 401 when `admin_token` is set and the request does not carry it.
+    /// 401 when `admin_token` is set and the request does not carry it; 429 while its peer
+    /// has sent too many wrong ones ([`token_limit`]), before the token is looked at.
     fn unauthorized(&self, session: &ServerSession) -> Option<Response<Vec<u8>>> {
         let token = self.token.as_ref()?;
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip());
+        let now = std::time::Instant::now();
+        if let Some(wait) = peer.and_then(|p| self.token_limit.limited(p, now)) {
+            return Some(too_many_wrong_tokens(wait));
+        }
+        let headers = &session.req_header().headers;
         let given = crate::http::auth::bearer_token(
-            session
-                .req_header()
-                .headers
+            headers
                 .get_all("authorization")
                 .iter()
                 .map(|v| v.as_bytes()),
         );
-        if given.is_ok_and(|g| token_matches(g.as_bytes(), token.as_bytes())) {
+        let right = given.is_ok_and(|g| token_matches(g.as_bytes(), token.as_bytes()));
+        match (peer, right) {
+            (Some(peer), true) => self.token_limit.succeeded(peer),
+            // No token at all is no guess (a probe not yet given one): only wrong ones count.
+            (Some(peer), false) if headers.contains_key("authorization") => {
+                METRICS
+                    .admin_auth_refusals
+                    .with_label_values(&["wrong_token"])
+                    .inc();
+                self.token_limit.failed(peer, now);
+            }
+            _ => {}
+        }
+        if right {
             return None;
         }
         let mut refused = error(
@@ -171,6 +206,28 @@ impl Admin {
             },
         }
     }
+}
+
+/// The 429 a peer gets while limited: `Retry-After` in whole seconds, rounded up.
+fn too_many_wrong_tokens(wait: std::time::Duration) -> Response<Vec<u8>> {
+    METRICS
+        .admin_auth_refusals
+        .with_label_values(&["limited"])
+        .inc();
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    let mut refused = error(
+        429,
+        ErrorCode::RateLimited,
+        &format!(
+            "too many wrong admin tokens from this address; retry in {secs} s (no token is \
+             checked until then)"
+        ),
+    );
+    refused.headers_mut().insert(
+        http::header::RETRY_AFTER,
+        http::HeaderValue::from(secs.max(1)),
+    );
+    refused
 }
 
 /// Whether `given` is `token`, in time that depends on neither where they differ nor their
