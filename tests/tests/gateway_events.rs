@@ -676,7 +676,7 @@ async fn a_stop_writes_the_open_minute_while_the_events_thread_is_held_in_a_writ
     let spool = f.dir.path().join("spool");
     std::fs::create_dir(&spool).unwrap();
     let secret = f.dir.path().join("secret");
-    std::fs::write(&secret, "a-secret-of-the-test").unwrap();
+    std::fs::write(&secret, "a-secret-of-the-test-0123456789abcdef").unwrap();
     // Nobody listens there: the batches stay in the spool, where the test reads them.
     let url = format!("http://{}/events", e2e::free_addr());
     let more = format!(

@@ -14,7 +14,7 @@ use e2e::{
 };
 use serde_json::Value;
 
-const SECRET: &[u8] = b"whsec-test-0123456789";
+const SECRET: &[u8] = b"whsec-test-0123456789abcdef0123456789";
 
 /// The spool folder and the secret file, made in the fixture's folder.
 fn spool_and_secret(f: &Fixture) -> (PathBuf, PathBuf) {
@@ -271,6 +271,8 @@ fn bad_webhook_settings_are_refused_by_check_naming_the_setting() {
     let (spool, secret) = spool_and_secret(&f);
     let empty = f.dir.path().join("empty.secret");
     std::fs::write(&empty, "\n").unwrap();
+    let short = f.dir.path().join("short.secret");
+    std::fs::write(&short, "a-secret-of-20-bytes\n").unwrap();
     let upstream: SocketAddr = "127.0.0.1:9".parse().unwrap();
     let ok_url = "http://127.0.0.1:9/hooks";
     let cases: Vec<(GatewaySpec, &str, &str)> = vec![
@@ -288,6 +290,11 @@ fn bad_webhook_settings_are_refused_by_check_naming_the_setting() {
             hooked(&f, upstream, ok_url, &spool, &empty),
             "events_webhook_secret_file",
             "is empty",
+        ),
+        (
+            hooked(&f, upstream, ok_url, &spool, &short),
+            "events_webhook_signature",
+            "is 20 bytes; it must be at least 32",
         ),
         (
             hooked(&f, upstream, ok_url, &spool, &f.dir.path().join("missing")),

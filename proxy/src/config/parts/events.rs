@@ -44,8 +44,9 @@ const WEBHOOK_SECRET: Setting<String> = Setting::new(
     "events_webhook_secret",
     Kind::Text,
     Preset::Absent("none"),
-    "the key the webhook's batches are signed with (HMAC-SHA256); in the environment or \
-     `events_webhook_secret_file`, never a flag",
+    "the key the webhook's batches are signed with (HMAC-SHA256), at least 32 bytes \
+     (`openssl rand -base64 24`); in the environment or `events_webhook_secret_file`, never a \
+     flag",
     Value::text,
 )
 .secret();

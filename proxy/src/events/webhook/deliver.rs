@@ -420,7 +420,7 @@ mod tests {
             tls: None,
             signer: Signer::new(
                 Scheme::Pet,
-                &WebhookSecret::new(b"s".to_vec()).unwrap(),
+                &WebhookSecret::new(b"a-test-secret-0123456789abcdef0123".to_vec()).unwrap(),
                 None,
             )
             .unwrap(),
@@ -451,7 +451,7 @@ mod tests {
             tls: None,
             signer: Signer::new(
                 Scheme::Pet,
-                &WebhookSecret::new(b"s".to_vec()).unwrap(),
+                &WebhookSecret::new(b"a-test-secret-0123456789abcdef0123".to_vec()).unwrap(),
                 None,
             )
             .unwrap(),

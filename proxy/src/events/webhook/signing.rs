@@ -43,6 +43,13 @@ pub const STANDARD_PREFIX: &str = "whsec_";
 /// The bytes of a `whsec_` secret's key, as the specification bounds them.
 const STANDARD_KEY_BYTES: std::ops::RangeInclusive<usize> = 24..=64;
 
+/// The shortest secret the `pet` scheme signs with, in bytes as written. Standard Webhooks
+/// (`spec/standard-webhooks.md`) asks for keys of 24 to 64 random bytes,
+/// written `whsec_` and base64: 24 bytes are 32 base64 characters. A `pet` secret is used as
+/// written, so it must be at least that long: what `openssl rand -base64 24` makes, and any
+/// `whsec_` secret, pass; a word or a short phrase does not.
+pub const MIN_PET_SECRET_BYTES: usize = 32;
+
 /// One secret's keys: the bytes as written (the `pet` scheme's) and, for a `whsec_` secret,
 /// the decoded key (the standard one's).
 struct Keys {
@@ -62,7 +69,9 @@ impl Signer {
     /// Refuses a secret the scheme cannot use: with `standard` or `both`, the current secret
     /// must be `whsec_<base64>` of 24 to 64 bytes, and so must the previous one with
     /// `standard` (with `both`, a previous secret of another form signs `Pet-Signature` only,
-    /// as it did before the move). The error names no secret.
+    /// as it did before the move). The current secret is at least [`MIN_PET_SECRET_BYTES`]
+    /// long; a previous one is not held to it, so that a short secret can be rotated away
+    /// from. The error names no secret.
     pub fn new(
         scheme: Scheme,
         current: &WebhookSecret,
@@ -70,6 +79,14 @@ impl Signer {
     ) -> Result<Signer, String> {
         let mut keys = vec![keys_of(current, scheme.standard())
             .map_err(|why| format!("the webhook's secret {why}"))?];
+        if current.bytes().len() < MIN_PET_SECRET_BYTES {
+            return Err(format!(
+                "the webhook's secret is {} bytes; it must be at least {MIN_PET_SECRET_BYTES} \
+                 (the base64 of the 24 random bytes Standard Webhooks asks for at least: \
+                 `openssl rand -base64 24`, or `{STANDARD_PREFIX}$(openssl rand -base64 32)`)",
+                current.bytes().len()
+            ));
+        }
         if let Some(previous) = previous {
             let needs_standard = scheme == Scheme::Standard;
             keys.push(
@@ -195,12 +212,18 @@ mod tests {
 
     #[test]
     fn the_pet_signature_is_the_hmac_of_time_dot_body() {
-        // Computed independently: printf '1795000000.[]' | openssl dgst -sha256 -hmac secret
-        let signer = Signer::new(Scheme::Pet, &secret("secret"), None).unwrap();
+        // Computed independently:
+        // printf '1795000000.[]' | openssl dgst -sha256 -hmac 0123456789abcdef0123456789abcdef
+        let signer = Signer::new(
+            Scheme::Pet,
+            &secret("0123456789abcdef0123456789abcdef"),
+            None,
+        )
+        .unwrap();
         assert_eq!(
             signer.headers("ignored", 1_795_000_000, b"[]"),
             "Pet-Signature: t=1795000000,v1=\
-             e241347105de642f130c7162977237f9bcf28f1f1d72a4686be4c7335bbf7d80\r\n"
+             e8f881e1baa194eb34e3a440063e616a431c456f4ae367f6faf6e0bb70c0079d\r\n"
         );
     }
 
@@ -245,7 +268,8 @@ mod tests {
                 .unwrap();
             assert!(e.contains(why), "{text}: {e}");
             assert!(!e.contains(text), "{e}");
-            assert!(Signer::new(Scheme::Pet, &secret(text), None).is_ok());
+            let long = format!("{text}-{}", "x".repeat(MIN_PET_SECRET_BYTES));
+            assert!(Signer::new(Scheme::Pet, &secret(&long), None).is_ok());
         }
         // Moving from `pet`: the old plain secret still signs Pet-Signature.
         let moving = Signer::new(
@@ -263,5 +287,22 @@ mod tests {
             Some(&secret("plain-secret")),
         )
         .is_err());
+    }
+
+    /// A short `pet` secret is refused, naming its length and the rule, never the secret; one
+    /// of the minimum passes, and a short previous one still signs while it is rotated away.
+    #[test]
+    fn a_pet_secret_shorter_than_the_standard_minimum_is_refused() {
+        let short = "whsec-test-0123456789";
+        let e = Signer::new(Scheme::Pet, &secret(short), None)
+            .err()
+            .unwrap();
+        assert!(e.contains("21 bytes") && e.contains("at least 32"), "{e}");
+        assert!(!e.contains(short), "{e}");
+        let minimum = "a".repeat(MIN_PET_SECRET_BYTES);
+        assert!(Signer::new(Scheme::Pet, &secret(&minimum[1..]), None).is_err());
+        assert!(Signer::new(Scheme::Pet, &secret(&minimum), None).is_ok());
+        let rotating = Signer::new(Scheme::Pet, &secret(&minimum), Some(&secret(short))).unwrap();
+        assert_eq!(rotating.headers("id", 7, b"x").matches("v1=").count(), 2);
     }
 }
