@@ -24,6 +24,7 @@ import base64
 import http.client
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -37,6 +38,9 @@ LEFT_OUT = {"Namespace", "Service", "NetworkPolicy", "PodDisruptionBudget",
             "HorizontalPodAutoscaler", "ServiceMonitor"}
 NETWORK = "pet-kube"
 ROOT = Path(__file__).resolve().parent.parent
+# The project's version ([workspace.package] of Cargo.toml): scripts/container tags the image so,
+# and the manifests name that tag (tests/tests/version.rs holds them equal).
+VERSION = re.search(r'^version = "(.*)"$', (ROOT / "Cargo.toml").read_text(), re.M).group(1)
 
 
 def sh(*args, check=True, timeout=120, input=None):
@@ -67,7 +71,7 @@ def make_secrets(work):
     signing = out / "signing"
     signing.mkdir()
     verify = sh("podman", "run", "--rm", "--user", "0", "--entrypoint", "/usr/local/bin/pet-gateway",
-                "-v", f"{signing}:/out", "localhost/pet-gateway:0.1.0", "registry", "keygen",
+                "-v", f"{signing}:/out", f"localhost/pet-gateway:{VERSION}", "registry", "keygen",
                 "--out", "/out/registry-signing.key").stdout.split()[0]
     acl = out / "redis-acl"
     acl.mkdir()
@@ -155,7 +159,7 @@ def main():
     build = ["podman", "build", "-q", "--format", "docker", "--ulimit", "nproc=4096:4096",
              "--ulimit", f"nofile={os.sysconf('SC_OPEN_MAX')}:{os.sysconf('SC_OPEN_MAX')}"]
     sh(*build, "-f", str(ROOT / "deploy/container/Containerfile.redis"), "-t",
-       "pet-redis:0.1.0", str(ROOT / "deploy"), timeout=600)
+       f"pet-redis:{VERSION}", str(ROOT / "deploy"), timeout=600)
     values, verify, folders = make_secrets(work)
     podman_secret("pet-gateway-secrets", {k: values[k] for k in
                                           ("redis-password", "registry-admin-password", "admin-token")})

@@ -53,3 +53,36 @@ fn the_changelog_s_newest_entry_is_the_workspace_version() {
         .expect("CHANGELOG.md has a `## [X.Y.Z]` entry");
     assert_eq!(newest, workspace_version());
 }
+
+/// The Kubernetes manifests run the images `scripts/container` tags with the version: a bump
+/// that leaves them behind would deploy the release before it.
+#[test]
+fn the_kubernetes_manifests_name_the_workspace_version_s_images() {
+    let version = workspace_version();
+    let mut seen = 0;
+    let mut stack = vec![repo_root().join("deploy/kubernetes")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read deploy/kubernetes") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("a manifest");
+            for line in text.lines().map(str::trim) {
+                let tag = line
+                    .strip_prefix("newTag: ")
+                    .map(|t| t.trim_matches('"'))
+                    .or_else(|| {
+                        let image = line.strip_prefix("image: pet-")?;
+                        image.split_once(':').map(|(_, tag)| tag)
+                    });
+                if let Some(tag) = tag {
+                    assert_eq!(tag, version, "{}: `{line}`", path.display());
+                    seen += 1;
+                }
+            }
+        }
+    }
+    assert!(seen >= 7, "found {seen} image tags under deploy/kubernetes");
+}
