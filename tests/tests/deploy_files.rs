@@ -161,7 +161,8 @@ fn the_shedding_alert_fires_after_a_minute_of_503s_and_not_for_concurrency_429s(
          \x20     - eval_time: 3m\n        alertname: PetGatewayShedding\n        exp_alerts:\n\
          \x20         - exp_labels:\n              severity: page\n              environment: production\n\
          \x20           exp_annotations:\n              summary: \"production has been shedding requests (503 overloaded) for a minute\"\n\
-         \x20             description: \"The backends are at their limit (upstream_max_in_flight) and requests wait past upstream_queue_timeout_ms. Add backend capacity, or find the keys filling it (the console's top consumers; 429 concurrency_limited by plan). See deploy/README.md, \\\"Sizing the backend's places\\\".\"\n\
+         \x20             description: \"The backends are at their limit (upstream_max_in_flight) and requests wait past upstream_queue_timeout_ms. Add backend capacity, or find the keys filling it (the console's top consumers; 429 concurrency_limited by plan). The runbook says how to tell the two apart.\"\n\
+         \x20             runbook_url: \"operating/runbooks.html#petgatewayshedding\"\n\
          \x20 - interval: 15s\n    input_series:\n{}\
          \x20   alert_rule_test:\n\
          \x20     - eval_time: 5m\n        alertname: PetGatewayShedding\n        exp_alerts: []\n",
