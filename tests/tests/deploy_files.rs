@@ -33,7 +33,11 @@ fn prometheus_rules_and_scrape_config_pass_promtool() {
     // production", step 4) has the admin token beside it, and its targets (files it may lack).
     let etc = tempfile::tempdir().unwrap();
     for file in ["prometheus.yml", "alerts.yml"] {
-        std::fs::copy(deploy().join("prometheus").join(file), etc.path().join(file)).unwrap();
+        std::fs::copy(
+            deploy().join("prometheus").join(file),
+            etc.path().join(file),
+        )
+        .unwrap();
     }
     std::fs::write(etc.path().join("pet-admin-token"), "a-token-of-the-fleet").unwrap();
     let text = run_ok(
