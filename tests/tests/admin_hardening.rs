@@ -112,9 +112,10 @@ async fn a_head_trickled_to_the_admin_listener_is_cut_at_the_deadline() {
     assert_eq!(gw.metric("pet_gateway_slow_request_heads_total").await, 1.0);
 }
 
-/// Ten wrong tokens from one address, and the eleventh request from it is 429 with
-/// `Retry-After` (the right token too, uncompared); another address is not affected, and the
-/// refusals are counted.
+/// Ten wrong tokens from one address, and the eleventh wrong one from it is 429 with
+/// `Retry-After`; the right token still passes from there (a loopback peer is every local
+/// client: a guesser must not lock the operator and the health probe out); another address is
+/// not affected, and the refusals are counted.
 #[tokio::test]
 async fn wrong_admin_tokens_from_one_peer_limit_that_peer_only() {
     let f = Fixture::new(600, 100_000);
@@ -143,10 +144,10 @@ async fn wrong_admin_tokens_from_one_peer_limit_that_peer_only() {
     let right = get(&guesser, &gw, "/keys", TOKEN).await;
     assert_eq!(
         right.status(),
-        429,
-        "the right token is not compared while limited"
+        200,
+        "the right token passes while its peer is limited"
     );
-    assert!(header(&right, "retry-after").is_some());
+    assert_eq!(get(&guesser, &gw, "/keys", wrong).await.status(), 429);
 
     assert_eq!(get(&other, &gw, "/keys", TOKEN).await.status(), 200);
     assert_eq!(get(&other, &gw, "/keys", wrong).await.status(), 401);

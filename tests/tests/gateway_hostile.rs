@@ -322,6 +322,10 @@ const NON_CANONICAL: &[&[u8]] = &[
     b"/v1/pets%00",
     b"/v1/pets/%zz",
     b"/v1/pets/\xc3\xa9",
+    // Targets in neither origin- nor absolute-form: parsed as `/`, sent on as they came.
+    b"v1/pets",
+    b"x:/v1//pets",
+    b"?a",
 ];
 
 /// One request to `target` with `auth` (or none), answered on a connection of its own.

@@ -610,6 +610,18 @@ async fn a_replay_without_a_feed_entry_is_caught_by_the_running_nodes_within_a_p
 /// names a newer version of it, and counts it; another key is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_started_without_a_snapshot_refuses_a_record_put_back_older() {
+    replayed_to_a_fresh_node(false).await;
+}
+
+/// The same, with the feed emptied first (`XADD … MAXLEN 0`, which the `gateway` ACL user may
+/// send, as it may write the record back): the floors the registry's writer keeps still name
+/// the revocation's version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_behind_an_emptied_feed_is_refused_by_the_writers_floors() {
+    replayed_to_a_fresh_node(true).await;
+}
+
+async fn replayed_to_a_fresh_node(empty_the_feed: bool) {
     let f = Fixture::new(600, 100_000);
     let (_, trust) = signing_key(&f);
     let redis = RedisServer::start();
@@ -624,6 +636,10 @@ async fn a_node_started_without_a_snapshot_refuses_a_record_put_back_older() {
     all_reach([&a], &key_a, 401, Duration::from_secs(1)).await;
     drop(a);
 
+    if empty_the_feed {
+        redis.cli(&["XADD", FEED, "MAXLEN", "0", "*", "id", "emptied"]);
+        assert_eq!(redis.cli(&["XLEN", FEED]).trim(), "0");
+    }
     redis.cli(&["HSET", RECORDS, &a_id, &before_revocation]);
     let fresh = f.gateway(&node_spec(&f, &upstream, &redis, 1, &trust));
     all_reach([&fresh], &key_b, 200, Duration::from_secs(2)).await;

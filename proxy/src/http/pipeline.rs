@@ -26,7 +26,7 @@ use crate::events::{lifecycle, threshold};
 use crate::http::auth::{bearer_token, AuthFailure};
 use crate::http::context::Ctx;
 use crate::http::quota_status::QuotaStatus;
-use crate::http::request::{path_fault, read_body, refuse_shape, request_id};
+use crate::http::request::{path_fault, read_body, refuse_shape, request_id, target_fault};
 use crate::http::responses::{RateHeaders, Refusal};
 use crate::http::routes::Route;
 use crate::http::spans::{self, Phase, Recording};
@@ -348,7 +348,7 @@ impl Pipeline {
 /// came, so a route read off another spelling could be another operation at the backend.
 fn shape(session: &Session, ctx: &mut Ctx) -> Step {
     let req = session.req_header();
-    let fault = path_fault(req.uri.path().as_bytes());
+    let fault = target_fault(req.raw_path()).or_else(|| path_fault(req.uri.path().as_bytes()));
     if fault.is_none() {
         ctx.route = Route::of(&req.method, req.uri.path());
     }

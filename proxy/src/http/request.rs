@@ -116,6 +116,21 @@ const PATH_BYTES: [PathByte; 256] = {
     table
 };
 
+/// Whether the request target as it came (`raw`, what is sent on) is one whose path the
+/// parsed URI holds: origin-form (`/…`) or absolute-form (`http://host/…`). Any other target
+/// (`v1/pets`, `x:/v1//pets`, `?a`) is parsed as `/` and would be routed and priced as that
+/// while the backend reads it otherwise.
+pub fn target_fault(raw: &[u8]) -> Option<PathFault> {
+    let absolute = |scheme: &[u8]| {
+        raw.len() > scheme.len() && raw[..scheme.len()].eq_ignore_ascii_case(scheme)
+    };
+    if raw.first() == Some(&b'/') || absolute(b"http://") || absolute(b"https://") {
+        None
+    } else {
+        Some(PathFault::NotAbsolute)
+    }
+}
+
 /// Whether `path` (the request's, without its query) is in the one form the gateway routes,
 /// prices and forwards; what is wrong with it otherwise. A single pass over its bytes, without
 /// allocating: it runs on every request. The query is not looked at: it is no path, and a
@@ -453,6 +468,28 @@ mod tests {
 
     /// The fault in the first segment that has one is the one named, and nothing after the
     /// path (a query is never handed in) changes it.
+    #[test]
+    fn a_target_not_in_origin_or_absolute_form_is_refused() {
+        for raw in [
+            &b"/v1/pets"[..],
+            b"/",
+            b"http://h/v1/pets",
+            b"HTTPS://h/v1/pets?x",
+        ] {
+            assert_eq!(target_fault(raw), None, "{}", String::from_utf8_lossy(raw));
+        }
+        for raw in [
+            &b"v1/pets"[..],
+            b"x:/v1//pets",
+            b"?a",
+            b"*",
+            b"",
+            b"http:/v1",
+        ] {
+            assert_eq!(target_fault(raw), Some(PathFault::NotAbsolute), "{raw:?}");
+        }
+    }
+
     #[test]
     fn the_first_fault_is_named() {
         assert_eq!(path_fault(b"/v1//./pets"), Some(PathFault::EmptySegment));

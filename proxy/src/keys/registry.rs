@@ -55,12 +55,16 @@ const MAX_AUDIT_LINE: usize = 4096;
 /// first to write would otherwise give it a new one, and the nodes that remember the old one
 /// could no longer heal it; the nodes set it ([`HEAL`]).
 ///
-/// - `KEYS[1]`: the records hash; `KEYS[2]`: the change stream (one slot: `{registry}`).
+/// - `KEYS[1]`: the records hash; `KEYS[2]`: the change stream; `KEYS[3]`: the floors hash
+///   (one slot: `{registry}`).
 /// - `ARGV[1]`: the feed length; then key id, the record JSON as read (empty: it was absent),
 ///   the new record JSON, its version, ….
 ///
-/// Each feed entry names the record's version too: what a node that holds no version of a
-/// record (started without a snapshot) knows of its latest state ([`FeedVersions`]).
+/// Each feed entry names the record's version too, and the floors hash keeps it: what a node
+/// that holds no version of a record (started without a snapshot) knows of its latest state
+/// ([`FeedVersions`]). The feed can be trimmed by whoever may append to it (the `gateway` ACL
+/// user, which heals through it); the floors only by the registry's writer (`admin`), and
+/// they are never trimmed.
 ///
 /// Returns `{1, last feed id}`, or `{0, key id}` for the first record that changed meanwhile
 /// (then nothing was written).
@@ -78,6 +82,7 @@ for i = 2, #ARGV, 4 do
   last = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'id', ARGV[i],
     'version', ARGV[i + 3])
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
+  redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 3])
 end
 return {1, last}
 "#;
@@ -128,6 +133,7 @@ pub struct Registry {
     records: String,
     changes: String,
     meta: String,
+    floors: String,
     audit: String,
     timeout: Duration,
     trust: Trust,
@@ -202,6 +208,7 @@ impl Registry {
             records: format!("{prefix}:{{registry}}:keys"),
             changes: format!("{prefix}:{{registry}}:changes"),
             meta: format!("{prefix}:{{registry}}:meta"),
+            floors: format!("{prefix}:{{registry}}:floors"),
             audit: format!("{prefix}:{{registry}}:audit"),
             timeout,
             trust: Trust::default(),
@@ -396,6 +403,7 @@ impl Registry {
     /// by a node that predates them) say nothing.
     fn feed_versions(&self, conn: &mut dyn ConnectionLike) -> Result<FeedVersions, KeysError> {
         let mut feed = FeedVersions::default();
+        let horizon = super::replica::version_horizon();
         let mut from = "-".to_owned();
         loop {
             let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
@@ -408,8 +416,10 @@ impl Registry {
                 .map_err(err)?;
             for (_, fields) in &entries {
                 let field = |name: &str| fields.iter().find(|(f, _)| f == name).map(|(_, v)| v);
-                if let (Some(id), Some(Ok(v))) = (field("id"), field("version").map(|v| v.parse()))
-                {
+                let version = field("version").and_then(|v| v.parse::<u64>().ok());
+                // A version beyond the horizon is no writer's (the `gateway` user may append):
+                // it would deny the record to every fresh node.
+                if let (Some(id), Some(v)) = (field("id"), version.filter(|&v| v <= horizon)) {
                     let latest = feed.latest.entry(id.clone()).or_insert(0);
                     *latest = (*latest).max(v);
                 }
@@ -420,7 +430,39 @@ impl Registry {
             }
         }
         feed.complete = self.feed_trimmed(conn)?.is_none();
+        self.floors_into(conn, &mut feed)?;
         Ok(feed)
+    }
+
+    /// The floors the registry's writer keeps (a record's version at its last change, see
+    /// [`PUT`]), read in pages into `feed`: they outlive a feed trimmed by hand (`XADD … MAXLEN
+    /// 0` is the `gateway` user's to send) or by its length. Absent for records last changed
+    /// by a writer from before the floors, where the feed alone speaks.
+    fn floors_into(
+        &self,
+        conn: &mut dyn ConnectionLike,
+        feed: &mut FeedVersions,
+    ) -> Result<(), KeysError> {
+        let mut cursor = 0u64;
+        loop {
+            let (next, page): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
+                .arg(&self.floors)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(PAGE)
+                .query(conn)
+                .map_err(err)?;
+            for (id, version) in page {
+                if let Ok(v) = version.parse::<u64>() {
+                    let latest = feed.latest.entry(id).or_insert(0);
+                    *latest = (*latest).max(v);
+                }
+            }
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
+        }
     }
 
     /// The newest id trimmed or deleted from the feed, if any was.
@@ -627,7 +669,7 @@ impl Registry {
         for chunk in records.chunks(500) {
             let script = redis::Script::new(PUT);
             let mut invocation = script.key(&self.records);
-            invocation.key(&self.changes);
+            invocation.key(&self.changes).key(&self.floors);
             invocation.arg(FEED_LENGTH);
             for (record, read) in chunk {
                 invocation

@@ -185,7 +185,7 @@ fn warn_if_history_lost(replica: &Replica, loaded: &Loaded) {
 /// The highest version a node takes: a day past its clock in milliseconds. Writers' versions
 /// are at least their clock, so a version far beyond it was written by hand, and taking it
 /// would leave no room above it for the next change (a revocation).
-fn version_horizon() -> u64 {
+pub(super) fn version_horizon() -> u64 {
     crate::base::clock::unix_now_ms().saturating_add(86_400_000)
 }
 

@@ -118,8 +118,11 @@ impl ServeHttp for Admin {
 }
 
 impl Admin {
-    /// 401 when `admin_token` is set and the request does not carry it; 429 while its peer
-    /// has sent too many wrong ones ([`token_limit`]), before the token is looked at.
+    /// 401 when `admin_token` is set and the request does not carry it; 429 for a wrong one
+    /// while its peer has sent too many ([`token_limit`]). The right token always passes: a
+    /// peer is often shared (every local client of a loopback listener: the operator's CLI,
+    /// the health probe, Prometheus), and a guesser there must not lock them out; guessing a
+    /// token of 32 characters or more is no threat the limit needs to stop.
     fn unauthorized(&self, session: &ServerSession) -> Option<Response<Vec<u8>>> {
         let token = self.token.as_ref()?;
         let peer = session
@@ -127,9 +130,6 @@ impl Admin {
             .and_then(|a| a.as_inet())
             .map(|a| a.ip());
         let now = std::time::Instant::now();
-        if let Some(wait) = peer.and_then(|p| self.token_limit.limited(p, now)) {
-            return Some(too_many_wrong_tokens(wait));
-        }
         let headers = &session.req_header().headers;
         let given = crate::http::auth::bearer_token(
             headers
@@ -137,21 +137,19 @@ impl Admin {
                 .iter()
                 .map(|v| v.as_bytes()),
         );
-        let right = given.is_ok_and(|g| token_matches(g.as_bytes(), token.as_bytes()));
-        match (peer, right) {
-            (Some(peer), true) => self.token_limit.succeeded(peer),
-            // No token at all is no guess (a probe not yet given one): only wrong ones count.
-            (Some(peer), false) if headers.contains_key("authorization") => {
-                METRICS
-                    .admin_auth_refusals
-                    .with_label_values(&["wrong_token"])
-                    .inc();
-                self.token_limit.failed(peer, now);
-            }
-            _ => {}
-        }
-        if right {
+        if given.is_ok_and(|g| token_matches(g.as_bytes(), token.as_bytes())) {
             return None;
+        }
+        if let Some(wait) = peer.and_then(|p| self.token_limit.limited(p, now)) {
+            return Some(too_many_wrong_tokens(wait));
+        }
+        // No token at all is no guess (a probe not yet given one): only wrong ones count.
+        if let Some(peer) = peer.filter(|_| headers.contains_key("authorization")) {
+            METRICS
+                .admin_auth_refusals
+                .with_label_values(&["wrong_token"])
+                .inc();
+            self.token_limit.failed(peer, now);
         }
         let mut refused = error(
             401,
