@@ -18,7 +18,7 @@
 //!   this thread saw the token recently, which only one who holds the key can ask.
 //! - The tokens themselves are held (up to [`SLOTS`] a thread) as long as the thread lives or
 //!   until evicted: the plaintext of keys in use, as the request buffers hold it briefly anyway,
-//!   so a core dump of the gateway holds keys (the book, "Keys file").
+//!   so a core dump of the gateway holds keys (the book, "The keys file").
 
 use std::cell::RefCell;
 

@@ -185,6 +185,12 @@ fn warn_if_history_lost(replica: &Replica, loaded: &Loaded) {
 /// The highest version a node takes: a day past its clock in milliseconds. Writers' versions
 /// are at least their clock, so a version far beyond it was written by hand, and taking it
 /// would leave no room above it for the next change (a revocation).
+/// `every`, give or take a fifth, drawn anew for each comparison: nodes started together (a
+/// rollout) would otherwise read the whole registry from Redis at the same moment every period.
+fn jittered(every: Duration) -> Duration {
+    every.mul_f64(rand::random_range(0.8..1.2))
+}
+
 pub(super) fn version_horizon() -> u64 {
     crate::base::clock::unix_now_ms().saturating_add(86_400_000)
 }
@@ -218,14 +224,16 @@ impl Sync {
         // stays away costs a connection attempt a second.
         let mut failures: u32 = 0;
         let mut compared = Instant::now();
+        let mut compare_after = jittered(self.compare_every);
         while !stop() {
-            if position.is_some() && compared.elapsed() >= self.compare_every {
+            if position.is_some() && compared.elapsed() >= compare_after {
                 // No position: the round loads the whole registry, refuses what is older than
                 // held and writes the held version back.
                 position = None;
             }
             if position.is_none() {
                 compared = Instant::now();
+                compare_after = jittered(self.compare_every);
             }
             // Before the registry is reached: a snapshot to write matters most while Redis is
             // away (a restart would start from it).
@@ -561,6 +569,23 @@ mod tests {
 
     fn record(version: u64) -> KeyRecord {
         crate::keys::record::sample_record(version)
+    }
+
+    #[test]
+    fn each_comparison_waits_the_period_give_or_take_a_fifth() {
+        let every = Duration::from_secs(60);
+        let waits: Vec<Duration> = (0..200).map(|_| jittered(every)).collect();
+        for wait in &waits {
+            assert!(
+                *wait >= every.mul_f64(0.8) && *wait < every.mul_f64(1.2),
+                "{wait:?}"
+            );
+        }
+        let (shortest, longest) = (waits.iter().min().unwrap(), waits.iter().max().unwrap());
+        assert!(
+            longest.saturating_sub(*shortest) > Duration::from_secs(10),
+            "no spread"
+        );
     }
 
     #[test]

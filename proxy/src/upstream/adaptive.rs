@@ -28,7 +28,7 @@
 //! With a backend of `W` workers, a limit above `W` makes requests queue there, the latency
 //! grows in proportion, and the next window takes the limit back to about `1.1 W`; below `W`
 //! nothing queues and the limit grows. It settles between `W` and `1.25 W` (the tests in this
-//! file run model backends; `bench/overload` measures a real one). Places kept for `critical`
+//! file run model backends; `bench/overload.py` measures a real one). Places kept for `critical`
 //! requests (`upstream_reserved_share`) sit idle while none comes, so the backend is only
 //! full once the other levels' places are: with a reserve of `R` places the limit settles
 //! about `R` higher.

@@ -29,8 +29,8 @@ pub enum RedisAccessError {
         hint: String,
     },
     #[error(
-        "{peer}: the ACL user may not run a command the gateway needs ({detail}); see \
-         deploy/README.md for the commands to allow"
+        "{peer}: the ACL user may not run a command the gateway needs ({detail}); regenerate \
+         the users with deploy/redis/acl-users and ACL LOAD them (the book, \"Redis\")"
     )]
     Denied { peer: String, detail: String },
     #[error("redis_url: no Sentinel ({sentinels}) knows a master named `{master}`")]

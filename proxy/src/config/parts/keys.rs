@@ -109,7 +109,9 @@ const REGISTRY_COMPARE_INTERVAL_SECS: Setting<Duration> = Setting::new(
     Preset::Value("60"),
     "with `keys_source = \"store\"`: how often each node reads the whole registry (in pages, \
      off the request path) and compares it with the records it holds, so a record put back \
-     older without a feed entry is refused and the newer one written back within this long",
+     older without a feed entry is refused and the newer one written back within this long \
+     (give or take a fifth, drawn each time, so that nodes started together do not read it at \
+     once)",
     |v| super::values::at_least_one(v.int::<u64>()?).map(Duration::from_secs),
 )
 .value_name("SECS");

@@ -1,5 +1,5 @@
 //! Where quota counters and bans live. One trait, two implementations with identical
-//! behaviour (the suite in `tests/store_behaviour.rs` runs the same tests against both):
+//! behaviour (the suite in `proxy/tests/store_behaviour.rs` runs the same tests against both):
 //!
 //! - [`memory::MemoryStore`]: in this process; the embedded default for a single node.
 //! - [`redis::RedisStore`]: in Redis, so that every gateway node shares one exact count.

@@ -33,9 +33,10 @@
 //! string, its minute and day counts carried over into the `1m` and `1d` windows, and once
 //! written in the new form the old string is deleted: an upgrade keeps every count and ban.
 //! Nodes still on the old version keep writing the old string until they are upgraded, so
-//! upgrade all of an environment's nodes together (deploy/README.md). The scripts need Redis
-//! 6.2 or later (`SET ... EXAT`) and its Lua `struct` library; the probe runs the same commands,
-//! so an older Redis shows as failing.
+//! upgrade all of an environment's nodes together (deploy/README.md, "Upgrading to 0.2.0: the
+//! packed quota state"). The scripts themselves need Redis 6.2 or later (`SET ... EXAT`) and its
+//! Lua `struct` library, the shipped config 7.0 (the book, "Redis"); the probe runs the same
+//! commands, so an older Redis shows as failing.
 //!
 //! A quota with a concurrency (a plan's `concurrency`, a key's own) keeps its requests in flight
 //! beside its state, in `<prefix>:leases:{<quota id>}` (same hash tag, so same slot): pairs of

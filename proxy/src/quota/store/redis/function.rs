@@ -23,8 +23,8 @@
 //!
 //! A library is shared by every user and runs with its caller's rights, and any user allowed
 //! `FUNCTION LOAD` may replace it: only the `gateway` user is given it, and what a planted
-//! library could do is what that user's own commands can (deploy/README.md, "If a password
-//! leaks").
+//! library could do is what that user's own commands can (deploy/README.md, "Redis over TLS,
+//! with a password, behind Sentinel").
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
