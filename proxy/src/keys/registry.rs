@@ -174,6 +174,31 @@ struct FeedVersions {
 /// each read has the connection's deadline.
 const PAGE: usize = 1000;
 
+/// Every field of the hash `key`, a page (`HSCAN`, [`PAGE`] a round trip, each under the
+/// connection's deadline) at a time, to `take`. Two commands a round, not a pipeline: a
+/// blocking cluster connection takes none.
+fn scan_hash(
+    conn: &mut dyn ConnectionLike,
+    key: &str,
+    mut take: impl FnMut(Vec<(String, String)>),
+) -> Result<(), KeysError> {
+    let mut cursor = 0u64;
+    loop {
+        let (next, page): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
+            .arg(key)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(PAGE)
+            .query(conn)
+            .map_err(err)?;
+        take(page);
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
 fn err(e: impl std::fmt::Display) -> KeysError {
     KeysError::Registry(e.to_string())
 }
@@ -380,22 +405,8 @@ impl Registry {
         conn: &mut dyn ConnectionLike,
     ) -> Result<BTreeMap<String, String>, KeysError> {
         let mut raw = BTreeMap::new();
-        let mut cursor = 0u64;
-        loop {
-            // Two commands a round, not a pipeline: a blocking cluster connection takes none.
-            let (next, page): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
-                .arg(&self.records)
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(PAGE)
-                .query(conn)
-                .map_err(err)?;
-            raw.extend(page);
-            if next == 0 {
-                return Ok(raw);
-            }
-            cursor = next;
-        }
+        scan_hash(conn, &self.records, |page| raw.extend(page))?;
+        Ok(raw)
     }
 
     /// The highest version each feed entry names per record, read in pages from the oldest
@@ -420,8 +431,7 @@ impl Registry {
                 // A version beyond the horizon is no writer's (the `gateway` user may append):
                 // it would deny the record to every fresh node.
                 if let (Some(id), Some(v)) = (field("id"), version.filter(|&v| v <= horizon)) {
-                    let latest = feed.latest.entry(id.clone()).or_insert(0);
-                    *latest = (*latest).max(v);
+                    feed.raise(id.clone(), v);
                 }
             }
             match entries.last() {
@@ -443,26 +453,13 @@ impl Registry {
         conn: &mut dyn ConnectionLike,
         feed: &mut FeedVersions,
     ) -> Result<(), KeysError> {
-        let mut cursor = 0u64;
-        loop {
-            let (next, page): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
-                .arg(&self.floors)
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(PAGE)
-                .query(conn)
-                .map_err(err)?;
+        scan_hash(conn, &self.floors, |page| {
             for (id, version) in page {
                 if let Ok(v) = version.parse::<u64>() {
-                    let latest = feed.latest.entry(id).or_insert(0);
-                    *latest = (*latest).max(v);
+                    feed.raise(id, v);
                 }
             }
-            if next == 0 {
-                return Ok(());
-            }
-            cursor = next;
-        }
+        })
     }
 
     /// The newest id trimmed or deleted from the feed, if any was.
@@ -810,6 +807,12 @@ impl Registry {
 }
 
 impl FeedVersions {
+    /// What the registry held of `id` is at least version `v` (a feed entry or a floor says so).
+    fn raise(&mut self, id: String, v: u64) {
+        let latest = self.latest.entry(id).or_insert(0);
+        *latest = (*latest).max(v);
+    }
+
     /// Whether `record` is older than the feed says the registry held: logged with its id,
     /// counted (`replayed`).
     fn replayed(&self, record: &KeyRecord) -> bool {
