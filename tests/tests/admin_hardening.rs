@@ -68,6 +68,9 @@ async fn a_head_trickled_to_the_admin_listener_is_cut_at_the_deadline() {
     spec.extra = "request_header_timeout_ms = 1000\n".into();
     let gw = f.gateway(&spec);
     let admin = gw.admin;
+    // The gateway is ready once its public listener is; the admin one may follow it by a
+    // moment beside a loaded machine (a CI run found it refusing the connection).
+    e2e::wait_for_listener(admin, Duration::from_secs(10));
     let trickler = std::thread::spawn(move || {
         let mut s = TcpStream::connect(admin).unwrap();
         s.set_read_timeout(Some(Duration::from_millis(300)))
