@@ -1087,6 +1087,24 @@ class Notices(CheckTest):
                 else:
                     self.assertNamed(self.only_fails(d, "notices")[0], banned["seq"])
 
+    def test_a_missing_ban_event_is_excused_by_a_store_window_of_any_node_just_before(self):
+        """A call its node gave up on may land in Redis later (a partition's queued calls land
+        as it ends) and start a ban nobody reports: excused when any node was in a store window
+        (the fault's end + 5 s) within 2 s before the first banned 429, not after longer."""
+        for node, ended_before, ok in [(n, 6.0, True) for n in NODES] + [("gw2", 8.0, False)]:
+            with self.subTest(node=node, ended_before=ended_before):
+                d = self.run_dir()
+                banned = self.drop_first_ban(d)
+                end = banned["sent"] - ended_before
+                cut = {k: v for k, v in fault("partition", 99, 0, 0, [node]).items()
+                       if k not in ("start", "end")}
+                cut = [cut | {"phase": "start", "t": end - 5}, cut | {"phase": "end", "t": end}]
+                edit_ndjson(os.path.join(d, "events.ndjson"), lambda evs: evs + cut)
+                if ok:
+                    self.assertIn("1 unreported, excused", self.passes(d).result("notices").figure)
+                else:
+                    self.assertNamed(self.only_fails(d, "notices")[0], banned["seq"])
+
     def test_a_ban_event_no_client_saw_fails_unless_the_quota_was_quiet(self):
         key = KEYS["key_c"]
         for start, ok in ((S + 10, False), (S + 150, True)):
