@@ -240,7 +240,10 @@ const REGISTRY_REPAIRS: Def = Def {
 const REGISTRY_REJECTED_RECORDS: Def = Def {
     name: "pet_gateway_registry_rejected_records_total",
     help: "Key records read from the registry and refused, by reason (unsigned, bad_signature, \
-           older: not newer than the version this node holds, future: a version more than a day ahead of its clock, unparsable); the version held stays in force.",
+           unbound: not bound to this environment where binding is required, older: not newer \
+           than the version this node holds, replayed: older than the change feed or the \
+           writers' floors say the registry held, future: a version more than a day ahead of \
+           its clock, unparsable); the version held stays in force.",
     labels: &["reason"],
 };
 const REGISTRY_IN_STEP: Def = Def {
@@ -398,7 +401,15 @@ impl Metrics {
         for reason in ["missing", "malformed", "unknown", "expired"] {
             m.auth_failures.with_label_values(&[reason]);
         }
-        for reason in ["unsigned", "bad_signature", "older", "future", "unparsable"] {
+        for reason in [
+            "unsigned",
+            "bad_signature",
+            "unbound",
+            "older",
+            "replayed",
+            "future",
+            "unparsable",
+        ] {
             m.registry_rejected_records.with_label_values(&[reason]);
         }
         m.registry_in_step.set(1);
