@@ -456,7 +456,7 @@ impl Registry {
         scan_hash(conn, &self.floors, |page| {
             for (id, version) in page {
                 if let Ok(v) = version.parse::<u64>() {
-                    feed.raise(id, v);
+                    feed.floor(id, v);
                 }
             }
         })
@@ -811,6 +811,14 @@ impl FeedVersions {
     fn raise(&mut self, id: String, v: u64) {
         let latest = self.latest.entry(id).or_insert(0);
         *latest = (*latest).max(v);
+    }
+
+    /// The writer's floor for `id` is version `v`: it replaces what feed entries said. Only the
+    /// `admin` user writes floors, while the `gateway` user may append feed entries, so a feed
+    /// version above the floor is no writer's (planted, it would deny the record to every node
+    /// started without a snapshot, and the writer's next version would not clear it).
+    fn floor(&mut self, id: String, v: u64) {
+        self.latest.insert(id, v);
     }
 
     /// Whether `record` is older than the feed says the registry held: logged with its id,
