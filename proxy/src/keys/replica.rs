@@ -226,10 +226,14 @@ impl Sync {
         let mut compared = Instant::now();
         let mut compare_after = jittered(self.compare_every);
         while !stop() {
+            // The feed's position a comparison set aside: a comparison that fails (a page past
+            // its deadline, a failover mid-scan, `HSCAN` refused by an older ACL file) resumes
+            // the feed from it, so changes keep arriving until the next period's comparison.
+            let mut resume = None;
             if position.is_some() && compared.elapsed() >= compare_after {
                 // No position: the round loads the whole registry, refuses what is older than
                 // held and writes the held version back.
-                position = None;
+                resume = position.take();
             }
             if position.is_none() {
                 compared = Instant::now();
@@ -255,6 +259,9 @@ impl Sync {
                     }
                 }
                 Err(e) => {
+                    if position.is_none() {
+                        position = resume;
+                    }
                     if failures == 0 {
                         tracing::error!(error = %e, "key registry: cannot sync; serving the keys last synced (snapshot) and retrying");
                     }
