@@ -652,6 +652,78 @@ async fn replayed_to_a_fresh_node(empty_the_feed: bool) {
     assert!(fresh.metric(replayed).await >= 1.0);
 }
 
+/// A feed entry naming a version far above a key's (the `gateway` ACL user may append to the
+/// feed, within the day's horizon) denies nothing: the writer's floor, which only `admin`
+/// writes, says which version the registry held, and a node started without a snapshot serves
+/// the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_feed_entry_planted_above_the_writers_floor_denies_no_fresh_node() {
+    let f = Fixture::new(600, 100_000);
+    let (_, trust) = signing_key(&f);
+    let redis = RedisServer::start();
+    let upstream = EchoUpstream::start();
+    let a = f.gateway(&node_spec(&f, &upstream, &redis, 0, &trust));
+    let (a_id, key_a) = issue(&a.config, "free");
+    all_reach([&a], &key_a, 200, Duration::from_secs(2)).await;
+    drop(a);
+
+    let record: Value = serde_json::from_str(&redis.cli(&["HGET", RECORDS, &a_id])).unwrap();
+    let planted = record["version"].as_u64().unwrap() + 3_600_000;
+    redis.cli(&[
+        "XADD",
+        FEED,
+        "*",
+        "id",
+        &a_id,
+        "version",
+        &planted.to_string(),
+    ]);
+    let fresh = f.gateway(&node_spec(&f, &upstream, &redis, 1, &trust));
+    all_reach([&fresh], &key_a, 200, Duration::from_secs(2)).await;
+    let replayed = "pet_gateway_registry_rejected_records_total{reason=\"replayed\"}";
+    assert_eq!(fresh.metric(replayed).await, 0.0);
+}
+
+/// A comparison that keeps failing (here `HSCAN` refused, as an ACL file from before the paged
+/// read refuses it) stops no revocation: the node goes on following the feed from where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_comparison_leaves_the_feed_followed() {
+    let f = Fixture::new(600, 100_000);
+    let (_, trust) = signing_key(&f);
+    let trust = format!("{trust}registry_compare_interval_secs = 1\n");
+    let redis = RedisServer::start();
+    let upstream = EchoUpstream::start();
+    let user = [
+        "ACL",
+        "SETUSER",
+        "node",
+        "on",
+        ">node-password",
+        "~*",
+        "&*",
+        "+@all",
+    ];
+    assert_eq!(redis.cli(&user), "OK");
+    let mut spec = node_spec(&f, &upstream, &redis, 0, &trust);
+    spec.redis_url = Some(format!("redis://node:node-password@{}/", redis.addr));
+    // The operator's commands log in as the default user, which keeps HSCAN; the key (and the
+    // registry's identity) come before the node, so the node is in step before HSCAN goes.
+    let operator =
+        e2e::write_gateway_config(f.dir.path(), &node_spec(&f, &upstream, &redis, 1, &trust));
+    let (a_id, key_a) = issue(&operator, "free");
+    let a = f.gateway(&spec);
+    all_reach([&a], &key_a, 200, Duration::from_secs(2)).await;
+    let (_, key_b) = issue(&operator, "free");
+    all_reach([&a], &key_b, 200, Duration::from_secs(2)).await;
+
+    assert_eq!(redis.cli(&["ACL", "SETUSER", "node", "-hscan"]), "OK");
+    // Two periods: at least one comparison has failed.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let out = keys_cli(&operator, &["revoke", &a_id]);
+    assert!(out.status.success(), "{out:?}");
+    all_reach([&a], &key_a, 401, Duration::from_secs(2)).await;
+}
+
 /// Signatures bound to the environment: with one signing key for staging and production, a
 /// record signed for staging and copied into production's registry is refused there. An
 /// unbound (older) record is served while `registry_signature_binding` is `sign`, refused once
