@@ -322,6 +322,9 @@ const NON_CANONICAL: &[&[u8]] = &[
     b"/v1/pets%00",
     b"/v1/pets/%zz",
     b"/v1/pets/\xc3\xa9",
+    b"/v1/%252e%252e/v1/pets",
+    b"/v1/pets%3Bx=1",
+    b"/v1/%C0%AE%C0%AE/v1/pets",
     // Targets in neither origin- nor absolute-form: parsed as `/`, sent on as they came.
     b"v1/pets",
     b"x:/v1//pets",

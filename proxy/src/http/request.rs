@@ -62,6 +62,11 @@ pub enum PathFault {
     EncodedUnreserved,
     /// `%` not followed by two hex digits.
     BadPercent,
+    /// `%25`: a backend or proxy that decodes twice reads `%252e` as `.`, `%252f` as `/`.
+    EncodedPercent,
+    /// Percent-encoded bytes that are not UTF-8 in its shortest form: a lax decoder reads the
+    /// overlong `%C0%AE` as `.` and `%C0%AF` as `/`.
+    BadUtf8,
 }
 
 impl PathFault {
@@ -80,6 +85,10 @@ impl PathFault {
                 "the request path percent-encodes a character that needs none (letters, digits, - . _ ~)"
             }
             PathFault::BadPercent => "the request path has a % not followed by two hex digits",
+            PathFault::EncodedPercent => "the request path has an encoded % (%25)",
+            PathFault::BadUtf8 => {
+                "the request path percent-encodes bytes that are not UTF-8 in its shortest form"
+            }
         }
     }
 }
@@ -145,41 +154,97 @@ pub fn path_fault(path: &[u8]) -> Option<PathFault> {
 
 /// What is wrong with one segment of a path (between two `/`), if anything.
 fn segment_fault(segment: &[u8]) -> Option<PathFault> {
+    segment_check(segment).err()
+}
+
+fn segment_check(segment: &[u8]) -> Result<(), PathFault> {
     let (mut units, mut dots, mut encoded_dot) = (0usize, 0usize, false);
+    let mut utf8 = Utf8::default();
     let mut rest = segment;
     while let [b, tail @ ..] = rest {
         let unit = if *b == b'%' {
             let [hi, lo, after @ ..] = tail else {
-                return Some(PathFault::BadPercent);
+                return Err(PathFault::BadPercent);
             };
             let (Some(hi), Some(lo)) = (hex_value(*hi), hex_value(*lo)) else {
-                return Some(PathFault::BadPercent);
+                return Err(PathFault::BadPercent);
             };
             rest = after;
             let byte = hi << 4 | lo;
+            if byte >= 0x80 {
+                utf8.push(byte)?;
+                continue;
+            }
             match (byte, PATH_BYTES[usize::from(byte)]) {
-                (b'/' | b'\\', _) => return Some(PathFault::EncodedSeparator),
-                (_, PathByte::Refused(PathFault::Control)) => return Some(PathFault::Control),
+                (b'/' | b'\\', _) => return Err(PathFault::EncodedSeparator),
+                (b'%', _) => return Err(PathFault::EncodedPercent),
+                (b';', _) => return Err(PathFault::Semicolon),
+                (_, PathByte::Refused(PathFault::Control)) => return Err(PathFault::Control),
                 (b'.', _) => encoded_dot = true,
-                (_, PathByte::Unreserved) => return Some(PathFault::EncodedUnreserved),
+                (_, PathByte::Unreserved) => return Err(PathFault::EncodedUnreserved),
                 _ => {}
             }
             byte
         } else {
             if let PathByte::Refused(fault) = PATH_BYTES[usize::from(*b)] {
-                return Some(fault);
+                return Err(fault);
             }
             rest = tail;
             *b
         };
+        utf8.ended()?;
         units += 1;
         dots += usize::from(unit == b'.');
     }
-    match (units, dots) {
-        (0, _) => Some(PathFault::EmptySegment),
-        (1, 1) | (2, 2) => Some(PathFault::DotSegment),
-        _ if encoded_dot => Some(PathFault::EncodedUnreserved),
-        _ => None,
+    utf8.ended()?;
+    match (units + utf8.chars, dots) {
+        (0, _) => Err(PathFault::EmptySegment),
+        (1, 1) | (2, 2) => Err(PathFault::DotSegment),
+        _ if encoded_dot => Err(PathFault::EncodedUnreserved),
+        _ => Ok(()),
+    }
+}
+
+/// The percent-encoded bytes of a segment at or above 0x80, checked as UTF-8 a character at a
+/// time (on the stack: no allocation on the request path).
+#[derive(Default)]
+struct Utf8 {
+    pending: [u8; 4],
+    have: usize,
+    need: usize,
+    chars: usize,
+}
+
+impl Utf8 {
+    /// Takes the next encoded byte; the fault when no shortest-form character can start or go
+    /// on with it.
+    fn push(&mut self, byte: u8) -> Result<(), PathFault> {
+        if self.have == 0 {
+            self.need = match byte {
+                0xc2..=0xdf => 2,
+                0xe0..=0xef => 3,
+                0xf0..=0xf4 => 4,
+                _ => return Err(PathFault::BadUtf8),
+            };
+        }
+        self.pending[self.have] = byte;
+        self.have += 1;
+        if self.have == self.need {
+            // The standard library's check refuses overlong forms and surrogates.
+            std::str::from_utf8(&self.pending[..self.need]).map_err(|_| PathFault::BadUtf8)?;
+            self.have = 0;
+            self.chars += 1;
+        }
+        Ok(())
+    }
+
+    /// Something else comes (or the segment ends): a character begun must have ended.
+    fn ended(&self) -> Result<(), PathFault> {
+        if self.have == 0 {
+            Ok(())
+        } else {
+            Err(PathFault::BadUtf8)
+        }
     }
 }
 
@@ -330,6 +395,38 @@ fn declared_length(req: &pingora::http::RequestHeader) -> Option<u64> {
 mod tests {
     use super::*;
     use std::collections::HashSet;
+
+    #[test]
+    fn double_encoding_and_bytes_that_are_not_shortest_form_utf8_are_refused() {
+        for (path, fault) in [
+            (&b"/v1/%252e%252e/v1/pets"[..], PathFault::EncodedPercent),
+            (b"/v1/pets%252f42", PathFault::EncodedPercent),
+            (b"/v1/pets%3Bx=1", PathFault::Semicolon),
+            (b"/v1/%C0%AE%C0%AE/v1/pets", PathFault::BadUtf8),
+            (b"/v1/pets%C0%AF42", PathFault::BadUtf8),
+            (b"/v1/%E0%80%AE/pets", PathFault::BadUtf8),
+            (b"/v1/%ED%A0%80", PathFault::BadUtf8),
+            (b"/v1/%C3", PathFault::BadUtf8),
+            (b"/v1/%C3x%A9", PathFault::BadUtf8),
+            (b"/v1/%A9", PathFault::BadUtf8),
+            (b"/v1/%F5%80%80%80", PathFault::BadUtf8),
+        ] {
+            assert_eq!(
+                path_fault(path),
+                Some(fault),
+                "{}",
+                String::from_utf8_lossy(path)
+            );
+        }
+        for path in [
+            &b"/v1/caf%C3%A9"[..],
+            b"/v1/%E2%82%AC",
+            b"/v1/%F0%9F%90%95",
+            b"/v1/%C3%A9",
+        ] {
+            assert_eq!(path_fault(path), None, "{}", String::from_utf8_lossy(path));
+        }
+    }
 
     #[test]
     fn fresh_ids_are_128_bits_of_hex_and_never_repeat() {
