@@ -218,6 +218,46 @@ fn check_and_serve_refuse_a_weak_admin_token() {
     assert!(out.status.success(), "{out:?}");
 }
 
+/// A setting's variable whose value is not UTF-8 stops `check`, named (its value unshown),
+/// rather than leaving the setting at its file's value without a word.
+#[test]
+fn a_variable_that_is_not_utf8_is_refused_by_name() {
+    use std::os::unix::ffi::OsStrExt;
+    let f = Fixture::new(600, 100_000);
+    let config = f.dir.path().join("plain.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "keys_file = \"{}\"\nplans_dir = \"{}\"\n",
+            f.keys.display(),
+            f.plans.display()
+        ),
+    )
+    .unwrap();
+    let check = |value: &[u8]| {
+        std::process::Command::new(e2e::bin_path("pet-gateway"))
+            .args(["check", "--config", &config.to_string_lossy()])
+            .env(
+                "PET_GATEWAY_ADMIN_TOKEN",
+                std::ffi::OsStr::from_bytes(value),
+            )
+            .output()
+            .unwrap()
+    };
+    let out = check(b"q0Vv3m6rK2n8Yx1TQw7cRz5pL4sJd9Hb\xffgUa0eNi1Ko=");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("PET_GATEWAY_ADMIN_TOKEN: its value is not UTF-8"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("q0Vv3m6rK2n8"),
+        "the value shown: {stderr}"
+    );
+    assert!(check(TOKEN.as_bytes()).status.success());
+}
+
 /// A form-encoded (or plain text) change with the right token is 415 with the Error body and
 /// changes nothing; the same change as JSON is made, and the commands' bodiless POSTs pass.
 #[tokio::test]

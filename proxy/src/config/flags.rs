@@ -149,18 +149,43 @@ impl clap::Args for Overrides {
 #[derive(Debug, Clone, Default)]
 pub struct Env {
     vars: HashMap<String, String>,
+    /// Our variables whose value is not UTF-8: refused by [`Env::layer`]'s caller rather than
+    /// left out, which would leave the setting at its file's value without a word (an
+    /// unreadable `PET_GATEWAY_REGISTRY_VERIFY_KEYS` would switch the signature check off).
+    not_utf8: Vec<String>,
 }
 
 impl Env {
     /// This process's `PET_GATEWAY_*` variables. `vars_os`, not `vars`: an unrelated variable
-    /// that is not UTF-8 must not abort the gateway; one of ours that is not is left out.
+    /// that is not UTF-8 must not abort the gateway; one of ours that is not is kept aside.
     pub fn process() -> Env {
-        Env {
-            vars: std::env::vars_os()
-                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-                .filter(|(k, _)| k.starts_with(ENV_PREFIX))
-                .collect(),
+        let mut env = Env::default();
+        for (k, v) in std::env::vars_os() {
+            let Some(k) = k.into_string().ok().filter(|k| k.starts_with(ENV_PREFIX)) else {
+                continue;
+            };
+            match v.into_string() {
+                Ok(v) => {
+                    env.vars.insert(k, v);
+                }
+                Err(_) => env.not_utf8.push(k),
+            }
         }
+        env
+    }
+
+    /// The first setting's variable whose value is not UTF-8, as the error that refuses it
+    /// (named, its value never shown: it may be a secret).
+    pub(super) fn unreadable(&self) -> Option<String> {
+        let known: Vec<&str> = rows().filter_map(Row::env).collect();
+        let mut bad: Vec<&String> = self
+            .not_utf8
+            .iter()
+            .filter(|var| known.contains(&var.as_str()))
+            .collect();
+        bad.sort();
+        bad.first()
+            .map(|var| format!("{var}: its value is not UTF-8"))
     }
 
     /// Only the variables of the named settings: a command that needs a few settings (`keys`,
@@ -168,6 +193,7 @@ impl Env {
     pub fn only(mut self, settings: &[&str]) -> Env {
         let vars: Vec<&str> = settings.iter().filter_map(|name| env_var(name)).collect();
         self.vars.retain(|k, _| vars.contains(&k.as_str()));
+        self.not_utf8.retain(|k| vars.contains(&k.as_str()));
         self
     }
 
@@ -177,6 +203,7 @@ impl Env {
                 .into_iter()
                 .map(|(k, v)| (k.to_owned(), v.to_owned()))
                 .collect(),
+            not_utf8: Vec::new(),
         }
     }
 

@@ -54,6 +54,12 @@ impl Config {
 }
 
 fn layers(file: Option<&Path>, env: &Env, flags: &Overrides) -> Result<Layers, ConfigError> {
+    if let Some(message) = env.unreadable() {
+        return Err(ConfigError::Invalid {
+            source_name: "environment".to_owned(),
+            message,
+        });
+    }
     Ok(Layers {
         flags: flags.layer().clone(),
         env: env.layer(),
