@@ -223,6 +223,21 @@ impl Link {
         self.settle(tokio::time::timeout(self.inner.timeout, call).await)
     }
 
+    /// Runs one pipeline (one round trip) under the deadline and reads its replies.
+    pub(super) async fn pipe_query<T: redis::FromRedisValue>(
+        &self,
+        pipeline: &redis::Pipeline,
+    ) -> Result<T, StoreError> {
+        let call = async {
+            let result = match self.conn().await? {
+                Conn::Single(mut c) => pipeline.query_async::<T>(&mut c).await,
+                Conn::Cluster(mut c) => pipeline.query_async::<T>(&mut c).await,
+            };
+            result.map_err(|e| StoreError::Unavailable(e.to_string()))
+        };
+        self.settle(tokio::time::timeout(self.inner.timeout, call).await)
+    }
+
     /// Runs one script invocation under the deadline.
     pub(super) async fn run<T: redis::FromRedisValue>(
         &self,

@@ -11,6 +11,7 @@ mod acquire;
 mod batch;
 mod errors;
 mod function;
+pub mod ledger;
 mod link;
 mod top;
 

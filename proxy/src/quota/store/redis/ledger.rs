@@ -1,0 +1,276 @@
+//! The global store's ledger of grants, for a fleet in several regions (issue 48): for each
+//! quota and window instance (the minute 12:34 of a key, its day), the units the global store
+//! has granted to each region, and never more in all than the limit in force. A region admits
+//! a request only out of units it was granted, so the regions together never pass a limit
+//! whatever the traffic does; this file is the global half, the region's own count of what it
+//! holds and spends is the regional store's. Not used by the gateway yet: the regional half
+//! (units held in a region's Redis, admission from them, grants asked ahead of use) comes next,
+//! and until then no setting names a region.
+//!
+//! What the ledger promises, and how:
+//!
+//! - **Never past the limit.** A grant is `min(wanted, limit - granted in all)`, decided in one
+//!   script per quota (every instance's key carries the quota's hash tag, so one slot). A limit
+//!   lowered by a plan edit grants nothing more once the total reaches it; what was granted
+//!   before stays granted (the regions may spend it), as a lowered limit in one region keeps
+//!   what was admitted.
+//! - **Nothing granted twice, nothing lost as unspent.** A grant whose answer is lost (a
+//!   timeout, a connection cut) stays counted: the region asks again with the same request id
+//!   and gets the same answer, counted once; a region that never asks again leaves the units
+//!   counted and unspent (under-admission, never over).
+//! - **Across a failover or restart of the global store.** A grant is used only once every
+//!   replica has acknowledged it (`WAIT`, sent after the script on the same connection, which
+//!   the script's write precedes); one not acknowledged in time counts as granted and is never
+//!   spent. With `appendfsync always` on the global store (its shipped config), a grant
+//!   acknowledged is on the primary's disk too, so a restart of the primary cannot forget it
+//!   and grant its units again.
+//! - **Units given back.** A region whose traffic for a key stopped gives back what it holds and
+//!   did not spend (having first taken it out of its own count, so it can no longer spend it):
+//!   the ledger lowers its grant and the total by at most what it granted that region. A give-back
+//!   is idempotent by its request id too.
+//!
+//! Keys: `<prefix>:grants:{<quota id>}:<window code>:<instance>`, a hash with the field `t` (the
+//! total granted), `g:<region>` (granted to the region), `r:<region>` (the region's last grant
+//! request: `<id>=<units>`) and `b:<region>` (its last give-back: `<id>=<units>`), expiring
+//! [`KEEP_AFTER_END`] after the instance ends.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::base::redis::RedisAccess;
+use crate::keys::limits::Every;
+use crate::quota::store::{StoreConfigError, StoreError};
+
+use super::link::Link;
+
+/// How long an instance's grants are kept after it ends: longer than any clock skew between a
+/// region's Redis and the global one, so a region never finds an instance's grants gone while
+/// its own clock still counts in it.
+pub const KEEP_AFTER_END: u64 = 3_600;
+
+/// One window instance a region asks units of, or gives units back to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Instance {
+    pub every: Every,
+    /// Which instance of the window (`Every::index`).
+    pub index: u64,
+    /// When it ends, Unix seconds (`Every::start_of(index + 1)`).
+    pub end: u64,
+}
+
+impl Instance {
+    /// The instance of `every` that holds Unix second `now`.
+    pub fn at(every: Every, now: u64) -> Instance {
+        let index = every.index(now);
+        Instance {
+            every,
+            index,
+            end: every.start_of(index + 1),
+        }
+    }
+}
+
+/// What a grant gave: the units for each instance asked, in the order asked, and whether every
+/// replica of the global store acknowledged it in time. Units not acknowledged must not be
+/// spent: they stay counted as granted (see the module's doc).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub units: Vec<u64>,
+    pub durable: bool,
+}
+
+/// The ledger, on the global store.
+pub struct Ledger {
+    link: Link,
+    prefix: Arc<str>,
+    /// Replicas that must acknowledge a grant before it is spent (0: a global store without
+    /// replicas, whose grants are durable once its AOF has them).
+    replicas: u32,
+}
+
+/// Grants units of each instance to a region.
+///
+/// - `KEYS[i]`: the instances' hashes, each of the quota's hash tag.
+/// - `ARGV[1]`: the region; `ARGV[2]`: the request id (a retry sends the same one);
+///   then per instance `i`: `ARGV[3i]` its limit in force, `ARGV[3i+1]` the units wanted,
+///   `ARGV[3i+2]` when its hash expires (Unix seconds).
+/// - Returns the units granted per instance. A request id seen last for this region on an
+///   instance returns what it was granted then, and grants nothing again.
+const GRANT: &str = r#"
+local region, id = ARGV[1], ARGV[2]
+local g, r = 'g:' .. region, 'r:' .. region
+local out = {}
+for i = 1, #KEYS do
+  local h = KEYS[i]
+  local limit, want, exat = tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
+  local last = redis.call('HGET', h, r)
+  if last and string.sub(last, 1, #id + 1) == id .. '=' then
+    out[i] = tonumber(string.sub(last, #id + 2))
+  else
+    local total = tonumber(redis.call('HGET', h, 't') or '0')
+    local units = math.max(0, math.min(want, limit - total))
+    if units > 0 then
+      redis.call('HINCRBY', h, 't', units)
+      redis.call('HINCRBY', h, g, units)
+    end
+    redis.call('HSET', h, r, id .. '=' .. units)
+    redis.call('EXPIREAT', h, exat)
+    out[i] = units
+  end
+end
+return out
+"#;
+
+/// Gives back a region's unspent units of each instance.
+///
+/// - `KEYS[i]`: the instances' hashes.
+/// - `ARGV[1]`: the region; `ARGV[2]`: the request id; then per instance `ARGV[2 + i]`: the
+///   units given back.
+/// - Returns the units taken back per instance: at most what the region was granted there. A
+///   request id seen last returns what it took then, and takes nothing again.
+const GIVE_BACK: &str = r#"
+local region, id = ARGV[1], ARGV[2]
+local g, b = 'g:' .. region, 'b:' .. region
+local out = {}
+for i = 1, #KEYS do
+  local h = KEYS[i]
+  local last = redis.call('HGET', h, b)
+  if last and string.sub(last, 1, #id + 1) == id .. '=' then
+    out[i] = tonumber(string.sub(last, #id + 2))
+  else
+    local held = tonumber(redis.call('HGET', h, g) or '0')
+    local units = math.max(0, math.min(tonumber(ARGV[2 + i]), held))
+    if units > 0 then
+      redis.call('HINCRBY', h, g, -units)
+      redis.call('HINCRBY', h, 't', -units)
+    end
+    if redis.call('EXISTS', h) == 1 then redis.call('HSET', h, b, id .. '=' .. units) end
+    out[i] = units
+  end
+end
+return out
+"#;
+
+impl Ledger {
+    /// The ledger on the global store `access` says, under `prefix` (the environment's), each
+    /// call bounded by `timeout`; `replicas` must acknowledge each grant before it is spent.
+    pub fn new(
+        access: RedisAccess,
+        prefix: &str,
+        timeout: Duration,
+        replicas: u32,
+    ) -> Result<Ledger, StoreConfigError> {
+        Ok(Ledger {
+            link: Link::new(access, timeout).map_err(|e| StoreConfigError(e.to_string()))?,
+            prefix: Arc::from(prefix),
+            replicas,
+        })
+    }
+
+    fn key(&self, quota: &str, at: &Instance) -> String {
+        format!(
+            "{}:grants:{{{quota}}}:{}:{}",
+            self.prefix,
+            at.every.code(),
+            at.index
+        )
+    }
+
+    /// Asks units of each instance of `asks` (the instance, its limit in force, the units
+    /// wanted) for `region`, as request `id` (a retry after a lost answer sends the same id).
+    pub async fn grant(
+        &self,
+        quota: &str,
+        region: &str,
+        id: &str,
+        asks: &[(Instance, u64, u64)],
+    ) -> Result<Grant, StoreError> {
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(GRANT).arg(asks.len());
+        for (at, _, _) in asks {
+            eval.arg(self.key(quota, at));
+        }
+        eval.arg(region).arg(id);
+        for (at, limit, want) in asks {
+            eval.arg(limit)
+                .arg(want)
+                .arg(at.end.saturating_add(KEEP_AFTER_END));
+        }
+        let units: Vec<u64> = if self.replicas == 0 {
+            self.link.query(&eval).await?
+        } else {
+            let mut pipe = redis::pipe();
+            pipe.add_command(eval).cmd("WAIT").arg(self.replicas).arg(
+                u64::try_from(self.link.timeout().as_millis() / 2)
+                    .unwrap_or(u64::MAX)
+                    .max(1),
+            );
+            let (units, acked): (Vec<u64>, u32) = self.link.pipe_query(&pipe).await?;
+            return Ok(Grant {
+                durable: acked >= self.replicas,
+                units: check_len(units, asks.len())?,
+            });
+        };
+        Ok(Grant {
+            units: check_len(units, asks.len())?,
+            durable: true,
+        })
+    }
+
+    /// Gives back `region`'s unspent units of each instance (the instance, the units), as
+    /// request `id`; the units taken back per instance.
+    pub async fn give_back(
+        &self,
+        quota: &str,
+        region: &str,
+        id: &str,
+        units: &[(Instance, u64)],
+    ) -> Result<Vec<u64>, StoreError> {
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(GIVE_BACK).arg(units.len());
+        for (at, _) in units {
+            eval.arg(self.key(quota, at));
+        }
+        eval.arg(region).arg(id);
+        for (_, n) in units {
+            eval.arg(n);
+        }
+        check_len(self.link.query(&eval).await?, units.len())
+    }
+
+    /// What each region was granted of one instance, and the total (for `GET /v1/rate_limit`'s
+    /// global figure, the admin API and tests).
+    pub async fn granted(
+        &self,
+        quota: &str,
+        at: &Instance,
+    ) -> Result<(u64, Vec<(String, u64)>), StoreError> {
+        let fields: Vec<(String, String)> = self
+            .link
+            .query(redis::cmd("HGETALL").arg(self.key(quota, at)))
+            .await?;
+        let mut total = 0;
+        let mut regions = Vec::new();
+        for (field, value) in fields {
+            let n = value.parse::<u64>().unwrap_or(0);
+            if field == "t" {
+                total = n;
+            } else if let Some(region) = field.strip_prefix("g:") {
+                regions.push((region.to_owned(), n));
+            }
+        }
+        regions.sort();
+        Ok((total, regions))
+    }
+}
+
+fn check_len(units: Vec<u64>, asked: usize) -> Result<Vec<u64>, StoreError> {
+    if units.len() == asked {
+        Ok(units)
+    } else {
+        Err(StoreError::Protocol(format!(
+            "the ledger answered {} figures for {asked} instances",
+            units.len()
+        )))
+    }
+}
