@@ -884,17 +884,17 @@ def check_notices(run):
     clients saw has one pet.key.banned.v1 (one id, from one node, its banned_until within 2 s
     of the clients' X-RateLimit-Reset). Missing is excused only when a node was killed within
     kill_notice + 1 s of the ban's first 429 (the notice waits up to a second in the node's
-    memory: "at most once across a crash"), or when a node was in a store window in that
-    second: a call the node gave up on (its deadline passed while Redis was slow or cut off)
-    may still reach Redis and start the ban, and no node hears of it (a 2-minute CI soak met
-    it: gw1's calls queued through its partition landed as the partition ended, and the ban
-    they started had no event). A kill or store window of ANY node excuses it: the node that
+    memory: "at most once across a crash"), or when a node counted store calls timing out in
+    the second or two before: a call the node gave up on (its deadline passed while Redis was
+    slow or cut off) may still reach Redis and start the ban, and no node hears of it (a
+    2-minute CI soak met it: gw1's calls queued through its partition landed as the partition
+    ended, and the ban they started had no event). A kill or timeouts of ANY node excuse it: the node that
     decided the ban is not in the records when its event is missing (the first banned 429 a
     client saw may come from another node's ban cache), so it cannot be matched to it.
     A ban event no client saw is fine if no answer outside store windows came for its quota
     during it. Thresholds: see check_thresholds. Bans and crossings seen are coverage figures
     (check_schedule)."""
-    violations, seen, excused, unseen = [], 0, 0, 0
+    violations, seen, excused, by_store, unseen = [], 0, 0, 0, 0
     by_quota = defaultdict(list)
     for ev in run.meter:
         key = run.keys.get(ev["data"].get("key_id")) if ev["type"] == BANNED else None
@@ -907,7 +907,8 @@ def check_notices(run):
             got, why = ban_reported(run, reqs, by_quota[quota])
             matched.update(got)
             excused += why == "excused"
-            if why not in ("ok", "excused"):
+            by_store += why == "excused by a store call"
+            if why not in ("ok", "excused", "excused by a store call"):
                 violations.append(violation(f"{quota}: ban until {ban_end(reqs[0])} {why}",
                                             reqs))
     for quota, evs in by_quota.items():
@@ -919,16 +920,16 @@ def check_notices(run):
     t_figure, t_violations = check_thresholds(run)
     violations += t_violations
     run.coverage["bans"] = seen
-    figure = (f"bans: {seen} seen by clients ({excused} unreported, excused by a kill or a "
-              "store window), "
+    figure = (f"bans: {seen} seen by clients ({excused} unreported, excused by a kill; "
+              f"{by_store} by a node's timed-out store calls), "
               f"{unseen} reported but unseen; {t_figure}")
     return Result("notices", not violations, figure, violations)
 
 
 def ban_reported(run, reqs, events):
-    """The ids of the ban events matching one client-seen ban, and "ok", "excused" or why not.
-    The excusing kill or store window may be any node's (see check_notices: the deciding node
-    is unknown)."""
+    """The ids of the ban events matching one client-seen ban, and "ok", "excused" (a kill),
+    "excused by a store call" or why not. The excusing kill or timeouts may be any node's (see
+    check_notices: the deciding node is unknown)."""
     resets = [ban_end(r) for r in reqs]
     got = sorted({ev["id"] for ev in events
                   if min(resets) - BAN_SLACK <= unix(ev["data"]["banned_until"])
@@ -940,9 +941,19 @@ def ban_reported(run, reqs, events):
     first, notice = reqs[0]["sent"], run.margins["kill_notice"]
     if any(first - notice <= t <= first + notice + 1 for t, _ in run.kills):
         return got, "excused"
-    if any(run.store_trouble(n, first - notice - 1, first) for n in run.store_windows):
-        return got, "excused"
+    if late_store_call(run, first, notice):
+        return got, "excused by a store call"
     return got, "has no pet.key.banned.v1 event"
+
+
+def late_store_call(run, first, notice):
+    """Whether a node counted store calls timing out (given up on, yet perhaps still to land in
+    Redis) within notice + 1 s before `first`: by its samples, the first taken after `first`
+    included; without samples, by its store windows."""
+    lo = first - notice - 1
+    if run.has_samples:
+        return any(run.timeouts_between(n, lo, first + 1) > 0 for n in run.nodes)
+    return any(run.store_trouble(n, lo, first) for n in run.store_windows)
 
 
 def unseen_ban(run, quota, ev):

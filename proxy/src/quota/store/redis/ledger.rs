@@ -18,21 +18,24 @@
 //!   timeout, a connection cut) stays counted: the region asks again with the same request id
 //!   and gets the same answer, counted once; a region that never asks again leaves the units
 //!   counted and unspent (under-admission, never over).
-//! - **Across a failover or restart of the global store.** A grant is used only once every
-//!   replica has acknowledged it (`WAIT`, sent after the script on the same connection, which
+//! - **Across a failover or restart of the global store.** A grant is used only once the
+//!   replicas have acknowledged it (`WAIT`, sent after the script on the same connection, which
 //!   the script's write precedes); one not acknowledged in time counts as granted and is never
-//!   spent. With `appendfsync always` on the global store (its shipped config), a grant
-//!   acknowledged is on the primary's disk too, so a restart of the primary cannot forget it
-//!   and grant its units again.
+//!   spent. `replicas` must count every replica Sentinel may promote. A restart of the primary
+//!   must not forget an acknowledged grant either: the global store needs `appendfsync always`
+//!   (the shipped `redis.conf` says `everysec`: the regions' own config is still to come).
+//!   `WAIT` holds the connection it is sent on, so the calls behind it on a shared connection
+//!   wait too: the regional half is to give it a connection of its own.
 //! - **Units given back.** A region whose traffic for a key stopped gives back what it holds and
 //!   did not spend (having first taken it out of its own count, so it can no longer spend it):
 //!   the ledger lowers its grant and the total by at most what it granted that region. A give-back
 //!   is idempotent by its request id too.
 //!
 //! Keys: `<prefix>:grants:{<quota id>}:<window code>:<instance>`, a hash with the field `t` (the
-//! total granted), `g:<region>` (granted to the region), `r:<region>` (the region's last grant
-//! request: `<id>=<units>`) and `b:<region>` (its last give-back: `<id>=<units>`), expiring
-//! [`KEEP_AFTER_END`] after the instance ends.
+//! total granted), `g:<region>` (granted to the region), `r:<region>:<id>` (what grant request
+//! `id` was given) and `b:<region>:<id>` (what give-back `id` took), expiring
+//! [`KEEP_AFTER_END`] after the instance ends. A request's record lives as long as its
+//! instance, so a retry is recognised however many requests came between.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,18 +97,25 @@ pub struct Ledger {
 /// - `ARGV[1]`: the region; `ARGV[2]`: the request id (a retry sends the same one);
 ///   then per instance `i`: `ARGV[3i]` its limit in force, `ARGV[3i+1]` the units wanted,
 ///   `ARGV[3i+2]` when its hash expires (Unix seconds).
-/// - Returns the units granted per instance. A request id seen last for this region on an
-///   instance returns what it was granted then, and grants nothing again.
+/// - Returns the units granted per instance. A request id seen before (for this region, on this
+///   instance) returns what it was granted then and grants nothing again; its record is written
+///   again, so a `WAIT` after the retry, on whatever connection, covers the first write too. An
+///   instance whose hash would already have expired by the global store's clock (a region's
+///   clock far ahead or behind) is granted nothing: its grants would be forgotten at once.
 const GRANT: &str = r#"
 local region, id = ARGV[1], ARGV[2]
-local g, r = 'g:' .. region, 'r:' .. region
+local g, r = 'g:' .. region, 'r:' .. region .. ':' .. id
+local now = tonumber(redis.call('TIME')[1])
 local out = {}
 for i = 1, #KEYS do
   local h = KEYS[i]
   local limit, want, exat = tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
   local last = redis.call('HGET', h, r)
-  if last and string.sub(last, 1, #id + 1) == id .. '=' then
-    out[i] = tonumber(string.sub(last, #id + 2))
+  if last then
+    redis.call('HSET', h, r, last)
+    out[i] = tonumber(last)
+  elseif exat <= now then
+    out[i] = 0
   else
     local total = tonumber(redis.call('HGET', h, 't') or '0')
     local units = math.max(0, math.min(want, limit - total))
@@ -113,7 +123,7 @@ for i = 1, #KEYS do
       redis.call('HINCRBY', h, 't', units)
       redis.call('HINCRBY', h, g, units)
     end
-    redis.call('HSET', h, r, id .. '=' .. units)
+    redis.call('HSET', h, r, units)
     redis.call('EXPIREAT', h, exat)
     out[i] = units
   end
@@ -127,16 +137,17 @@ return out
 /// - `ARGV[1]`: the region; `ARGV[2]`: the request id; then per instance `ARGV[2 + i]`: the
 ///   units given back.
 /// - Returns the units taken back per instance: at most what the region was granted there. A
-///   request id seen last returns what it took then, and takes nothing again.
+///   request id seen before returns what it took then and takes nothing again, whatever came
+///   between (each give-back is remembered by its id, not only the last).
 const GIVE_BACK: &str = r#"
 local region, id = ARGV[1], ARGV[2]
-local g, b = 'g:' .. region, 'b:' .. region
+local g, b = 'g:' .. region, 'b:' .. region .. ':' .. id
 local out = {}
 for i = 1, #KEYS do
   local h = KEYS[i]
   local last = redis.call('HGET', h, b)
-  if last and string.sub(last, 1, #id + 1) == id .. '=' then
-    out[i] = tonumber(string.sub(last, #id + 2))
+  if last then
+    out[i] = tonumber(last)
   else
     local held = tonumber(redis.call('HGET', h, g) or '0')
     local units = math.max(0, math.min(tonumber(ARGV[2 + i]), held))
@@ -144,7 +155,7 @@ for i = 1, #KEYS do
       redis.call('HINCRBY', h, g, -units)
       redis.call('HINCRBY', h, 't', -units)
     end
-    if redis.call('EXISTS', h) == 1 then redis.call('HSET', h, b, id .. '=' .. units) end
+    if redis.call('EXISTS', h) == 1 then redis.call('HSET', h, b, units) end
     out[i] = units
   end
 end
