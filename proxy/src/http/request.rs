@@ -67,6 +67,10 @@ pub enum PathFault {
     /// Percent-encoded bytes that are not UTF-8 in its shortest form: a lax decoder reads the
     /// overlong `%C0%AE` as `.` and `%C0%AF` as `/`.
     BadUtf8,
+    /// A percent-encoded character that Unicode's compatibility normalisation (NFKC) turns into
+    /// `.`, `/`, `\`, `%` or `;` (`%EF%BC%8E`, the fullwidth full stop, into `.`): a backend that
+    /// normalises would read another path.
+    Confusable,
 }
 
 impl PathFault {
@@ -88,6 +92,9 @@ impl PathFault {
             PathFault::EncodedPercent => "the request path has an encoded % (%25)",
             PathFault::BadUtf8 => {
                 "the request path percent-encodes bytes that are not UTF-8 in its shortest form"
+            }
+            PathFault::Confusable => {
+                "the request path percent-encodes a character that normalises to . / \\ % or ;"
             }
         }
     }
@@ -205,6 +212,13 @@ fn segment_check(segment: &[u8]) -> Result<(), PathFault> {
     }
 }
 
+/// The characters NFKC turns into a byte the scanner refuses or treats apart (`.`, `/`, `\\`,
+/// `%`, `;`): fullwidth and small forms, and the dot leaders.
+const CONFUSABLE: [char; 12] = [
+    '\u{FF0E}', '\u{FF0F}', '\u{FF3C}', '\u{FF05}', '\u{FF1B}', '\u{FE52}', '\u{FE68}', '\u{FE6A}',
+    '\u{FE54}', '\u{2024}', '\u{2025}', '\u{2026}',
+];
+
 /// The percent-encoded bytes of a segment at or above 0x80, checked as UTF-8 a character at a
 /// time (on the stack: no allocation on the request path).
 #[derive(Default)]
@@ -231,7 +245,13 @@ impl Utf8 {
         self.have += 1;
         if self.have == self.need {
             // The standard library's check refuses overlong forms and surrogates.
-            std::str::from_utf8(&self.pending[..self.need]).map_err(|_| PathFault::BadUtf8)?;
+            let text =
+                std::str::from_utf8(&self.pending[..self.need]).map_err(|_| PathFault::BadUtf8)?;
+            match text.chars().next() {
+                Some(c) if c.is_control() => return Err(PathFault::Control),
+                Some(c) if CONFUSABLE.contains(&c) => return Err(PathFault::Confusable),
+                _ => {}
+            }
             self.have = 0;
             self.chars += 1;
         }
@@ -559,6 +579,11 @@ mod tests {
             (b"/v1/pets/%3bx", Semicolon),
             (b"/v1/pets/%C0%AE", BadUtf8),
             (b"/v1/pets/%80", BadUtf8),
+            (b"/v1/pets/%C2%85", Control),
+            (b"/v1/pets/%C2%9F", Control),
+            (b"/v1/%EF%BC%8E%EF%BC%8E/v1/pets", Confusable),
+            (b"/v1/pets%EF%BC%8F42", Confusable),
+            (b"/v1/pets/%E2%80%A5", Confusable),
         ];
         for (path, want) in cases {
             let shown = String::from_utf8_lossy(path);
