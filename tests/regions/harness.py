@@ -1,0 +1,289 @@
+"""Regions on one machine (issue 48): three regions of two gateway nodes each, the backend reached
+from every region without delay (so the latency measured is the gateway's), and between regions a
+delay (`--delay-ms`, each way) made by a delaying TCP proxy (`delay.py`; this kernel has no
+`netem`). A load generator of its own records every request (region, node, key, status, headers,
+send and receive time) to `history.ndjson`, then the run is judged per window from those records.
+
+The set-ups it runs (`--setup`, several in one run, side by side):
+
+- `single`: one region alone (region a's nodes on its Redis, no delay): the latency reference;
+- `one-redis`: today's first way, every region on region a's Redis, b and c through the delay;
+- `redis-per-region`: today's second way, each region on its own Redis, counting alone.
+
+The load: `acme`, the biggest customer, one key spread unevenly over the regions at about twice
+its plan's minute limit (its windows show the over-admission), and in each region a key well
+below its limits (its requests show the latency). Every loop is bounded in count and time; the
+run stops by itself.
+
+    scripts/regions [--setup single,one-redis,redis-per-region] [--minutes M] [--delay-ms D]
+                    [--bin-dir DIR] [--out DIR]
+"""
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "soak"))
+import delay  # noqa: E402
+import fleet  # noqa: E402
+
+ROOT = fleet.ROOT
+REGIONS = ["a", "b", "c"]
+ADMIN_TOKEN = "Regions-harness-admin-token-0123456789"
+# acme's share of its requests by region (uneven), and its rate against its minute limit.
+ACME_SHARE = {"a": 0.5, "b": 0.3, "c": 0.2}
+ACME_PER_MINUTE = 60
+ACME_LOAD = 2.0
+SMALL_RATE = 2.0  # each region's small key, requests a second (far below its limits)
+PLANS = {
+    "acme": "requests_per_minute = 60\nrequests_per_day = 100000\n",
+    "small": "requests_per_minute = 10000\nrequests_per_day = 1000000\n",
+}
+TIMEOUT = 5.0
+
+
+class Fleet:
+    """One set-up's processes: Redis servers, delaying proxies, the backend, six nodes."""
+
+    def __init__(self, run, setup, bin_dir, delay_ms):
+        self.run, self.setup, self.bin_dir, self.delay_ms = run, setup, bin_dir, delay_ms
+        self.procs, self.proxies, self.nodes = [], [], {}
+        for d in ("logs", "plans", "nodes"):
+            os.makedirs(os.path.join(run, d), exist_ok=True)
+
+    def start(self):
+        regions = REGIONS[:1] if self.setup == "single" else REGIONS
+        redis = {r: self.redis(r) for r in (["a"] if self.setup != "redis-per-region" else regions)}
+        backend = self.backend()
+        fleet.copy_plans(self.run, PLANS)
+        keys = os.path.join(self.run, "keys.toml")
+        for r in regions:
+            # A region reaches region a's Redis across the delay; its own (or a's, from a) at once.
+            port = redis.get(r) or self.delayed(redis["a"])
+            for i in (1, 2):
+                self.nodes[f"{r}{i}"] = self.node(f"{r}{i}", r, port, backend, keys)
+        self.tokens = self.issue(keys)
+        for name, n in self.nodes.items():
+            shutil.copy(keys, n["keys"])
+            n["proc"] = fleet.Proc(name, [os.path.join(self.bin_dir, "pet-gateway"), "serve",
+                                          "--config", n["config"]],
+                                   os.path.join(self.run, f"logs/{name}.log"),
+                                   env=dict(os.environ, PET_GATEWAY_ADMIN_TOKEN=ADMIN_TOKEN,
+                                            RUST_LOG="warn")).start()
+            self.procs.append(n["proc"])
+        for n in self.nodes.values():
+            fleet.wait_port(n["port"], within=60)
+        return self
+
+    def redis(self, region):
+        port = fleet.free_port()
+        self.procs.append(fleet.Proc(f"redis-{region}", [
+            "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", self.run],
+            os.path.join(self.run, f"logs/redis-{region}.log")).start())
+        fleet.wait_port(port)
+        return port
+
+    def delayed(self, port):
+        d = delay.Delay(port, self.delay_ms).start()
+        self.proxies.append(d)
+        return d.port
+
+    def backend(self):
+        port = fleet.free_port()
+        self.procs.append(fleet.Proc("backend", [
+            os.path.join(self.bin_dir, "pet-backend"), "--listen", f"127.0.0.1:{port}",
+            "--db", os.path.join(self.run, "pets.db")],
+            os.path.join(self.run, "logs/backend.log")).start())
+        fleet.wait_port(port)
+        return port
+
+    def node(self, name, region, redis_port, backend, keys):
+        d = os.path.join(self.run, "nodes", name)
+        os.makedirs(d, exist_ok=True)
+        n = {"region": region, "port": fleet.free_port(), "admin": fleet.free_port(),
+             "keys": os.path.join(d, "keys.toml"), "config": os.path.join(d, "gateway.toml")}
+        # Across regions a decision waits a round trip of the delay: a deadline of 50 ms would
+        # send every far decision to on_store_error, which is not today's set-up either.
+        timeout = int(max(50, 5 * self.delay_ms))
+        lines = [
+            'environment = "regions"', f'node_id = "{name}"', "threads = 1",
+            f'listen = "127.0.0.1:{n["port"]}"', f'admin_listen = "127.0.0.1:{n["admin"]}"',
+            f'upstreams = ["127.0.0.1:{backend}"]', f'redis_url = "redis://127.0.0.1:{redis_port}/"',
+            'key_prefix = "pet:regions"', f'keys_file = "{n["keys"]}"',
+            f'plans_dir = "{self.run}/plans"', f"store_timeout_ms = {timeout}",
+            'on_store_error = "local"', "grace_period_secs = 1", "shutdown_timeout_secs = 2",
+        ]
+        with open(n["config"], "w") as out:
+            out.write("\n".join(lines) + "\n")
+        return n
+
+    def issue(self, keys):
+        """acme's key and a small key per region, in the keys file every node copies."""
+        # A node's config with the shared keys file (a node's own is a copy of it).
+        config = os.path.join(self.run, "issue.toml")
+        with open(next(iter(self.nodes.values()))["config"]) as f:
+            text = f.read()
+        with open(config, "w") as out:
+            out.write("\n".join(f'keys_file = "{keys}"' if line.startswith("keys_file") else line
+                                for line in text.splitlines()) + "\n")
+        tokens = {}
+        for name, plan in [("acme", "acme")] + [(f"small-{r}", "small") for r in REGIONS]:
+            r = subprocess.run(
+                [os.path.join(self.bin_dir, "pet-gateway"), "keys", "issue", "--plan", plan,
+                 "--name", name, "--config", config], capture_output=True, text=True, check=True)
+            tokens[name] = r.stdout.strip().splitlines()[-1]
+        return tokens
+
+    def stop(self):
+        for p in reversed(self.procs):
+            p.stop(grace=5)
+
+
+def minute_of(headers, recv):
+    """The minute instance an answer counted in, from its `RateLimit` header's `t` (seconds to
+    the window's end, by the store's clock), else from the receive time."""
+    for part in headers.get("ratelimit", "").split(","):
+        if part.strip().startswith('"minute"') and ";t=" in part:
+            t = int(part.split(";t=")[1].split(";")[0])
+            return int(round(recv + t)) // 60 - 1
+    return int(recv) // 60
+
+
+def client(fl, region, key, rate, until, out, lock):
+    """One key's requests from one region at `rate` a second, alternating its region's nodes,
+    each on a kept-alive connection; every request recorded."""
+    nodes = [(name, n) for name, n in sorted(fl.nodes.items()) if n["region"] == region]
+    conns = {name: http.client.HTTPConnection("127.0.0.1", n["port"], timeout=TIMEOUT)
+             for name, n in nodes}
+    token, due, i = fl.tokens[key], time.time(), 0
+    while due < until:
+        time.sleep(max(0.0, due - time.time()))
+        name = nodes[i % len(nodes)][0]
+        i += 1
+        sent = time.time()
+        rec = {"setup": fl.setup, "region": region, "node": name, "key": key, "sent": sent}
+        try:
+            conns[name].request("GET", "/v1/pets?limit=1", headers={"Authorization": f"Bearer {token}"})
+            resp = conns[name].getresponse()
+            resp.read()
+            rec["recv"] = time.time()
+            rec["status"] = resp.status
+            rec["headers"] = {k.lower(): v for k, v in resp.getheaders()
+                              if k.lower().startswith(("x-ratelimit", "ratelimit", "retry-after"))}
+            rec["minute"] = minute_of(rec["headers"], rec["recv"])
+        except (OSError, http.client.HTTPException) as e:
+            rec["recv"], rec["status"], rec["error"] = time.time(), None, str(e)
+            conns[name].close()
+            conns[name] = http.client.HTTPConnection("127.0.0.1", fl.nodes[name]["port"],
+                                                     timeout=TIMEOUT)
+        with lock:
+            out.write(json.dumps(rec) + "\n")
+        due += 1.0 / rate
+
+
+def load(fl, seconds, history):
+    until = time.time() + seconds
+    lock, threads = threading.Lock(), []
+    regions = sorted({n["region"] for n in fl.nodes.values()})
+    acme_rate = ACME_LOAD * ACME_PER_MINUTE / 60.0
+    share = {r: ACME_SHARE[r] / sum(ACME_SHARE[x] for x in regions) for r in regions}
+    with open(history, "a") as out:
+        for r in regions:
+            threads.append(threading.Thread(target=client, args=(
+                fl, r, "acme", acme_rate * share[r], until, out, lock)))
+            threads.append(threading.Thread(target=client, args=(
+                fl, r, f"small-{r}", SMALL_RATE, until, out, lock)))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(seconds + 60)
+
+
+def percentile(values, p):
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * p / 100))]
+
+
+def judge(records, setup):
+    """Per region, the small keys' latency; per whole minute, acme's admissions over all regions
+    against its limit."""
+    rows = [r for r in records if r["setup"] == setup]
+    out = {"setup": setup, "latency_ms": {}, "acme_minutes": []}
+    for region in REGIONS:
+        lat = [(r["recv"] - r["sent"]) * 1000 for r in rows
+               if r["region"] == region and r["key"].startswith("small") and r["status"] == 200]
+        if lat:
+            out["latency_ms"][region] = {"n": len(lat), "p50": round(percentile(lat, 50), 2),
+                                         "p99": round(percentile(lat, 99), 2)}
+    acme = [r for r in rows if r["key"] == "acme" and r.get("minute") is not None]
+    first, last = min(r["sent"] for r in rows), max(r["sent"] for r in rows)
+    # Whole minutes only: those the load covered from start to end (a second of slack).
+    minutes = sorted(m for m in {r["minute"] for r in acme}
+                     if m * 60 >= first - 1 and (m + 1) * 60 <= last + 1)
+    for m in minutes:
+        admitted = sum(1 for r in acme if r["minute"] == m and r["status"] == 200)
+        sent = sum(1 for r in acme if r["minute"] == m)
+        out["acme_minutes"].append({"minute": m, "sent": sent, "admitted": admitted,
+                                    "limit": ACME_PER_MINUTE,
+                                    "over": max(0, admitted - ACME_PER_MINUTE)})
+    out["errors"] = sum(1 for r in rows if r["status"] is None or r["status"] >= 500)
+    return out
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--setup", default="single,one-redis,redis-per-region")
+    ap.add_argument("--minutes", type=float, default=3.0)
+    ap.add_argument("--delay-ms", type=float, default=40.0)
+    ap.add_argument("--bin-dir", default=os.path.join(ROOT, "target", "release"))
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    if not 0 < a.minutes <= 60:
+        ap.error("--minutes: more than 0, at most 60")
+    run = a.out or os.path.join(ROOT, "target", "regions", f"run-{int(time.time())}")
+    os.makedirs(run, exist_ok=True)
+    history = os.path.join(run, "history.ndjson")
+    results = []
+    for setup in a.setup.split(","):
+        fl = Fleet(os.path.join(run, setup), setup, a.bin_dir, a.delay_ms)
+        try:
+            fl.start()
+            # From the next minute's start, so every minute judged is whole.
+            time.sleep(60 - time.time() % 60 + 0.5)
+            load(fl, a.minutes * 60, history)
+        finally:
+            fl.stop()
+        with open(history) as f:
+            results.append(judge([json.loads(line) for line in f], setup))
+        print(json.dumps(results[-1]), flush=True)
+    fleet.dump_json(os.path.join(run, "results.json"), results)
+    print(table(results, a.delay_ms))
+    return 0
+
+
+def table(results, delay_ms):
+    lines = [f"regions harness: 3 regions, 2 nodes each, {delay_ms:g} ms each way between them",
+             "| set-up | region | p50 ms | p99 ms | acme minutes | admitted / limit (max) | over (max) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in results:
+        minutes = r["acme_minutes"]
+        worst = max((m["admitted"] for m in minutes), default=0)
+        over = max((m["over"] for m in minutes), default=0)
+        for region, lat in sorted(r["latency_ms"].items()):
+            lines.append(f"| {r['setup']} | {region} | {lat['p50']} | {lat['p99']} | "
+                         f"{len(minutes)} | {worst} / {ACME_PER_MINUTE} | {over} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
