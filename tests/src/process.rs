@@ -27,20 +27,55 @@ pub fn bin_path(name: &str) -> PathBuf {
     path
 }
 
-/// A loopback address nobody listens on at the moment of asking, and never handed out before
-/// by this test process: the kernel may give a port just released again, so two picks in a
-/// row (a gateway's public and admin ports, a cluster's nodes) could otherwise collide.
+/// Where test ports are picked: below the kernel's ephemeral range (from 32768), so no other
+/// process's `bind(0)` or outgoing connection is handed a port a test was given, and below
+/// 20000 so a Redis Cluster node's bus port (its port + 10000) stays out of both.
+const TEST_PORTS: std::ops::Range<u16> = 10_000..20_000;
+
+/// A loopback address nobody listens on at the moment of asking, and given to no other test
+/// process running now nor before by this one. Picked from [`TEST_PORTS`] and held by a lock on
+/// `<tmp>/pet-e2e-ports/<port>` while this process lives: nextest runs tests in processes of
+/// their own, and a port one of them was given (its gateway's admin port, say, bound a moment
+/// later by the gateway) must not be handed to another meanwhile.
 pub fn free_addr() -> SocketAddr {
     static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
-    for _ in 0..1_000 {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
-        let addr = l.local_addr().expect("local address of a bound socket");
+    static HELD: Mutex<Vec<std::fs::File>> = Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join("pet-e2e-ports");
+    std::fs::create_dir_all(&dir).expect("make the test ports' lock folder");
+    let span = u64::from(TEST_PORTS.end - TEST_PORTS.start);
+    for n in 0..5_000u64 {
+        let port = TEST_PORTS.start + u16::try_from(pick(n) % span).expect("within the span");
         let mut given = GIVEN.lock().unwrap_or_else(PoisonError::into_inner);
-        if given.insert(addr.port()) {
-            return addr;
+        if given.contains(&port) {
+            continue;
         }
+        let Ok(lock) = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(port.to_string()))
+        else {
+            continue;
+        };
+        if lock.try_lock().is_err() || TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
+        }
+        given.insert(port);
+        HELD.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(lock);
+        return SocketAddr::from(([127, 0, 0, 1], port));
     }
-    panic!("no loopback port this test has not been given already, after 1,000 picks");
+    panic!("no free test port in {TEST_PORTS:?} after 5,000 picks");
+}
+
+/// A number that differs between picks and between processes (no random crate here).
+fn pick(n: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(n);
+    h.write_u32(std::process::id());
+    h.finish()
 }
 
 /// Waits until something accepts connections on `addr`.
