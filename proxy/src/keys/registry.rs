@@ -807,7 +807,8 @@ impl Registry {
 }
 
 impl FeedVersions {
-    /// What the registry held of `id` is at least version `v` (a feed entry or a floor says so).
+    /// What the registry held of `id` is at least version `v` (a feed entry says so; a floor
+    /// replaces this: [`FeedVersions::floor`]).
     fn raise(&mut self, id: String, v: u64) {
         let latest = self.latest.entry(id).or_insert(0);
         *latest = (*latest).max(v);

@@ -207,8 +207,8 @@ impl Ledger {
                 .arg(want)
                 .arg(at.end.saturating_add(KEEP_AFTER_END));
         }
-        let units: Vec<u64> = if self.replicas == 0 {
-            self.link.query(&eval).await?
+        let (units, durable) = if self.replicas == 0 {
+            (self.link.query::<Vec<u64>>(&eval).await?, true)
         } else {
             let mut pipe = redis::pipe();
             pipe.add_command(eval).cmd("WAIT").arg(self.replicas).arg(
@@ -216,15 +216,12 @@ impl Ledger {
                     .unwrap_or(u64::MAX)
                     .max(1),
             );
-            let (units, acked): (Vec<u64>, u32) = self.link.pipe_query(&pipe).await?;
-            return Ok(Grant {
-                durable: acked >= self.replicas,
-                units: check_len(units, asks.len())?,
-            });
+            let (units, acked): (Vec<u64>, u32) = self.link.pipe(&pipe).await?;
+            (units, acked >= self.replicas)
         };
         Ok(Grant {
             units: check_len(units, asks.len())?,
-            durable: true,
+            durable,
         })
     }
 

@@ -211,20 +211,9 @@ impl Link {
         self.settle(tokio::time::timeout(self.inner.timeout, call).await)
     }
 
-    /// Runs one pipeline (one round trip) under the deadline; the replies are not read.
-    pub(super) async fn pipe(&self, pipeline: &redis::Pipeline) -> Result<(), StoreError> {
-        let call = async {
-            let result = match self.conn().await? {
-                Conn::Single(mut c) => pipeline.query_async::<()>(&mut c).await,
-                Conn::Cluster(mut c) => pipeline.query_async::<()>(&mut c).await,
-            };
-            result.map_err(|e| StoreError::Unavailable(e.to_string()))
-        };
-        self.settle(tokio::time::timeout(self.inner.timeout, call).await)
-    }
-
-    /// Runs one pipeline (one round trip) under the deadline and reads its replies.
-    pub(super) async fn pipe_query<T: redis::FromRedisValue>(
+    /// Runs one pipeline (one round trip) under the deadline; its replies as `T` (`()` reads
+    /// none).
+    pub(super) async fn pipe<T: redis::FromRedisValue>(
         &self,
         pipeline: &redis::Pipeline,
     ) -> Result<T, StoreError> {

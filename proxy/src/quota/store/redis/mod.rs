@@ -371,7 +371,7 @@ impl QuotaStore for RedisStore {
     ) -> Result<(), StoreError> {
         let per_set = self.link.is_cluster();
         for pipeline in top::add_pipelines(&self.prefix, day, month, entries, per_set) {
-            self.link.pipe(&pipeline).await?;
+            self.link.pipe::<()>(&pipeline).await?;
         }
         Ok(())
     }
