@@ -94,6 +94,7 @@ proptest! {
                     prop_assert_eq!(now + retry, view.reset.max(now + 1));
                 }
                 Outcome::ConcurrencyLimited => prop_assert!(false, "no concurrency here"),
+                Outcome::Unleased => prop_assert!(false, "no regions here"),
             }
         }
     }

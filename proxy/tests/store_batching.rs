@@ -112,8 +112,8 @@ async fn mixed_keys_in_batches_are_each_counted_exactly() {
         match v.outcome {
             Outcome::Admitted => admitted.entry(key).or_default().push(v.counts[0]),
             Outcome::Limited => assert_eq!(v.counts[0], 40, "{key}: {v:?}"),
-            Outcome::Banned | Outcome::ConcurrencyLimited => {
-                panic!("no ban policy or concurrency here: {v:?}")
+            Outcome::Banned | Outcome::ConcurrencyLimited | Outcome::Unleased => {
+                panic!("no ban policy, concurrency or region here: {v:?}")
             }
         }
     }

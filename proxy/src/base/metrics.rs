@@ -23,6 +23,7 @@ pub struct Metrics {
     pub store_duration: Histogram,
     pub store_batch_size: Histogram,
     pub store_errors: IntCounterVec,
+    pub region_grants: IntCounterVec,
     pub store_fallback: IntGauge,
     pub config_reloads: IntCounterVec,
     pub responses_aborted: IntCounter,
@@ -173,6 +174,13 @@ const STORE_ERRORS: Def = Def {
     name: "pet_gateway_store_errors_total",
     help: "Quota-store calls that failed, by kind (timeout, unavailable, protocol).",
     labels: &["kind"],
+};
+const REGION_GRANTS: Def = Def {
+    name: "pet_gateway_region_grants_total",
+    help: "A region's calls to the global store, by result: granted, not_durable (its replicas \
+           did not acknowledge in time: never spent), failed (a request short of units could \
+           not reach it), given_back, give_back_lost.",
+    labels: &["result"],
 };
 const STORE_FALLBACK: Def = Def {
     name: "pet_gateway_store_fallback",
@@ -462,6 +470,7 @@ impl Metrics {
             store_duration: plain_histogram(r, &STORE_DURATION, LATENCY),
             store_batch_size: plain_histogram(r, &STORE_BATCH_SIZE, BATCH_SIZES),
             store_errors: counter(r, &STORE_ERRORS),
+            region_grants: counter(r, &REGION_GRANTS),
             store_fallback: plain_gauge(r, &STORE_FALLBACK),
             config_reloads: counter(r, &CONFIG_RELOADS),
             responses_aborted: plain_counter(r, &RESPONSES_ABORTED),

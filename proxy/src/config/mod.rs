@@ -115,6 +115,7 @@ fn validate_parts(l: &Layers) -> Result<Config, ConfigError> {
     let store = parts::store::validate(l, environment)?;
     let redis = parts::redis_access::validate(l, store.redis_url.as_ref())?;
     let registry_admin = parts::redis_access::registry_admin(l)?;
+    let region = parts::regions::validate(l, store.redis_url.as_ref())?;
     let keys = parts::keys::validate(l, environment, store.redis_url.is_some())?;
     let limits = parts::limits::validate(l)?;
     let events = parts::events::validate(l)?;
@@ -131,6 +132,7 @@ fn validate_parts(l: &Layers) -> Result<Config, ConfigError> {
         concurrency_lease_secs: store.concurrency_lease_secs,
         redis_url: store.redis_url.map(|u| u.value),
         redis,
+        region,
         registry_admin,
         key_prefix: store.key_prefix,
         api_key_prefix: keys.api_key_prefix,

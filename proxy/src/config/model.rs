@@ -67,6 +67,8 @@ pub struct Config {
     pub redis_url: Option<String>,
     /// How to reach and log in to the Redis of `redis_url` (`Some` exactly when it is).
     pub redis: Option<RedisAccess>,
+    /// The region this node belongs to and the global store (`None`: no regions).
+    pub region: Option<Region>,
     /// The credentials key changes write the registry with, apart from the node's own.
     pub registry_admin: Option<crate::base::redis::Credentials>,
     pub key_prefix: String,
@@ -151,3 +153,12 @@ pub enum ConfigError {
 pub struct SampleRatio(pub f64);
 
 impl Eq for SampleRatio {}
+
+/// A node of a region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Region {
+    pub name: String,
+    /// The global store: `global_store_url` with `redis_url`'s credentials and TLS files.
+    pub global: RedisAccess,
+    pub replicas: u32,
+}

@@ -495,6 +495,7 @@ fn decision_name(ctx: &Ctx) -> &'static str {
         Some(Outcome::Limited) => "rate_limited",
         Some(Outcome::Banned) => "banned",
         Some(Outcome::ConcurrencyLimited) => "concurrency_limited",
+        Some(Outcome::Unleased) => "region_unleased",
         Some(Outcome::StoreUnavailable) => "store_unavailable",
         None => "none",
     }

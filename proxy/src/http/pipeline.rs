@@ -250,7 +250,10 @@ impl Pipeline {
             // What the store decided, at its clock: a node's guess while it is away is not.
             let admitted = match decision.outcome {
                 Outcome::Admitted => Some(true),
-                Outcome::Limited | Outcome::Banned | Outcome::ConcurrencyLimited => Some(false),
+                Outcome::Limited
+                | Outcome::Banned
+                | Outcome::ConcurrencyLimited
+                | Outcome::Unleased => Some(false),
                 Outcome::StoreUnavailable => None,
             };
             if let Some(admitted) = admitted {
@@ -291,6 +294,7 @@ impl Pipeline {
                 return Err(Stop::refuse(Refusal::concurrency_limited(view)));
             }
             (Outcome::Limited, Some(view)) => Refusal::rate_limited(view),
+            (Outcome::Unleased, Some(view)) => Refusal::region_unleased(view),
             (Outcome::Banned, Some(view)) => Refusal::banned(view),
             (Outcome::StoreUnavailable, _) | (_, None) => Refusal::store_unavailable(),
         };

@@ -30,6 +30,9 @@ pub enum ErrorCode {
     RateLimited,
     /// 429: the key's (or its customer's) requests in flight are at its concurrency.
     ConcurrencyLimited,
+    /// 429: a region's: the region holds none of the key's quota left and could not get more
+    /// from the global store in time.
+    RegionUnleased,
     ApiKeyBanned,
     BadGateway,
     /// 503: the backend is at its limit and the request was shed before reaching it.
@@ -50,6 +53,7 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::ConcurrencyLimited => "concurrency_limited",
+            ErrorCode::RegionUnleased => "region_unleased",
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::ApiKeyBanned => "api_key_banned",
             ErrorCode::PayloadTooLarge => "payload_too_large",
@@ -335,6 +339,22 @@ impl Refusal {
                 ErrorCode::ConcurrencyLimited,
                 "too many requests of this API key in flight at once; retry after the number of \
                  seconds in Retry-After, or when one of them has ended",
+            )
+        }
+    }
+
+    /// 429 `region_unleased`: every window had room, but this region holds too few of the key's
+    /// units and could get none from the global store in time (cut off from it, or another
+    /// region holds the last ones). Nothing was spent.
+    pub fn region_unleased(view: &RateView) -> Refusal {
+        Refusal {
+            rate: RateHeaders::Plan(*view),
+            retry_after: Some(view.retry_after.unwrap_or(1)),
+            ..Refusal::new(
+                429,
+                ErrorCode::RegionUnleased,
+                "this region could not get more of the key's quota from the global store in \
+                 time; retry after the number of seconds in Retry-After",
             )
         }
     }

@@ -32,8 +32,10 @@ use crate::keys::service::KeyStore;
 use crate::ops::admin::Admin;
 use crate::ops::wiring::{key_changes, open_registry, REDIS_CHECK_TIMEOUT};
 use crate::quota::admission::OnStoreError;
+use crate::quota::regions::{RegionalStore, RegionalStoreHandle};
 use crate::quota::resilience::{Resilience, BAN_RECHECK};
 use crate::quota::store::memory::MemoryStore;
+use crate::quota::store::redis::ledger::Ledger;
 use crate::quota::store::redis::RedisStore;
 use crate::quota::store::{QuotaStore, StoreConfigError};
 use crate::quota::top::TopTally;
@@ -93,6 +95,7 @@ pub fn run(
     let (store, admin_store, redis_store) = stores(&config)?;
     let unauth = Arc::new(UnauthLimiter::new(config.unauthenticated.clone()));
     let mut server = pingora_server(&config, upgrade);
+    let store = regional(&config, store, &redis_store, &mut server)?;
     let (key_store, registry_state) = key_source(&config, &mut server, &catalog)?;
 
     let resilience = Resilience::with_lease_secs(config.concurrency_lease_secs);
@@ -341,11 +344,14 @@ fn stores(
 > {
     Ok(match &config.redis {
         Some(redis) => {
-            let proxy = Arc::new(
+            let mut proxy =
                 RedisStore::connecting(redis.clone(), &config.key_prefix, config.store_timeout)?
                     .with_batch_max(config.store_batch_max)
-                    .with_lease_secs(config.concurrency_lease_secs),
-            );
+                    .with_lease_secs(config.concurrency_lease_secs);
+            if config.region.is_some() {
+                proxy = proxy.regional();
+            }
+            let proxy = Arc::new(proxy);
             (
                 proxy.clone(),
                 Arc::new(RedisStore::connecting(
@@ -362,6 +368,51 @@ fn stores(
             (memory.clone(), memory, None)
         }
     })
+}
+
+/// A node of a region (`region` set): its proxy store (built regional by [`stores`]) admits
+/// only out of the units the global store granted the region (`quota::regions`), and gives back
+/// every second what quiet quotas hold. The admin API keeps the region's plain store.
+fn regional(
+    config: &Config,
+    store: Arc<dyn QuotaStore>,
+    redis_store: &Option<Arc<RedisStore>>,
+    server: &mut Server,
+) -> Result<Arc<dyn QuotaStore>, ServeError> {
+    let (Some(region), Some(local)) = (&config.region, redis_store) else {
+        return Ok(store);
+    };
+    let ledger = Arc::new(Ledger::new(
+        region.global.clone(),
+        &config.key_prefix,
+        GLOBAL_TIMEOUT,
+        region.replicas,
+    )?);
+    let regional = RegionalStore::new(Arc::clone(local), ledger, &region.name);
+    server.add_service(background_service(
+        "region give-backs",
+        RegionSweep(Arc::clone(&regional)),
+    ));
+    Ok(Arc::new(RegionalStoreHandle(regional)))
+}
+
+/// The deadline of a call to the global store: a round trip between regions, and the wait for
+/// its replicas' acknowledgement (`WAIT` is given half of it).
+const GLOBAL_TIMEOUT: Duration = Duration::from_millis(800);
+
+/// Gives back what the region holds of quotas whose traffic left it, every second.
+struct RegionSweep(Arc<RegionalStore>);
+
+#[async_trait]
+impl BackgroundService for RegionSweep {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(crate::quota::regions::sweep::EVERY) => self.0.sweep().await,
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
 }
 
 /// Samples the traffic for the console's chart every 5 s.

@@ -45,6 +45,8 @@ pub enum Outcome {
     StoreUnavailable,
     /// 429 `concurrency_limited`: the quota's requests in flight are at its concurrency.
     ConcurrencyLimited,
+    /// 429 `region_unleased`: the region holds too few units and got none in time.
+    Unleased,
 }
 
 impl From<rules::Outcome> for Outcome {
@@ -54,6 +56,7 @@ impl From<rules::Outcome> for Outcome {
             rules::Outcome::Limited => Outcome::Limited,
             rules::Outcome::Banned => Outcome::Banned,
             rules::Outcome::ConcurrencyLimited => Outcome::ConcurrencyLimited,
+            rules::Outcome::Unleased => Outcome::Unleased,
         }
     }
 }

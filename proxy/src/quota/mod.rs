@@ -16,6 +16,7 @@
 pub mod admission;
 pub mod concurrency;
 pub mod crowded;
+pub mod regions;
 pub mod resilience;
 pub mod rules;
 pub mod store;

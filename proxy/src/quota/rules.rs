@@ -53,6 +53,10 @@ pub enum Outcome {
     /// Every window had room, but the quota's concurrency is in flight already: nothing was
     /// counted, no strike (parallel clients are not abusive).
     ConcurrencyLimited,
+    /// A region's (`quota::regions`): every window had room, but the region holds too few of
+    /// the units the global store grants and could get none in time (cut off from it, or
+    /// another region holds the last ones): nothing counted, no strike.
+    Unleased,
 }
 
 /// What a store answers for one request: enough to write every rate-limit header.
@@ -550,6 +554,9 @@ impl RateView {
             // A place frees when any request of the quota ends, usually well within a second;
             // the windows' reset says nothing of it, so `Retry-After` is not bound to it.
             Outcome::ConcurrencyLimited => view.retry_after = Some(CONCURRENCY_RETRY_AFTER),
+            // The next grant is one cross-region call away, or a give-back another region makes
+            // once its traffic stops.
+            Outcome::Unleased => view.retry_after = Some(1),
             Outcome::Limited => view.retry_after = Some(view.reset.saturating_sub(now).max(1)),
             Outcome::Banned => {
                 // A banned key can send nothing, whatever its windows hold: every header

@@ -8,6 +8,7 @@ pub mod limits;
 pub mod listen;
 pub mod logging;
 pub mod redis_access;
+pub mod regions;
 pub mod runtime;
 pub mod store;
 pub mod tls;
@@ -26,6 +27,7 @@ pub const ALL: &[&[Row]] = &[
     upstreams::SETTINGS,
     store::SETTINGS,
     redis_access::SETTINGS,
+    regions::SETTINGS,
     keys::SETTINGS,
     limits::SETTINGS,
     tls::SETTINGS,

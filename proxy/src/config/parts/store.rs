@@ -52,7 +52,7 @@ const KEY_PREFIX: Setting<String> = Setting::new(
     },
 )
 .value_name("P");
-const ON_STORE_ERROR: Setting<OnStoreError> = Setting::new(
+pub(super) const ON_STORE_ERROR: Setting<OnStoreError> = Setting::new(
     "on_store_error",
     choice::<OnStoreError>(),
     Preset::Value("local"),

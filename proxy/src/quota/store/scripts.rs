@@ -325,12 +325,111 @@ end
     };
 }
 
+/// A region's units held (issue 48; `quota::regions`): what the global store granted this
+/// region of each window instance of a quota, in `<prefix>:held:{<quota id>}` (the state's hash
+/// tag): the run id of the Redis server that wrote it (`INFO server`, 40 characters), then per
+/// instance four little-endian unsigned 32-bit integers, `(e, w, held, final_until)`: the
+/// window's length code, its instance, the units held, and until when (Unix seconds) the global
+/// store was found to have none left to grant (a refusal then counts a strike, as a full window's
+/// does). A region admits only while every enforced window's count stays within what it holds.
+///
+/// Written under another server's run id, the units are forfeited: a Redis restarted (from an AOF
+/// that may lack its last writes) or a replica promoted (that may lack the primary's last
+/// writes) could have lost counts of units already spent, and spending its held units again
+/// would pass the limit. A forfeited or missing instance holds what it has counted, so nothing
+/// more can be spent until the global store grants more (`HOLD`).
+///
+/// `boot_id()` is the server's run id, read once a server's life when `ACQUIRE` runs as a
+/// function (the library's locals live as long as the server's copy of the library), on every
+/// call when it runs as a script. `load_held(key)` reads the record of the state `key` as a table
+/// (`e`, `w`, `n`, `f`: the four fields by position; `forfeit`: written under another run id);
+/// `held_index(r, e, w)` finds an instance; `save_held(r, now)` writes the record back without
+/// the instances ended by `now`, expiring with the last; `short_of(s, set, cost, now, r)` says whether a
+/// decision fits what is held: 0 it does, 1 short, 2 short where the global store has none left;
+/// `held_out` appends each window's units held to the answer.
+macro_rules! regional_lua {
+    () => {
+        r#"
+local boot = nil
+local function boot_id()
+  if boot == nil then
+    boot = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+  end
+  return boot
+end
+local function load_held(key)
+  local r = {key = (string.gsub(key, ':windows:{', ':held:{', 1)), e = {}, w = {}, n = {},
+    f = {}, forfeit = false}
+  local v = get_string(r.key)
+  if not v then return r end
+  local n = (#v - 40) / 16
+  if n < 0 or n ~= math.floor(n) or n > 64 or string.sub(v, 1, 40) ~= boot_id() then
+    r.forfeit = true
+    return r
+  end
+  local f = {struct.unpack('<' .. string.rep('IIII', n), v, 41)}
+  for j = 1, n do
+    r.e[j], r.w[j], r.n[j], r.f[j] = f[4 * j - 3], f[4 * j - 2], f[4 * j - 1], f[4 * j]
+  end
+  return r
+end
+local function held_index(r, e, w)
+  for j = 1, #r.e do
+    if r.e[j] == e and r.w[j] == w then return j end
+  end
+  return nil
+end
+local function short_of(s, set, cost, now, r)
+  local short = 0
+  for k = 1, set[1] do
+    if set[3 * k + 1] ~= math.huge then
+      local e = set[3 * k - 1]
+      local w, c = current(s, e, set[3 * k])
+      local j = held_index(r, e, w)
+      local held = 0
+      if j then held = r.n[j] end
+      if c + cost > held then
+        if j and r.f[j] > now then return 2 end
+        short = 1
+      end
+    end
+  end
+  return short
+end
+local function save_held(r, now)
+  local packed, last = {}, 0
+  for j = 1, #r.e do
+    local ends = end_of(r.e[j], r.w[j])
+    if ends > now then
+      packed[#packed + 1] = struct.pack('<IIII', r.e[j], r.w[j], r.n[j], r.f[j])
+      if ends > last then last = ends end
+    end
+  end
+  if #packed == 0 then
+    redis.call('DEL', r.key)
+  else
+    redis.call('SET', r.key, boot_id() .. table.concat(packed), 'EXAT', last)
+  end
+end
+local function held_out(s, set, now, r, out, at)
+  for k = 1, set[1] do
+    local e = set[3 * k - 1]
+    local w = current(s, e, set[3 * k])
+    local j = held_index(r, e, w)
+    out[at + k] = j and r.n[j] or 0
+  end
+end
+"#
+    };
+}
+
 /// [`ACQUIRE`]'s library part (see [`ACQUIRE_LIBRARY`]).
 macro_rules! acquire_library_lua {
     () => {
         concat!(
             state_lua!(),
             leases_lua!(),
+            regional_lua!(),
             r#"
 -- The head (`ARGV[1]`) read: `head` its numbers, `sets` each set of limits flat: its number of
 -- windows m, then per window k at 3k - 1, 3k and 3k + 1 its length, its instance at `now` and
@@ -379,7 +478,8 @@ local function parse_head(H)
     sets[i] = set
     p = p + 1 + 2 * m
   end
-  return {head = head, sets = sets, now = -1}
+  -- After the sets, 1 for a region's decisions (`regional_lua`); nothing (nil) otherwise.
+  return {head = head, sets = sets, now = -1, regional = head[p + 1] == 1}
 end
 local function read_head(H, now)
   local h = heads[H]
@@ -418,6 +518,8 @@ local unpack_numbers = struct.unpack
 local head, sets = h.head, h.sets
 local strikes, decay, lengths = head[1], head[2], head[3]
 local lease_secs = head[4 + lengths]
+-- A region's decisions (issue 48): each quota's units held (`load_held`), read once a run.
+local regional, helds = h.regional, nil
 -- The leases of the quotas this batch touches, each read once: `of(key)` (see `leases_lua`).
 -- Made when a run first needs them, as are `WS` and `JS` below: most runs need neither.
 local held, held_order = nil, nil
@@ -514,8 +616,23 @@ for _ = 1, #E / 24 do
     out[at + 1 + k] = c
     if c + cost > set[3 * k + 1] then fits = false end
   end
+  local short = 0
+  if regional then
+    if helds == nil then helds = {} end
+    local r = helds[key]
+    if r == nil then
+      r = load_held(key)
+      helds[key] = r
+    end
+    if fits and s[BU] <= now then short = short_of(s, set, cost, now, r) end
+    -- Short of units, and the global budget found spent: a refusal like a full window's.
+    if short == 2 then fits = false end
+  end
   if s[BU] > now then
     outcome = 2
+  elseif short == 1 then
+    -- Every window has room, but the region holds too few units: nothing counted, no strike.
+    outcome = 5
   elseif fits and l ~= nil and l.total >= most then
     -- Every window has room, but the concurrency is in flight: nothing counted, no strike.
     outcome = 4
@@ -600,6 +717,10 @@ for _ = 1, #E / 24 do
     out[at + 2] = l.total
     at = at + 2
   end
+  if regional then
+    held_out(s, set, now, helds[key], out, at)
+    at = at + m
+  end
   end
 end
 for _, key in ipairs(order) do
@@ -633,7 +754,8 @@ return out
 ///   lengths in seconds by level, the last one repeating; a lease's length, seconds; *L*, how
 ///   many sets of limits follow, and each set: *m*, its number of windows, then per window its
 ///   length code (`Every::code`) and its limit, negative for a shadow window (counted, never
-///   refusing), then its concurrency (0: none).
+///   refusing), then its concurrency (0: none); then 1 for a region's decisions (admitted only
+///   out of the units the region holds, `regional_lua`), nothing otherwise.
 /// - `ARGV[2]`, the entries, three numbers each: the number of its quota's key in `KEYS`, then
 ///   a decision's set of limits (from 1) and its cost; or -1 and the end of a lease to renew; or
 ///   `-1 - n` and the end of `n` leases to give back.
@@ -643,7 +765,9 @@ return out
 /// force; the counts in its set's window order, its cost included when admitted), and two more
 /// when its set has a concurrency, `{lease_end, in_flight}` (the end of the lease it took, 0
 /// when none, and the quota's requests in flight); outcome 0 admitted, 1 limited, 2 banned, 3
-/// banned by this very request, 4 refused for the concurrency (nothing counted, no strike); per
+/// banned by this very request, 4 refused for the concurrency (nothing counted, no strike), 5
+/// a region's, refused for too few units held (nothing counted, no strike); a region's
+/// decisions end with `m` more, the units held of each window's instance; per
 /// renewal `{lease_end, in_flight}`; nothing per release. Every number of the answer costs Redis
 /// as much to write as a tenth of a decision, hence the outcome and the ban's end in one.
 ///
@@ -758,17 +882,95 @@ return out
 "#
 );
 
-/// Zeroes a quota's counts in every window; windows, strikes and bans stay.
+/// Zeroes a quota's counts in every window; windows, strikes and bans stay. A region's units
+/// held go too (they were held against the counts: kept, the zeroed counts would be spent
+/// again past what the global store granted).
 ///
 /// - `KEYS[1]`: the quota's state.
 pub const RESET_USAGE: &str = concat!(
     state_lua!(),
     r#"
+redis.call('DEL', (string.gsub(KEYS[1], ':windows:{', ':held:{', 1)))
 local s = load(KEYS[1])
 if s[FROM] ~= 0 then
   for j = 1, s[N] do s[13 + 3 * j] = 0 end
   save(KEYS[1], s)
 end
 return 1
+"#
+);
+
+/// Adds units the global store granted to a region to what it holds (`regional_lua`), in the
+/// region's Redis. An instance the record does not hold yet (or no longer holds: forfeited by a
+/// restart, expired) starts from what the region has counted there, so only the new units can
+/// be spent. Instances that have ended are dropped; the record expires with the last one.
+///
+/// - `KEYS[1]`: the quota's state (the record is `<prefix>:held:{<quota id>}` beside it).
+/// - `ARGV[1]`: packed little-endian signed 64-bit integers, four per instance: the window's
+///   length code, its instance, the units granted, and until when (Unix seconds, 0: not) the
+///   global store is known to have none left of it.
+///
+/// Returns the units held of each instance after it.
+pub const HOLD: &str = concat!(
+    state_lua!(),
+    regional_lua!(),
+    r#"
+local now = tonumber(redis.call('TIME')[1])
+local s = load(KEYS[1])
+local r = load_held(KEYS[1])
+local E, out = ARGV[1], {}
+for i = 1, #E / 32 do
+  local e, w, units, fin = struct.unpack('<i8i8i8i8', E, 32 * (i - 1) + 1)
+  local j = held_index(r, e, w)
+  if j == nil then
+    j = #r.e + 1
+    local sw, c = current(s, e, w)
+    if sw ~= w then c = 0 end
+    r.e[j], r.w[j], r.n[j], r.f[j] = e, w, c, 0
+  end
+  r.n[j] = u32(r.n[j] + units)
+  if fin > r.f[j] then r.f[j] = u32(fin) end
+  out[i] = r.n[j]
+end
+save_held(r, now)
+return out
+"#
+);
+
+/// Takes back what a region holds and has not spent of some instances, once no request of the
+/// quota was admitted in the region for a while (its traffic moved or stopped), to be given back
+/// to the global store: from then on the region holds only what it counted there.
+///
+/// - `KEYS[1]`: the quota's state.
+/// - `ARGV[1]`: how long (seconds) the quota must have had no admission in this region;
+///   `ARGV[2]`: packed little-endian signed 64-bit integers, two per instance: the window's
+///   length code and its instance.
+///
+/// Returns the units taken back of each instance (0 while the quota is still admitted, or for
+/// units forfeited).
+pub const GIVE: &str = concat!(
+    state_lua!(),
+    regional_lua!(),
+    r#"
+local now = tonumber(redis.call('TIME')[1])
+local s = load(KEYS[1])
+local r = load_held(KEYS[1])
+local E, out = ARGV[2], {}
+local idle = now - s[LA] >= tonumber(ARGV[1])
+for i = 1, #E / 16 do
+  local e, w = struct.unpack('<i8i8', E, 16 * (i - 1) + 1)
+  local j = held_index(r, e, w)
+  out[i] = 0
+  if idle and j then
+    local sw, c = current(s, e, w)
+    if sw ~= w then c = 0 end
+    if r.n[j] > c then
+      out[i] = r.n[j] - c
+      r.n[j] = c
+    end
+  end
+end
+save_held(r, now)
+return out
 "#
 );

@@ -16,7 +16,7 @@ use crate::quota::store::StoreError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct RawVerdict {
     /// 0 admitted, 1 limited, 2 banned, 3 banned by this very request, 4 refused for the
-    /// concurrency.
+    /// concurrency, 5 a region's, refused for too few units held.
     pub outcome: i64,
     pub now: i64,
     pub ban_until: i64,
@@ -25,6 +25,8 @@ pub(super) struct RawVerdict {
     /// Limits with a concurrency: the lease taken (0: none) and the requests in flight.
     pub lease_end: i64,
     pub in_flight: i64,
+    /// A region's decisions: the units it holds of each window's instance (0 otherwise).
+    pub held: [i64; MAX_WINDOWS],
 }
 
 /// One entry of an `ACQUIRE` run.
@@ -51,10 +53,11 @@ impl<'k> Entry<'k> {
         }
     }
 
-    /// How many integers `ACQUIRE` answers for this entry (after the run's `now`).
-    pub fn width(&self) -> usize {
+    /// How many integers `ACQUIRE` answers for this entry (after the run's `now`), in a run of
+    /// a region's decisions or not.
+    pub fn width(&self, regional: bool) -> usize {
         match self {
-            Entry::Decide { limits, .. } => RawVerdict::width(limits),
+            Entry::Decide { limits, .. } => RawVerdict::width(limits, regional),
             Entry::Release { .. } => 0,
             Entry::Renew { .. } => 2,
         }
@@ -63,23 +66,31 @@ impl<'k> Entry<'k> {
 
 impl RawVerdict {
     /// How many integers `ACQUIRE` answers for a decision under `limits` (after the run's
-    /// `now`).
-    pub fn width(limits: &Limits) -> usize {
-        1 + limits.windows().len() + if limits.concurrency().is_some() { 2 } else { 0 }
+    /// `now`), a region's or not.
+    pub fn width(limits: &Limits, regional: bool) -> usize {
+        let m = limits.windows().len();
+        1 + m + if limits.concurrency().is_some() { 2 } else { 0 } + if regional { m } else { 0 }
     }
 
     /// The decision under `limits` in `values` (exactly [`RawVerdict::width`] of them), in a
     /// run whose clock read `now`.
-    pub fn parse(now: i64, values: &[i64], limits: &Limits) -> Result<RawVerdict, StoreError> {
+    pub fn parse(
+        now: i64,
+        values: &[i64],
+        limits: &Limits,
+        regional: bool,
+    ) -> Result<RawVerdict, StoreError> {
         let bad = || StoreError::Protocol(format!("acquire returned {values:?} for a decision"));
-        if values.len() != RawVerdict::width(limits) {
+        if values.len() != RawVerdict::width(limits, regional) {
             return Err(bad());
         }
         let (&first, rest) = values.split_first().ok_or_else(bad)?;
         if first < 0 {
             return Err(bad());
         }
-        let (counts, lease) = rest.split_at(limits.windows().len());
+        let m = limits.windows().len();
+        let (counts, rest) = rest.split_at(m);
+        let (lease, held) = rest.split_at(rest.len() - if regional { m } else { 0 });
         let mut raw = RawVerdict {
             // `outcome + 8 * ban_until`, one number (see ACQUIRE).
             outcome: first & 7,
@@ -88,8 +99,10 @@ impl RawVerdict {
             counts: [0; MAX_WINDOWS],
             lease_end: lease.first().copied().unwrap_or(0),
             in_flight: lease.get(1).copied().unwrap_or(0),
+            held: [0; MAX_WINDOWS],
         };
         raw.counts[..counts.len()].copy_from_slice(counts);
+        raw.held[..held.len()].copy_from_slice(held);
         Ok(raw)
     }
 
@@ -105,6 +118,7 @@ impl RawVerdict {
             1 => Outcome::Limited,
             2 | 3 => Outcome::Banned,
             4 => Outcome::ConcurrencyLimited,
+            5 => Outcome::Unleased,
             other => return Err(StoreError::Protocol(format!("unknown outcome {other}"))),
         };
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
@@ -174,7 +188,7 @@ pub(super) fn split_reply(values: &[i64]) -> Result<(i64, &[i64]), StoreError> {
 }
 
 /// One `ACQUIRE` run of `entries` under the ban policy's arguments `policy`
-/// (`batch::policy_args`), leases lasting `lease_secs`. Each distinct set of limits is sent
+/// (`batch::policy_args`), leases lasting `lease_secs`, a region's decisions or not. Each distinct set of limits is sent
 /// once, however many decisions of the batch share it (most share a plan's), and each quota's
 /// key once, however many entries name it. The releases go first (their requests ended before
 /// the run: the places they free are free for its decisions), those of one quota and one end as
@@ -184,6 +198,7 @@ pub(super) fn acquire_call<'k>(
     prefix: &str,
     policy: &[u64],
     lease_secs: u64,
+    regional: bool,
     entries: impl Iterator<Item = Entry<'k>> + Clone,
 ) -> AcquireCall {
     let mut sets: Vec<&Limits> = Vec::new();
@@ -225,7 +240,7 @@ pub(super) fn acquire_call<'k>(
     }
     AcquireCall {
         keys: keys.order.iter().map(|k| quota_key(prefix, k)).collect(),
-        head: head(policy, lease_secs, &sets),
+        head: head(policy, lease_secs, regional, &sets),
         entries: packed,
     }
 }
@@ -256,8 +271,9 @@ fn number(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// `ACQUIRE`'s head (`ARGV[1]`): the ban policy, the lease's length and the sets of limits.
-fn head(policy: &[u64], lease_secs: u64, sets: &[&Limits]) -> Vec<u8> {
+/// `ACQUIRE`'s head (`ARGV[1]`): the ban policy, the lease's length, the sets of limits, and
+/// for a region's decisions a last 1.
+fn head(policy: &[u64], lease_secs: u64, regional: bool, sets: &[&Limits]) -> Vec<u8> {
     let mut head = Vec::with_capacity(8 * (policy.len() + 2 + sets.len() * 14));
     pack(&mut head, policy.iter().map(|a| number(*a)));
     pack(&mut head, [number(lease_secs), sets.len() as i64]);
@@ -274,6 +290,9 @@ fn head(policy: &[u64], lease_secs: u64, sets: &[&Limits]) -> Vec<u8> {
             );
         }
         pack(&mut head, [i64::from(limits.concurrency().unwrap_or(0))]);
+    }
+    if regional {
+        pack(&mut head, [1]);
     }
     head
 }

@@ -43,6 +43,8 @@ pub(super) struct Batches {
     max: usize,
     /// How long a lease lasts unless given back or renewed, in seconds.
     lease_secs: u64,
+    /// A region's decisions (`scripts::ACQUIRE`'s head ends with 1).
+    regional: bool,
     lanes: Lanes,
     /// The ban policy's script arguments, built once and shared by every queued decision (a
     /// batch carries one policy; the gateway has one).
@@ -154,6 +156,7 @@ impl Batches {
         max: usize,
         per_slot: bool,
         lease_secs: u64,
+        regional: bool,
     ) -> Arc<Batches> {
         Arc::new(Batches {
             link,
@@ -161,6 +164,7 @@ impl Batches {
             prefix: Arc::clone(&prefix),
             max: max.max(1),
             lease_secs,
+            regional,
             lanes: if per_slot {
                 Lanes::PerSlot(Mutex::default())
             } else {
@@ -355,10 +359,14 @@ impl Batches {
                 &self.prefix,
                 &policy,
                 self.lease_secs,
+                self.regional,
                 batch.iter().map(Pending::entry),
             );
             let result = self.link.acquire(&self.acquire, &call).await;
-            let width: usize = 1 + batch.iter().map(|p| p.entry().width()).sum::<usize>();
+            let width: usize = 1 + batch
+                .iter()
+                .map(|p| p.entry().width(self.regional))
+                .sum::<usize>();
             match result {
                 Ok(values) if values.len() == width => {
                     let (now, values) = values.split_at(1);
@@ -427,13 +435,13 @@ impl Batches {
         let mut rest = values;
         let mut parts = Vec::with_capacity(batch.len());
         for p in &batch {
-            let (one, after) = rest.split_at(p.entry().width());
+            let (one, after) = rest.split_at(p.entry().width(self.regional));
             rest = after;
             parts.push(one);
         }
         for (p, one) in batch.iter().zip(&parts) {
             if let Op::Decide { limits, .. } = &p.op {
-                if let Some(v) = RawVerdict::parse(now, one, limits)
+                if let Some(v) = RawVerdict::parse(now, one, limits, self.regional)
                     .ok()
                     .filter(|v| v.outcome == 3)
                 {
@@ -452,7 +460,9 @@ impl Batches {
         for (p, one) in batch.into_iter().zip(parts) {
             match p.op {
                 Op::Decide { limits, reply, .. } => {
-                    if let Err(Ok(late)) = reply.send(RawVerdict::parse(now, one, &limits)) {
+                    if let Err(Ok(late)) =
+                        reply.send(RawVerdict::parse(now, one, &limits, self.regional))
+                    {
                         if late.took_lease() {
                             orphans.push((p.key_id, late.lease_end as u64));
                         }

@@ -11,6 +11,8 @@ mod acquire;
 mod batch;
 mod errors;
 mod function;
+mod held;
+pub use self::held::Held;
 pub mod ledger;
 mod link;
 mod top;
@@ -22,7 +24,7 @@ use self::batch::Batches;
 use self::function::Acquire;
 use self::link::Link;
 use crate::base::redis::RedisAccess;
-use crate::keys::limits::{Every, Limits};
+use crate::keys::limits::{Every, Limits, MAX_WINDOWS};
 use crate::quota::rules::{BanPolicy, Lease, Verdict};
 use crate::quota::store::memory::DEFAULT_LEASE_SECS;
 use crate::quota::store::{
@@ -38,6 +40,8 @@ pub struct RedisStore {
     batched: bool,
     batch_max: usize,
     lease_secs: u64,
+    /// A region's store (`quota::regions`): admits only out of the units the region holds.
+    regional: bool,
     acquire: Arc<Acquire>,
     lift_ban: redis::Script,
     ban_of: redis::Script,
@@ -45,6 +49,8 @@ pub struct RedisStore {
     probe: redis::Script,
     usage: redis::Script,
     reset_usage: redis::Script,
+    hold: redis::Script,
+    give: redis::Script,
 }
 
 /// The most decisions one script run carries by default: large enough that a saturated Redis
@@ -80,12 +86,14 @@ impl RedisStore {
                 DEFAULT_BATCH_MAX,
                 link.is_cluster(),
                 DEFAULT_LEASE_SECS,
+                false,
             ),
             link,
             prefix,
             batched: true,
             batch_max: DEFAULT_BATCH_MAX,
             lease_secs: DEFAULT_LEASE_SECS,
+            regional: false,
             acquire,
             lift_ban: redis::Script::new(scripts::LIFT_BAN),
             ban_of: redis::Script::new(scripts::BAN_OF),
@@ -93,6 +101,8 @@ impl RedisStore {
             probe: redis::Script::new(scripts::PROBE),
             usage: redis::Script::new(scripts::USAGE),
             reset_usage: redis::Script::new(scripts::RESET_USAGE),
+            hold: redis::Script::new(scripts::HOLD),
+            give: redis::Script::new(scripts::GIVE),
         };
         Ok(store.with_batch_max(DEFAULT_BATCH_MAX))
     }
@@ -113,6 +123,15 @@ impl RedisStore {
         self
     }
 
+    /// A region's store: every decision is admitted only out of the units the region holds of
+    /// the global store's budget (`scripts::regional_lua`), and refused with
+    /// [`crate::quota::rules::Outcome::Unleased`] when they are too few.
+    pub fn regional(mut self) -> RedisStore {
+        self.regional = true;
+        self.rebuild_batches();
+        self
+    }
+
     fn rebuild_batches(&mut self) {
         self.batches = Batches::new(
             Arc::clone(&self.link),
@@ -121,6 +140,7 @@ impl RedisStore {
             self.batch_max,
             self.link.is_cluster(),
             self.lease_secs,
+            self.regional,
         );
     }
 
@@ -146,12 +166,19 @@ impl RedisStore {
                         &self.prefix,
                         &policy,
                         self.lease_secs,
+                        self.regional,
                         std::iter::once(entry),
                     );
                     self.link.acquire(&self.acquire, &call).await?;
                 }
             } else {
-                let call = acquire_call(&self.prefix, &policy, self.lease_secs, entries);
+                let call = acquire_call(
+                    &self.prefix,
+                    &policy,
+                    self.lease_secs,
+                    self.regional,
+                    entries,
+                );
                 self.link.acquire(&self.acquire, &call).await?;
             }
         }
@@ -205,17 +232,19 @@ impl RedisStore {
                 Arc::clone(&self.acquire),
                 Arc::clone(&self.prefix),
             );
-            let (key_id, limits, lease_secs) = (Arc::clone(key_id), *limits, self.lease_secs);
+            let (key_id, limits, lease_secs, regional) =
+                (Arc::clone(key_id), *limits, self.lease_secs, self.regional);
             async move {
                 let entry = Entry::Decide {
                     key_id: &key_id,
                     limits: &limits,
                     cost,
                 };
-                let call = acquire_call(&prefix, &policy, lease_secs, std::iter::once(entry));
+                let once = std::iter::once(entry);
+                let call = acquire_call(&prefix, &policy, lease_secs, regional, once);
                 let r = link.acquire(&acquire, &call).await?;
                 let (now, one) = split_reply(&r)?;
-                RawVerdict::parse(now, one, &limits)
+                RawVerdict::parse(now, one, &limits, regional)
             }
         };
         if limits.concurrency().is_none() {
@@ -240,15 +269,16 @@ impl RedisStore {
     }
 }
 
-#[async_trait]
-impl QuotaStore for RedisStore {
-    async fn acquire(
+impl RedisStore {
+    /// [`QuotaStore::acquire`], with the units the region holds of each window's instance
+    /// (in the limits' window order; all 0 for a store that is not a region's).
+    pub async fn decide(
         &self,
         key_id: &Arc<str>,
         limits: Limits,
         cost: u64,
         ban: &BanPolicy,
-    ) -> Result<Verdict, StoreError> {
+    ) -> Result<(Verdict, [u64; MAX_WINDOWS]), StoreError> {
         let raw = if self.batched {
             self.batches.acquire(key_id, limits, cost, ban).await?
         } else {
@@ -259,7 +289,20 @@ impl QuotaStore for RedisStore {
         if verdict.ban_started && !self.batched {
             self.index_ban_now(key_id, verdict.ban_until).await;
         }
-        Ok(verdict)
+        Ok((verdict, raw.held.map(|h| u64::try_from(h).unwrap_or(0))))
+    }
+}
+
+#[async_trait]
+impl QuotaStore for RedisStore {
+    async fn acquire(
+        &self,
+        key_id: &Arc<str>,
+        limits: Limits,
+        cost: u64,
+        ban: &BanPolicy,
+    ) -> Result<Verdict, StoreError> {
+        Ok(self.decide(key_id, limits, cost, ban).await?.0)
     }
 
     fn release(&self, quota_id: &Arc<str>, lease: Lease) {

@@ -1,0 +1,130 @@
+//! How many units a region asks the global store for, and when: a pure function of what the
+//! region has counted and holds of each window's instance and the store's clock, so that the
+//! rule is read, and tested, in one place.
+//!
+//! The region's rate of a quota is its own count in the current instance over the seconds the
+//! instance has run (the region's Redis counts every node's admissions, so no node's view is
+//! partial). Each ask covers what the region would spend at that rate over [`HORIZON`] (or to
+//! the instance's end, if sooner), a quarter more, so that a key below its limit finds its units
+//! there and one call lasts long enough: a key at a steady rate costs about one call a
+//! minute. The next instance is asked [`LOOKAHEAD`] before the current one ends, so the first
+//! requests of a new minute or day find units already held. The global store grants at most
+//! what is left (`ledger`), so asks shrink by themselves near the end of a budget.
+
+use crate::keys::limits::{Limits, MAX_WINDOWS};
+use crate::quota::store::redis::ledger::Instance;
+
+/// How far ahead an ask covers at the region's rate.
+pub const HORIZON: u64 = 60;
+/// Asked again once what is left would last less than this at the region's rate.
+pub const LOW_SECS: u64 = 15;
+/// How long before an instance's end its successor is asked.
+pub const LOOKAHEAD: u64 = 10;
+
+/// One instance to ask units of: the instance, the limit in force, the units wanted.
+pub type Ask = (Instance, u64, u64);
+
+/// What a decision saw of one quota in its region: the store's clock, and per window of its
+/// limits (their order) the units counted and the units held of the current instance.
+#[derive(Debug, Clone, Copy)]
+pub struct Seen {
+    pub now: u64,
+    pub counts: [u64; MAX_WINDOWS],
+    pub held: [u64; MAX_WINDOWS],
+}
+
+/// The asks a region makes after a decision that saw `seen`, for requests costing `cost`:
+/// with `short` (a request is waiting, refused for too few units), each enforced window whose
+/// spare units do not cover `cost` is asked at once; otherwise only windows whose spare units
+/// would run out within [`LOW_SECS`], and the next instances near an instance's end. Shadow
+/// windows never refuse and are never asked.
+pub fn asks(limits: &Limits, seen: &Seen, cost: u64, short: bool) -> Vec<Ask> {
+    let mut out = Vec::new();
+    for (i, w) in limits.windows().iter().enumerate() {
+        if w.shadow {
+            continue;
+        }
+        let now = seen.now;
+        let at = Instance::at(w.every, now);
+        let start = w.every.start_of(at.index);
+        let ran = now.saturating_sub(start) + 1;
+        let count = seen.counts[i];
+        let spare = seen.held[i].saturating_sub(count);
+        // Units a second, at least the cost a second: a first request asks for itself.
+        let rate = (count as f64 / ran as f64).max(cost as f64 / ran as f64);
+        let left = at.end.saturating_sub(now).max(1);
+        let want = |secs: u64| (rate * secs as f64 * 1.25).ceil() as u64 + cost;
+        let low = (rate * LOW_SECS as f64).ceil() as u64 + cost;
+        if (short && spare < cost) || (!short && spare < low) {
+            let need = want(left.min(HORIZON)).max(cost.saturating_sub(spare));
+            out.push((at, w.limit(), need));
+        }
+        if !short && left <= LOOKAHEAD {
+            let next = Instance::at(w.every, at.end);
+            let length = next.end - at.end;
+            out.push((next, w.limit(), want(length.min(HORIZON))));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::limits::{Every, WindowLimit};
+
+    fn minute_and_day() -> Limits {
+        Limits::new(&[
+            WindowLimit::new(Every::MINUTE, 60).unwrap(),
+            WindowLimit::new(Every::DAY, 1000).unwrap(),
+        ])
+        .unwrap()
+    }
+
+    fn seen(now: u64, counts: [u64; 2], held: [u64; 2]) -> Seen {
+        let mut s = Seen {
+            now,
+            counts: [0; MAX_WINDOWS],
+            held: [0; MAX_WINDOWS],
+        };
+        s.counts[..2].copy_from_slice(&counts);
+        s.held[..2].copy_from_slice(&held);
+        s
+    }
+
+    #[test]
+    fn a_first_request_asks_for_itself_and_what_its_rate_would_spend() {
+        // 12:00:00 of some day, nothing counted or held: short by the cost.
+        let now = 1_800_000_000 - 1_800_000_000 % 86_400;
+        let asks = asks(&minute_and_day(), &seen(now, [0, 0], [0, 0]), 1, true);
+        assert_eq!(asks.len(), 2);
+        assert!(asks.iter().all(|&(_, _, want)| want >= 1));
+        assert_eq!(asks[0].1, 60);
+        assert_eq!(asks[1].1, 1000);
+    }
+
+    #[test]
+    fn a_region_with_enough_spare_asks_nothing_until_near_the_end() {
+        let start = 1_800_000_000 - 1_800_000_000 % 86_400;
+        // 30 s into the minute, 30 counted (1 a second), 60 held: 30 spare, above 15 s of rate.
+        let s = seen(start + 29, [30, 30], [60, 200]);
+        assert!(asks(&minute_and_day(), &s, 1, false).is_empty());
+        // 5 s before the minute's end: the next minute is asked, about a minute at the rate.
+        let s = seen(start + 55, [56, 56], [75, 200]);
+        let a = asks(&minute_and_day(), &s, 1, false);
+        assert_eq!(a.len(), 1);
+        assert_eq!(a[0].0.index, Every::MINUTE.index(start + 60));
+        assert!((70..=80).contains(&a[0].2), "{a:?}");
+    }
+
+    #[test]
+    fn shadow_windows_are_never_asked() {
+        let limits = Limits::new(&[WindowLimit {
+            every: Every::MINUTE,
+            limit: 5,
+            shadow: true,
+        }])
+        .unwrap();
+        assert!(asks(&limits, &seen(1_800_000_000, [9, 0], [0, 0]), 1, true).is_empty());
+    }
+}

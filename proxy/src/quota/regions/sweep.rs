@@ -1,0 +1,129 @@
+//! Giving back what a region holds of a quota whose traffic left it: each node remembers the
+//! quotas it got units for and when it last decided one of their requests; once a quota has
+//! been quiet on the node for [`IDLE_SECS`], the node takes back what the region holds and did
+//! not spend (`RedisStore::give`, which gives nothing while any node of the region still admits
+//! the quota) and gives it back to the global store, where another region can be granted it.
+//! Taken out of the region first: the units are never spendable in two places at once; a
+//! give-back lost on the way leaves them counted as granted (under-admission, never over).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::RegionalStore;
+use crate::base::clock::unix_now;
+use crate::base::metrics::METRICS;
+use crate::keys::limits::Limits;
+use crate::quota::store::redis::ledger::Instance;
+use crate::quota::store::StoreError;
+
+/// How long a quota must have had no admission, on this node and in its region, before what
+/// the region holds of it is given back.
+pub const IDLE_SECS: u64 = 3;
+/// How often the sweep looks.
+pub const EVERY: Duration = Duration::from_secs(1);
+/// A quota quiet this long is no longer tracked (its instances have ended, or the units stay
+/// with a node of the region still deciding it).
+const FORGET_SECS: u64 = 3_600;
+
+/// A quota this node got units for.
+pub struct Tracked {
+    limits: Mutex<Limits>,
+    /// Unix seconds: this node's last decision of it, and its last give-back look.
+    last: AtomicU64,
+    looked: AtomicU64,
+}
+
+impl RegionalStore {
+    /// Notes a decision of `quota`, when tracked (one read lock, one store).
+    pub(super) fn touch(&self, quota: &Arc<str>) {
+        let tracked = self.tracked.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = tracked.get(quota) {
+            t.last.store(unix_now(), Ordering::Relaxed);
+        }
+    }
+
+    /// Tracks `quota`, which this node just got units for, under `limits`.
+    pub(super) fn track(&self, quota: &Arc<str>, limits: Limits) {
+        let now = unix_now();
+        let mut tracked = self.tracked.write().unwrap_or_else(|p| p.into_inner());
+        let t = tracked.entry(Arc::clone(quota)).or_insert_with(|| {
+            Arc::new(Tracked {
+                limits: Mutex::new(limits),
+                last: AtomicU64::new(now),
+                looked: AtomicU64::new(0),
+            })
+        });
+        *t.limits.lock().unwrap_or_else(|p| p.into_inner()) = limits;
+        t.last.store(now, Ordering::Relaxed);
+    }
+
+    /// One pass: gives back what idle quotas hold; forgets those quiet for long.
+    pub async fn sweep(&self) {
+        let now = unix_now();
+        let idle: Vec<(Arc<str>, Arc<Tracked>)> = {
+            let mut tracked = self.tracked.write().unwrap_or_else(|p| p.into_inner());
+            tracked.retain(|_, t| now.saturating_sub(t.last.load(Ordering::Relaxed)) < FORGET_SECS);
+            tracked
+                .iter()
+                .filter(|(_, t)| {
+                    now.saturating_sub(t.last.load(Ordering::Relaxed)) >= IDLE_SECS
+                        && now.saturating_sub(t.looked.load(Ordering::Relaxed)) >= IDLE_SECS
+                })
+                .map(|(q, t)| (Arc::clone(q), Arc::clone(t)))
+                .collect()
+        };
+        for (quota, t) in idle {
+            t.looked.store(now, Ordering::Relaxed);
+            let limits = *t.limits.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(e) = self.give_back(&quota, &limits, now).await {
+                tracing::warn!(error = %e, "could not give a region's unspent units back");
+            }
+        }
+    }
+
+    /// Takes back what the region holds of `quota`'s current and next instances and gives it
+    /// to the global store.
+    async fn give_back(
+        &self,
+        quota: &Arc<str>,
+        limits: &Limits,
+        now: u64,
+    ) -> Result<(), StoreError> {
+        let mut instances = Vec::new();
+        for w in limits.windows().iter().filter(|w| !w.shadow) {
+            let at = Instance::at(w.every, now);
+            instances.push(at);
+            instances.push(Instance::at(w.every, at.end));
+        }
+        let codes: Vec<(u32, u64)> = instances
+            .iter()
+            .map(|at| (at.every.code(), at.index))
+            .collect();
+        let taken = self.store.give(quota, IDLE_SECS, &codes).await?;
+        let back: Vec<(Instance, u64)> = instances
+            .into_iter()
+            .zip(taken)
+            .filter(|&(_, units)| units > 0)
+            .collect();
+        if back.is_empty() {
+            return Ok(());
+        }
+        let id = self.request_id();
+        let given = match self.ledger.give_back(quota, &self.region, &id, &back).await {
+            Err(StoreError::Timeout(_) | StoreError::Unavailable(_)) => {
+                self.ledger.give_back(quota, &self.region, &id, &back).await
+            }
+            other => other,
+        };
+        METRICS
+            .region_grants
+            .with_label_values(&[if given.is_ok() {
+                "given_back"
+            } else {
+                "give_back_lost"
+            }])
+            .inc();
+        given.map(|_| ())
+    }
+}

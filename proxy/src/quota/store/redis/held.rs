@@ -1,0 +1,68 @@
+//! A region's units held (issue 48, `quota::regions`): adding what the global store granted
+//! (`HOLD`) and taking back what a quota whose traffic left the region did not spend (`GIVE`),
+//! in the region's Redis, beside the quota's state (`scripts::regional_lua`).
+
+use super::RedisStore;
+use crate::quota::store::StoreError;
+
+/// One instance's part of a `HOLD`: the window's length code and instance, the units granted,
+/// and until when (Unix seconds; 0: not) the global store is known to have none left of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub code: u32,
+    pub index: u64,
+    pub units: u64,
+    pub none_left_until: u64,
+}
+
+fn packed(numbers: impl IntoIterator<Item = u64>) -> Vec<u8> {
+    numbers
+        .into_iter()
+        .flat_map(|n| i64::try_from(n).unwrap_or(i64::MAX).to_le_bytes())
+        .collect()
+}
+
+impl RedisStore {
+    /// Adds `grants` to what the region holds of `quota_id`'s instances; the units held of each
+    /// after it. Sent once, never again on a failure: run twice, it would hold units the global
+    /// store granted once (a `HOLD` lost leaves them unspent: under-admission, never over).
+    pub async fn hold(&self, quota_id: &str, grants: &[Held]) -> Result<Vec<u64>, StoreError> {
+        let args = packed(
+            grants
+                .iter()
+                .flat_map(|g| [u64::from(g.code), g.index, g.units, g.none_left_until]),
+        );
+        let mut invocation = self.hold.key(self.redis_key(quota_id));
+        invocation.arg(args);
+        self.checked(self.link.run::<Vec<u64>>(&invocation).await?, grants.len())
+    }
+
+    /// Takes back what the region holds and has not spent of `quota_id`'s `instances` (length
+    /// code, instance), when none of its requests was admitted in the region for `idle_secs`;
+    /// the units taken of each, to give back to the global store.
+    pub async fn give(
+        &self,
+        quota_id: &str,
+        idle_secs: u64,
+        instances: &[(u32, u64)],
+    ) -> Result<Vec<u64>, StoreError> {
+        let args = packed(instances.iter().flat_map(|&(c, i)| [u64::from(c), i]));
+        let mut invocation = self.give.key(self.redis_key(quota_id));
+        invocation.arg(idle_secs).arg(args);
+        self.checked(
+            self.link.run::<Vec<u64>>(&invocation).await?,
+            instances.len(),
+        )
+    }
+
+    fn checked(&self, units: Vec<u64>, asked: usize) -> Result<Vec<u64>, StoreError> {
+        if units.len() == asked {
+            Ok(units)
+        } else {
+            Err(StoreError::Protocol(format!(
+                "{} figures for {asked} instances of units held",
+                units.len()
+            )))
+        }
+    }
+}
