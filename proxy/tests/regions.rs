@@ -242,3 +242,77 @@ async fn units_a_quiet_region_held_go_back_for_another_region_to_spend() {
     }
     assert_eq!(admitted, 9, "us spends what eu gave back, and no more");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_the_global_stores_replicas_did_not_acknowledge_is_never_spent() {
+    // The global store has no replica, but the region waits for one: no grant is acknowledged,
+    // as when a failover would lose it. Each counts as granted, none is held.
+    let global = RedisServer::start();
+    let local = RedisServer::start();
+    let store = RedisStore::new(&local.url(), PREFIX, Duration::from_millis(500))
+        .unwrap()
+        .regional();
+    let ledger = Ledger::new(
+        RedisAccess::from_url(&global.url()).unwrap(),
+        PREFIX,
+        Duration::from_millis(400),
+        1,
+    )
+    .unwrap();
+    let r = RegionalStoreHandle(RegionalStore::new(Arc::new(store), Arc::new(ledger), "eu"));
+    let key: Arc<str> = Arc::from("key_unacked");
+    let limits = per_minute(100);
+    let ban = BanPolicy::default();
+    whole_minute_ahead(10).await;
+    assert_eq!(decide(&r, &key, limits, &ban).await, Outcome::Unleased);
+    assert_eq!(
+        local.cli(&["EXISTS", "pet:test:held:{key_unacked}"]).trim(),
+        "0"
+    );
+    let ledger = Ledger::new(
+        RedisAccess::from_url(&global.url()).unwrap(),
+        PREFIX,
+        Duration::from_millis(500),
+        0,
+    )
+    .unwrap();
+    let (total, _) = ledger
+        .granted("key_unacked", &Instance::at(Every::MINUTE, now()))
+        .await
+        .unwrap();
+    assert!(total >= 1, "the grant stays counted at the global store");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_acl_lets_a_regions_nodes_grant_hold_give_back_and_reset() {
+    // Every Redis as deploy/redis/acl-users makes it, the nodes logged in as `gateway`.
+    let global = e2e::ShippedRedis::start(PREFIX);
+    let local = e2e::ShippedRedis::start(PREFIX);
+    let store = RedisStore::new(&local.url("gateway"), PREFIX, Duration::from_millis(500))
+        .unwrap()
+        .regional();
+    let store = Arc::new(store);
+    let ledger = Ledger::new(
+        RedisAccess::from_url(&global.url("gateway")).unwrap(),
+        PREFIX,
+        Duration::from_millis(500),
+        0,
+    )
+    .unwrap();
+    let regional = RegionalStore::new(Arc::clone(&store), Arc::new(ledger), "eu");
+    let r = RegionalStoreHandle(Arc::clone(&regional));
+    let key: Arc<str> = Arc::from("key_acl");
+    let ban = BanPolicy::default();
+    whole_minute_ahead(10).await;
+    assert_eq!(
+        decide(&r, &key, per_minute(60), &ban).await,
+        Outcome::Admitted
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    regional.sweep().await;
+    assert_eq!(regional.tracking(), 0, "given back and no longer tracked");
+    r.reset_usage("key_acl").await.unwrap();
+    // A store of a fleet without regions resets too (it deletes no units held).
+    let plain = RedisStore::new(&local.url("gateway"), PREFIX, Duration::from_millis(500)).unwrap();
+    plain.reset_usage("key_acl").await.unwrap();
+}

@@ -8,14 +8,18 @@ The set-ups it runs (`--setup`, several in one run, side by side):
 
 - `single`: one region alone (region a's nodes on its Redis, no delay): the latency reference;
 - `one-redis`: today's first way, every region on region a's Redis, b and c through the delay;
-- `redis-per-region`: today's second way, each region on its own Redis, counting alone.
+- `redis-per-region`: today's second way, each region on its own Redis, counting alone;
+- `leased`: regions (`region`, `global_store_url`): each region decides in its own Redis, out of
+  units the global store (in region a, `appendfsync always`; b and c reach it through the delay)
+  grants it ahead of use.
 
 The load: `acme`, the biggest customer, one key spread unevenly over the regions at about twice
 its plan's minute limit (its windows show the over-admission), and in each region a key well
 below its limits (its requests show the latency). Every loop is bounded in count and time; the
 run stops by itself.
 
-    scripts/regions [--setup single,one-redis,redis-per-region] [--minutes M] [--delay-ms D]
+    scripts/regions [--setup single,one-redis,redis-per-region,leased] [--minutes M]
+                    [--delay-ms D]
                     [--bin-dir DIR] [--out DIR]
 """
 
@@ -55,20 +59,28 @@ class Fleet:
     def __init__(self, run, setup, bin_dir, delay_ms):
         self.run, self.setup, self.bin_dir, self.delay_ms = run, setup, bin_dir, delay_ms
         self.procs, self.proxies, self.nodes = [], [], {}
+        self.global_store, self.ids = None, {}
         for d in ("logs", "plans", "nodes"):
             os.makedirs(os.path.join(run, d), exist_ok=True)
 
     def start(self):
         regions = REGIONS[:1] if self.setup == "single" else REGIONS
-        redis = {r: self.redis(r) for r in (["a"] if self.setup != "redis-per-region" else regions)}
+        own = self.setup in ("redis-per-region", "leased")
+        redis = {r: self.redis(r) for r in (regions if own else ["a"])}
+        # The global store lives in region a; b and c reach it across the delay.
+        global_store = self.redis("global", durable=True) if self.setup == "leased" else None
+        self.global_store = global_store
         backend = self.backend()
         fleet.copy_plans(self.run, PLANS)
         keys = os.path.join(self.run, "keys.toml")
         for r in regions:
             # A region reaches region a's Redis across the delay; its own (or a's, from a) at once.
             port = redis.get(r) or self.delayed(redis["a"])
+            far = None
+            if global_store:
+                far = global_store if r == "a" else self.delayed(global_store)
             for i in (1, 2):
-                self.nodes[f"{r}{i}"] = self.node(f"{r}{i}", r, port, backend, keys)
+                self.nodes[f"{r}{i}"] = self.node(f"{r}{i}", r, port, backend, keys, far)
         self.tokens = self.issue(keys)
         for name, n in self.nodes.items():
             shutil.copy(keys, n["keys"])
@@ -82,11 +94,17 @@ class Fleet:
             fleet.wait_port(n["port"], within=60)
         return self
 
-    def redis(self, region):
+    def redis(self, region, durable=False):
         port = fleet.free_port()
+        # The global store as the book's chapter on regions lays it out: every write on disk
+        # before it is answered.
+        persist = ["--appendonly", "yes", "--appendfsync", "always"] if durable else [
+            "--appendonly", "no"]
+        d = os.path.join(self.run, f"redis-{region}")
+        os.makedirs(d, exist_ok=True)
         self.procs.append(fleet.Proc(f"redis-{region}", [
-            "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--dir", self.run],
+            "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""] + persist +
+            ["--dir", d],
             os.path.join(self.run, f"logs/redis-{region}.log")).start())
         fleet.wait_port(port)
         return port
@@ -105,22 +123,27 @@ class Fleet:
         fleet.wait_port(port)
         return port
 
-    def node(self, name, region, redis_port, backend, keys):
+    def node(self, name, region, redis_port, backend, keys, global_port=None):
         d = os.path.join(self.run, "nodes", name)
         os.makedirs(d, exist_ok=True)
         n = {"region": region, "port": fleet.free_port(), "admin": fleet.free_port(),
              "keys": os.path.join(d, "keys.toml"), "config": os.path.join(d, "gateway.toml")}
         # Across regions a decision waits a round trip of the delay: a deadline of 50 ms would
         # send every far decision to on_store_error, which is not today's set-up either.
-        timeout = int(max(50, 5 * self.delay_ms))
+        timeout = 50 if global_port else int(max(50, 5 * self.delay_ms))
         lines = [
             'environment = "regions"', f'node_id = "{name}"', "threads = 1",
             f'listen = "127.0.0.1:{n["port"]}"', f'admin_listen = "127.0.0.1:{n["admin"]}"',
             f'upstreams = ["127.0.0.1:{backend}"]', f'redis_url = "redis://127.0.0.1:{redis_port}/"',
             'key_prefix = "pet:regions"', f'keys_file = "{n["keys"]}"',
             f'plans_dir = "{self.run}/plans"', f"store_timeout_ms = {timeout}",
-            'on_store_error = "local"', "grace_period_secs = 1", "shutdown_timeout_secs = 2",
+            "grace_period_secs = 1", "shutdown_timeout_secs = 2",
         ]
+        if global_port:
+            lines += [f'region = "{region}"', 'on_store_error = "closed"',
+                      f'global_store_url = "redis://127.0.0.1:{global_port}/"']
+        else:
+            lines.append('on_store_error = "local"')
         with open(n["config"], "w") as out:
             out.write("\n".join(lines) + "\n")
         return n
@@ -134,13 +157,38 @@ class Fleet:
         with open(config, "w") as out:
             out.write("\n".join(f'keys_file = "{keys}"' if line.startswith("keys_file") else line
                                 for line in text.splitlines()) + "\n")
-        tokens = {}
+        tokens, self.ids = {}, {}
         for name, plan in [("acme", "acme")] + [(f"small-{r}", "small") for r in REGIONS]:
             r = subprocess.run(
                 [os.path.join(self.bin_dir, "pet-gateway"), "keys", "issue", "--plan", plan,
                  "--name", name, "--config", config], capture_output=True, text=True, check=True)
             tokens[name] = r.stdout.strip().splitlines()[-1]
+            self.ids[name] = r.stdout.split()[1]
         return tokens
+
+    def global_calls(self):
+        """Per key name, the global store's calls its regions made (`leased` only), read from
+        the ledger itself (`ledger.rs`): each grant call counts itself in `n:<region>` of the
+        first instance it named, each give-back leaves its id on every instance it named."""
+        if not self.global_store:
+            return {}
+        cli = ["redis-cli", "-p", str(self.global_store)]
+        keys = subprocess.run(cli + ["--scan", "--pattern", "pet:regions:grants:*"],
+                              capture_output=True, text=True, check=True).stdout.split()
+        calls = {}
+        for key in keys:
+            quota = key.split("{", 1)[1].split("}", 1)[0]
+            fields = subprocess.run(cli + ["HKEYS", key], capture_output=True, text=True,
+                                    check=True).stdout.split()
+            entry = calls.setdefault(quota, [0, set()])
+            entry[1].update(f for f in fields if f.startswith("b:"))
+            for f in fields:
+                if f.startswith("n:"):
+                    entry[0] += int(subprocess.run(
+                        cli + ["HGET", key, f], capture_output=True, text=True,
+                        check=True).stdout.strip() or 0)
+        by_id = {v: k for k, v in self.ids.items()}
+        return {by_id.get(q, q): n + len(gives) for q, (n, gives) in calls.items()}
 
     def stop(self):
         for p in reversed(self.procs):
@@ -214,11 +262,15 @@ def percentile(values, p):
     return values[min(len(values) - 1, int(len(values) * p / 100))]
 
 
-def judge(records, setup):
+def judge(records, setup, calls=None):
     """Per region, the small keys' latency; per whole minute, acme's admissions over all regions
-    against its limit."""
+    against its limit; per key, the global store's calls per 1,000 admitted (`leased`)."""
     rows = [r for r in records if r["setup"] == setup]
-    out = {"setup": setup, "latency_ms": {}, "acme_minutes": []}
+    out = {"setup": setup, "latency_ms": {}, "acme_minutes": [], "global_calls": {}}
+    for key, n in sorted((calls or {}).items()):
+        admitted = sum(1 for r in rows if r["key"] == key and r["status"] == 200)
+        out["global_calls"][key] = {"calls": n, "admitted": admitted,
+                                    "per_1000": round(1000 * n / max(admitted, 1), 1)}
     for region in REGIONS:
         lat = [(r["recv"] - r["sent"]) * 1000 for r in rows
                if r["region"] == region and r["key"].startswith("small") and r["status"] == 200]
@@ -261,10 +313,11 @@ def main(argv):
             # From the next minute's start, so every minute judged is whole.
             time.sleep(60 - time.time() % 60 + 0.5)
             load(fl, a.minutes * 60, history)
+            calls = fl.global_calls()
         finally:
             fl.stop()
         with open(history) as f:
-            results.append(judge([json.loads(line) for line in f], setup))
+            results.append(judge([json.loads(line) for line in f], setup, calls))
         print(json.dumps(results[-1]), flush=True)
     fleet.dump_json(os.path.join(run, "results.json"), results)
     print(table(results, a.delay_ms))
@@ -273,15 +326,21 @@ def main(argv):
 
 def table(results, delay_ms):
     lines = [f"regions harness: 3 regions, 2 nodes each, {delay_ms:g} ms each way between them",
-             "| set-up | region | p50 ms | p99 ms | acme minutes | admitted / limit (max) | over (max) |",
+             "| set-up | region | p50 ms | p99 ms | acme minutes | admitted / limit (min, max) "
+             "| over (max) |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:
         minutes = r["acme_minutes"]
-        worst = max((m["admitted"] for m in minutes), default=0)
+        most = max((m["admitted"] for m in minutes), default=0)
+        least = min((m["admitted"] for m in minutes), default=0)
         over = max((m["over"] for m in minutes), default=0)
         for region, lat in sorted(r["latency_ms"].items()):
             lines.append(f"| {r['setup']} | {region} | {lat['p50']} | {lat['p99']} | "
-                         f"{len(minutes)} | {worst} / {ACME_PER_MINUTE} | {over} |")
+                         f"{len(minutes)} | {least}, {most} / {ACME_PER_MINUTE} | {over} |")
+    for r in results:
+        for key, c in r.get("global_calls", {}).items():
+            lines.append(f"global store calls, {r['setup']}, {key}: {c['calls']} for "
+                         f"{c['admitted']} admitted ({c['per_1000']} per 1,000)")
     return "\n".join(lines)
 
 

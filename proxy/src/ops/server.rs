@@ -352,15 +352,16 @@ fn stores(
                 proxy = proxy.regional();
             }
             let proxy = Arc::new(proxy);
-            (
-                proxy.clone(),
-                Arc::new(RedisStore::connecting(
-                    redis.clone(),
-                    &config.key_prefix,
-                    Duration::from_millis(500),
-                )?),
-                Some(proxy),
-            )
+            let mut admin = RedisStore::connecting(
+                redis.clone(),
+                &config.key_prefix,
+                Duration::from_millis(500),
+            )?;
+            if config.region.is_some() {
+                // Its `keys reset-usage` drops the units the region holds with the counts.
+                admin = admin.regional();
+            }
+            (proxy.clone(), Arc::new(admin), Some(proxy))
         }
         None => {
             let memory =

@@ -73,7 +73,7 @@ pub fn validate(
 ) -> Result<Option<Region>, ConfigError> {
     let region = l.get(&REGION)?;
     let global = l.get(&GLOBAL_STORE_URL)?;
-    let replicas = l.value(&GLOBAL_STORE_REPLICAS)?;
+    let replicas = l.required(&GLOBAL_STORE_REPLICAS)?;
     let (region, global) = match (region, global) {
         (None, None) => return Ok(None),
         (None, Some(global)) => {
@@ -96,6 +96,16 @@ pub fn validate(
                 .to_owned(),
         ));
     }
+    let cluster =
+        |u: &Sourced<String>| RedisAccess::from_url(&u.value).is_ok_and(|a| a.is_cluster());
+    if redis_url.is_some_and(cluster) {
+        return Err(region.error(
+            "a region's Redis cannot be a Redis Cluster (its client sends a call again after a \
+             lost connection, and units held must be added once): give `redis_url` one Redis or \
+             its Sentinels"
+                .to_owned(),
+        ));
+    }
     let on_error = l.required(&ON_STORE_ERROR)?;
     if on_error.value != OnStoreError::Closed {
         return Err(on_error.error(
@@ -107,10 +117,18 @@ pub fn validate(
     }
     let access = super::redis_access::validate(l, Some(&global))?
         .ok_or_else(|| global.error("is empty".to_owned()))?;
+    if access.is_sentinel() && replicas.value == 0 {
+        return Err(replicas.error(
+            "the global store is behind Sentinels, which may promote a replica that lacks the \
+             last grants: set it to the number of replicas Sentinel may promote, so that each \
+             grant is spent only once they have it"
+                .to_owned(),
+        ));
+    }
     Ok(Some(Region {
         name: region.value,
         global: access,
-        replicas,
+        replicas: replicas.value,
     }))
 }
 
@@ -164,6 +182,17 @@ mod tests {
                 WHOLE.replace("redis://10.0.0.9:6379", "redis+cluster://10.0.0.9:6379"),
                 "`global_store_url`",
                 "Cluster",
+            ),
+            (
+                WHOLE.replace("redis://127.0.0.1:6379", "redis+cluster://127.0.0.1:6379"),
+                "`region`",
+                "Cluster",
+            ),
+            (
+                WHOLE.replace("redis://10.0.0.9:6379", "redis+sentinel://10.0.0.9:26379/g")
+                    + "global_store_replicas = 0\n",
+                "`global_store_replicas`",
+                "Sentinel",
             ),
         ];
         for (text, setting, says) in cases {

@@ -12,7 +12,7 @@
 //!   time per quota on a node, and one a second per quota in a region (`claim_once`).
 //! - **Short.** A decision refused for too few units asks at once (the request waits one
 //!   cross-region call) and decides again. The global store granting nothing marks the instance
-//!   as having none left for a second: a refusal then is a full window's (`rate_limited`, with a
+//!   as having none left for two seconds: a refusal then is a full window's (`rate_limited`, with a
 //!   strike, as in one region). A global store that does not answer leaves the refusal as it is:
 //!   429 `region_unleased`.
 //! - **Back.** Units a region holds of a quota nobody in the region was admitted for a while
@@ -29,20 +29,32 @@ pub mod sweep;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
 use self::sizing::{Ask, Seen};
+use crate::base::clock::unix_now_ms;
 use crate::base::metrics::METRICS;
-use crate::keys::limits::Limits;
+use crate::keys::limits::{Limits, MAX_WINDOWS};
 use crate::quota::rules::{BanPolicy, Lease, Outcome, Verdict};
-use crate::quota::store::redis::ledger::Ledger;
+use crate::quota::store::redis::ledger::{Instance, Ledger};
 use crate::quota::store::redis::{Held, RedisStore};
 use crate::quota::store::{Ban, QuotaStore, StoreError, TopWindow, Usage};
 
 /// How long a region's Redis remembers that the global store had none left of an instance: a
-/// short refusal meanwhile is a full window's.
-const NONE_LEFT_SECS: u64 = 1;
+/// short refusal meanwhile is a full window's, and asks nothing. A key past its limit costs the
+/// global store a call every this long from each node, and units another region gives back
+/// are found within it.
+const NONE_LEFT_SECS: u64 = 2;
+
+/// How long requests short of units answer at once (`region_unleased`), without asking, after
+/// the global store did not answer one: a region cut off from it does not make every such
+/// request wait out a deadline.
+const AWAY_FOR: Duration = Duration::from_secs(1);
+
+/// The longest a request short of units waits for another one's ask on this node.
+const GLOBAL_WAIT: Duration = Duration::from_secs(1);
 
 /// A region's node's quota store.
 pub struct RegionalStore {
@@ -54,6 +66,14 @@ pub struct RegionalStore {
     seq: AtomicU64,
     /// Quotas with an ask of this node in flight.
     asking: Mutex<HashMap<Arc<str>, ()>>,
+    /// Per quota, the turn of this node's requests refused for too few units: one asks at a
+    /// time.
+    shorts: Mutex<HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>>,
+    /// Until when (Unix milliseconds) requests short of units do not ask: the global store did
+    /// not answer the last one.
+    away_until: AtomicU64,
+    /// Next instances (quota, length code, instance) this node looked at, with their end.
+    looked: Mutex<HashMap<NextInstance, u64>>,
     /// Quotas this node got units for, and when it last decided one of their requests: what
     /// the sweep gives back once idle.
     pub(crate) tracked: RwLock<HashMap<Arc<str>, Arc<sweep::Tracked>>>,
@@ -69,6 +89,9 @@ impl RegionalStore {
             node: format!("{:016x}", rand::random::<u64>()),
             seq: AtomicU64::new(0),
             asking: Mutex::default(),
+            shorts: Mutex::default(),
+            away_until: AtomicU64::new(0),
+            looked: Mutex::default(),
             tracked: RwLock::default(),
         })
     }
@@ -77,31 +100,44 @@ impl RegionalStore {
         format!("{}-{}", self.node, self.seq.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Asks the global store for `asks` and holds what it grants; `short`: a request waits.
+    /// Asks the global store for `asks` and holds what it grants, by the region's clock `now`
+    /// (`Verdict::now`). A call that timed out is sent again with the same id (`patient`: in
+    /// the background; a waiting request does not wait twice), and a grant its replicas did not
+    /// acknowledge in time is asked again with the same id (answered again, counted once, and
+    /// waited for again); one still not acknowledged stays counted and is never held.
     /// Instances granted nothing are marked as having none left (see the module's doc).
-    async fn ask(&self, quota: &Arc<str>, limits: Limits, asks: &[Ask]) -> Result<(), StoreError> {
+    async fn ask(
+        &self,
+        quota: &Arc<str>,
+        limits: Limits,
+        asks: &[Ask],
+        now: u64,
+        patient: bool,
+    ) -> Result<(), StoreError> {
         if asks.is_empty() {
             return Ok(());
         }
         let id = self.request_id();
-        let grant = match self.ledger.grant(quota, &self.region, &id, asks).await {
-            // Once more with the same id: a grant whose answer was lost is answered again,
-            // counted once.
-            Err(StoreError::Timeout(_) | StoreError::Unavailable(_)) => {
-                self.ledger.grant(quota, &self.region, &id, asks).await?
+        let region = &*self.region;
+        let mut grant = match self.ledger.grant(quota, region, &id, asks).await {
+            Err(StoreError::Timeout(_) | StoreError::Unavailable(_)) if patient => {
+                self.ledger.grant(quota, region, &id, asks).await?
             }
             other => other?,
         };
-        self.track(quota, limits);
         if !grant.durable {
-            METRICS
-                .region_grants
-                .with_label_values(&["not_durable"])
-                .inc();
+            grant = self.ledger.grant(quota, region, &id, asks).await?;
+        }
+        self.track(quota, limits);
+        let result = if grant.durable {
+            "granted"
+        } else {
+            "not_durable"
+        };
+        METRICS.region_grants.with_label_values(&[result]).inc();
+        if !grant.durable {
             return Ok(());
         }
-        METRICS.region_grants.with_label_values(&["granted"]).inc();
-        let now = crate::base::clock::unix_now();
         let held: Vec<Held> = asks
             .iter()
             .zip(&grant.units)
@@ -115,36 +151,148 @@ impl RegionalStore {
         self.store.hold(quota, &held).await.map(|_| ())
     }
 
+    /// A request refused for too few units: asks at once, one ask a quota at a time on this
+    /// node (the others wait for it, then decide again before asking themselves), none while
+    /// the global store was just found away ([`AWAY_FOR`]); then decides again.
+    async fn short(
+        &self,
+        key_id: &Arc<str>,
+        limits: Limits,
+        cost: u64,
+        ban: &BanPolicy,
+        first: (Verdict, [u64; MAX_WINDOWS]),
+    ) -> Result<(Verdict, [u64; MAX_WINDOWS]), StoreError> {
+        if unix_now_ms() < self.away_until.load(Ordering::Relaxed) {
+            return Ok(first);
+        }
+        let turn = Arc::clone(lock(&self.shorts).entry(Arc::clone(key_id)).or_default());
+        let result = self
+            .short_turn(&turn, key_id, limits, cost, ban, first)
+            .await;
+        let mut shorts = lock(&self.shorts);
+        // The map's own and this one's: nobody else waits, so the entry goes.
+        if Arc::strong_count(&turn) <= 2 {
+            shorts.remove(key_id);
+        }
+        result
+    }
+
+    async fn short_turn(
+        &self,
+        turn: &tokio::sync::Mutex<()>,
+        key_id: &Arc<str>,
+        limits: Limits,
+        cost: u64,
+        ban: &BanPolicy,
+        first: (Verdict, [u64; MAX_WINDOWS]),
+    ) -> Result<(Verdict, [u64; MAX_WINDOWS]), StoreError> {
+        let mut seen = first;
+        let _turn = match turn.try_lock() {
+            Ok(guard) => guard,
+            Err(_) => {
+                let Ok(guard) = tokio::time::timeout(GLOBAL_WAIT, turn.lock()).await else {
+                    return Ok(seen);
+                };
+                // Another request's ask ran meanwhile: what it got may be enough.
+                seen = self.store.decide(key_id, limits, cost, ban).await?;
+                if seen.0.outcome != Outcome::Unleased {
+                    return Ok(seen);
+                }
+                guard
+            }
+        };
+        let asks = sizing::asks(&limits, &seen_of(&seen.0, seen.1), cost, true, |_| false);
+        if let Err(e) = self.ask(key_id, limits, &asks, seen.0.now, false).await {
+            METRICS.region_grants.with_label_values(&["failed"]).inc();
+            let away = unix_now_ms() + AWAY_FOR.as_millis() as u64;
+            self.away_until.store(away, Ordering::Relaxed);
+            tracing::debug!(error = %e, "a region short of units could not reach the global store");
+            return Ok(seen);
+        }
+        self.store.decide(key_id, limits, cost, ban).await
+    }
+
     /// Asks ahead of use, in the background, when the decision `seen` says the region will
-    /// run short soon: one ask a quota at a time on this node, one a second in the region.
+    /// run short soon: one ask a quota at a time on this node, a top-up of the current
+    /// instances once a second in the region, each next instance once in the region
+    /// (`claim_once`; this node looks at each next instance once).
     fn ahead(self: &Arc<Self>, quota: &Arc<str>, limits: Limits, seen: &Seen, cost: u64) {
-        let asks = sizing::asks(&limits, seen, cost, false);
+        if lock(&self.asking).contains_key(quota) {
+            return;
+        }
+        let asks = sizing::asks(&limits, seen, cost, false, |at| self.first_look(quota, at));
         if asks.is_empty() {
             return;
         }
-        {
-            let mut asking = self.asking.lock().unwrap_or_else(|p| p.into_inner());
-            if asking.insert(Arc::clone(quota), ()).is_some() {
-                return;
-            }
+        if lock(&self.asking).insert(Arc::clone(quota), ()).is_some() {
+            // Another decision's ask started meanwhile: the next instances are its to ask.
+            self.unlook(quota, &asks);
+            return;
         }
         let (me, quota, now) = (Arc::clone(self), Arc::clone(quota), seen.now);
         tokio::spawn(async move {
-            let claim = format!("lease:{}:{quota}", me.region);
-            if let Ok(true) = me.store.claim_once(&claim, &me.node, now + 1).await {
-                if let Err(e) = me.ask(&quota, limits, &asks).await {
-                    tracing::warn!(error = %e, "could not ask the global store ahead of use");
+            let mut claimed = Vec::with_capacity(asks.len());
+            for ask in asks {
+                let at = ask.0;
+                let (name, until) = if is_current(&at, now) {
+                    (format!("lease:{}:{quota}", me.region), now + 1)
+                } else {
+                    let (code, index) = (at.every.code(), at.index);
+                    (format!("next:{}:{quota}:{code}:{index}", me.region), at.end)
+                };
+                if let Ok(true) = me.store.claim_once(&name, &me.node, until).await {
+                    claimed.push(ask);
                 }
             }
-            me.asking
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&quota);
+            if let Err(e) = me.ask(&quota, limits, &claimed, now, true).await {
+                tracing::warn!(error = %e, "could not ask the global store ahead of use");
+                // Looked at again by the next decision.
+                me.unlook(&quota, &claimed);
+            }
+            lock(&me.asking).remove(&quota);
         });
+    }
+
+    /// Forgets that this node looked at the next instances of `asks`.
+    fn unlook(&self, quota: &Arc<str>, asks: &[Ask]) {
+        let mut looked = lock(&self.looked);
+        for (at, _, _) in asks {
+            looked.remove(&(Arc::clone(quota), at.every.code(), at.index));
+        }
+    }
+
+    /// Whether this node looks at `quota`'s next instance `at` for the first time.
+    fn first_look(&self, quota: &Arc<str>, at: &Instance) -> bool {
+        let mut looked = lock(&self.looked);
+        if looked.len() >= 4_096 {
+            let now = crate::base::clock::unix_now();
+            looked.retain(|_, end| *end > now);
+            if looked.len() >= 2_048 {
+                // Many keys end an instance at once (every minute's end): forgetting costs at
+                // most a next instance asked again, which its region's claim refuses.
+                looked.clear();
+            }
+        }
+        looked
+            .insert((Arc::clone(quota), at.every.code(), at.index), at.end)
+            .is_none()
     }
 }
 
-fn seen_of(verdict: &Verdict, held: [u64; crate::keys::limits::MAX_WINDOWS]) -> Seen {
+/// A quota's next instance: its id, the window's length code, which instance.
+type NextInstance = (Arc<str>, u32, u64);
+
+/// A lock whose holder panicked leaves plain maps behind, still usable.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether `at` is the instance holding `now` (not one asked ahead of its start).
+fn is_current(at: &Instance, now: u64) -> bool {
+    at.index == at.every.index(now)
+}
+
+fn seen_of(verdict: &Verdict, held: [u64; MAX_WINDOWS]) -> Seen {
     Seen {
         now: verdict.now,
         counts: verdict.counts,
@@ -165,24 +313,14 @@ impl QuotaStore for RegionalStoreHandle {
     ) -> Result<Verdict, StoreError> {
         let me = &self.0;
         me.touch(key_id);
-        let (verdict, held) = me.store.decide(key_id, limits, cost, ban).await?;
-        if verdict.outcome != Outcome::Unleased {
-            if verdict.outcome == Outcome::Admitted {
-                me.ahead(key_id, limits, &seen_of(&verdict, held), cost);
-            }
-            return Ok(verdict);
+        let mut seen = me.store.decide(key_id, limits, cost, ban).await?;
+        if seen.0.outcome == Outcome::Unleased {
+            seen = me.short(key_id, limits, cost, ban, seen).await?;
         }
-        let asks = sizing::asks(&limits, &seen_of(&verdict, held), cost, true);
-        if let Err(e) = me.ask(key_id, limits, &asks).await {
-            METRICS.region_grants.with_label_values(&["failed"]).inc();
-            tracing::debug!(error = %e, "a region short of units could not reach the global store");
-            return Ok(verdict);
+        if seen.0.outcome == Outcome::Admitted {
+            me.ahead(key_id, limits, &seen_of(&seen.0, seen.1), cost);
         }
-        let (verdict, held) = me.store.decide(key_id, limits, cost, ban).await?;
-        if verdict.outcome == Outcome::Admitted {
-            me.ahead(key_id, limits, &seen_of(&verdict, held), cost);
-        }
-        Ok(verdict)
+        Ok(seen.0)
     }
 
     fn release(&self, quota_id: &Arc<str>, lease: Lease) {

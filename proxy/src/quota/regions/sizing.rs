@@ -33,39 +33,68 @@ pub struct Seen {
     pub held: [u64; MAX_WINDOWS],
 }
 
-/// The asks a region makes after a decision that saw `seen`, for requests costing `cost`:
-/// with `short` (a request is waiting, refused for too few units), each enforced window whose
-/// spare units do not cover `cost` is asked at once; otherwise only windows whose spare units
-/// would run out within [`LOW_SECS`], and the next instances near an instance's end. Shadow
-/// windows never refuse and are never asked.
-pub fn asks(limits: &Limits, seen: &Seen, cost: u64, short: bool) -> Vec<Ask> {
+/// The asks a region makes after a decision that saw `seen`, for requests costing `cost`.
+///
+/// Something must be due first: with `short` (a request is waiting, refused for too few units),
+/// an enforced window whose spare units do not cover `cost`; otherwise a window whose spare units
+/// would run out within [`LOW_SECS`], or a next instance within [`LOOKAHEAD`] of its start that
+/// `wanted` accepts (the caller's way to ask each next instance once). Then every current
+/// instance with less than three quarters of a [`HORIZON`] spare is topped up in the same call,
+/// so that a key's windows are asked together, about once a horizon, not each on its own.
+/// Shadow windows never refuse and are never asked.
+pub fn asks(
+    limits: &Limits,
+    seen: &Seen,
+    cost: u64,
+    short: bool,
+    mut wanted: impl FnMut(&Instance) -> bool,
+) -> Vec<Ask> {
+    let now = seen.now;
+    let rate = rate(limits, seen, cost);
+    let mut due = false;
     let mut out = Vec::new();
+    let mut tops = Vec::new();
     for (i, w) in limits.windows().iter().enumerate() {
         if w.shadow {
             continue;
         }
-        let now = seen.now;
         let at = Instance::at(w.every, now);
-        let start = w.every.start_of(at.index);
-        let ran = now.saturating_sub(start) + 1;
-        let count = seen.counts[i];
-        let spare = seen.held[i].saturating_sub(count);
-        // Units a second, at least the cost a second: a first request asks for itself.
-        let rate = (count as f64 / ran as f64).max(cost as f64 / ran as f64);
+        let spare = seen.held[i].saturating_sub(seen.counts[i]);
         let left = at.end.saturating_sub(now).max(1);
         let want = |secs: u64| (rate * secs as f64 * 1.25).ceil() as u64 + cost;
         let low = (rate * LOW_SECS as f64).ceil() as u64 + cost;
-        if (short && spare < cost) || (!short && spare < low) {
-            let need = want(left.min(HORIZON)).max(cost.saturating_sub(spare));
-            out.push((at, w.limit(), need));
+        due |= if short { spare < cost } else { spare < low };
+        let full = want(left.min(HORIZON));
+        if spare.saturating_mul(4) < full.saturating_mul(3) || spare < cost {
+            tops.push((at, w.limit(), full.saturating_sub(spare).max(cost)));
         }
         if !short && left <= LOOKAHEAD {
             let next = Instance::at(w.every, at.end);
-            let length = next.end - at.end;
-            out.push((next, w.limit(), want(length.min(HORIZON))));
+            if wanted(&next) {
+                due = true;
+                out.push((next, w.limit(), want((next.end - at.end).min(HORIZON))));
+            }
         }
     }
-    out
+    if !due {
+        return Vec::new();
+    }
+    tops.extend(out);
+    tops
+}
+
+/// The region's recent rate, units a second: the highest of its windows' counts over the
+/// seconds their instance has run. The shortest window says most of the last moments (a day's
+/// count over its hours says little of a key that started sending a minute ago); at least the
+/// cost a second, so a first request asks for itself.
+fn rate(limits: &Limits, seen: &Seen, cost: u64) -> f64 {
+    let mut rate = 0f64;
+    for (i, w) in limits.windows().iter().enumerate() {
+        let start = w.every.start_of(w.every.index(seen.now));
+        let ran = seen.now.saturating_sub(start) + 1;
+        rate = rate.max(seen.counts[i].max(cost) as f64 / ran as f64);
+    }
+    rate
 }
 
 #[cfg(test)]
@@ -96,7 +125,13 @@ mod tests {
     fn a_first_request_asks_for_itself_and_what_its_rate_would_spend() {
         // 12:00:00 of some day, nothing counted or held: short by the cost.
         let now = 1_800_000_000 - 1_800_000_000 % 86_400;
-        let asks = asks(&minute_and_day(), &seen(now, [0, 0], [0, 0]), 1, true);
+        let asks = asks(
+            &minute_and_day(),
+            &seen(now, [0, 0], [0, 0]),
+            1,
+            true,
+            |_| true,
+        );
         assert_eq!(asks.len(), 2);
         assert!(asks.iter().all(|&(_, _, want)| want >= 1));
         assert_eq!(asks[0].1, 60);
@@ -108,13 +143,17 @@ mod tests {
         let start = 1_800_000_000 - 1_800_000_000 % 86_400;
         // 30 s into the minute, 30 counted (1 a second), 60 held: 30 spare, above 15 s of rate.
         let s = seen(start + 29, [30, 30], [60, 200]);
-        assert!(asks(&minute_and_day(), &s, 1, false).is_empty());
-        // 5 s before the minute's end: the next minute is asked, about a minute at the rate.
-        let s = seen(start + 55, [56, 56], [75, 200]);
-        let a = asks(&minute_and_day(), &s, 1, false);
-        assert_eq!(a.len(), 1);
-        assert_eq!(a[0].0.index, Every::MINUTE.index(start + 60));
-        assert!((70..=80).contains(&a[0].2), "{a:?}");
+        assert!(asks(&minute_and_day(), &s, 1, false, |_| true).is_empty());
+        // 5 s before the minute's end: the next minute is asked, about a minute at the rate,
+        // and the day (less than 45 s spare) topped up in the same call.
+        let s = seen(start + 55, [56, 56], [75, 90]);
+        let a = asks(&minute_and_day(), &s, 1, false, |_| true);
+        assert_eq!(a.len(), 2, "{a:?}");
+        assert_eq!(a[0].0.every, Every::DAY);
+        assert_eq!(a[1].0.index, Every::MINUTE.index(start + 60));
+        assert!((70..=80).contains(&a[1].2), "{a:?}");
+        // A next instance asked already (the caller says so): nothing is due.
+        assert!(asks(&minute_and_day(), &s, 1, false, |_| false).is_empty());
     }
 
     #[test]
@@ -125,6 +164,13 @@ mod tests {
             shadow: true,
         }])
         .unwrap();
-        assert!(asks(&limits, &seen(1_800_000_000, [9, 0], [0, 0]), 1, true).is_empty());
+        assert!(asks(
+            &limits,
+            &seen(1_800_000_000, [9, 0], [0, 0]),
+            1,
+            true,
+            |_| true
+        )
+        .is_empty());
     }
 }

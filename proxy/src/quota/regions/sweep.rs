@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::RegionalStore;
 use crate::base::clock::unix_now;
 use crate::base::metrics::METRICS;
-use crate::keys::limits::Limits;
+use crate::keys::limits::{Every, Limits};
 use crate::quota::store::redis::ledger::Instance;
 use crate::quota::store::StoreError;
 
@@ -43,6 +43,11 @@ impl RegionalStore {
         }
     }
 
+    /// How many quotas this node tracks for give-backs.
+    pub fn tracking(&self) -> usize {
+        self.tracked.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     /// Tracks `quota`, which this node just got units for, under `limits`.
     pub(super) fn track(&self, quota: &Arc<str>, limits: Limits) {
         let now = unix_now();
@@ -58,56 +63,71 @@ impl RegionalStore {
         t.last.store(now, Ordering::Relaxed);
     }
 
-    /// One pass: gives back what idle quotas hold; forgets those quiet for long.
+    /// One pass: gives back what quiet quotas hold. A quota whose region was quiet too is no
+    /// longer tracked once its units went back (a new grant tracks it again); one still
+    /// admitted by another node of the region is looked at again [`IDLE_SECS`] later, and
+    /// forgotten after [`FORGET_SECS`] of quiet on this node.
     pub async fn sweep(&self) {
         let now = unix_now();
-        let idle: Vec<(Arc<str>, Arc<Tracked>)> = {
-            let mut tracked = self.tracked.write().unwrap_or_else(|p| p.into_inner());
-            tracked.retain(|_, t| now.saturating_sub(t.last.load(Ordering::Relaxed)) < FORGET_SECS);
-            tracked
+        let (idle, forgotten): (Vec<_>, Vec<_>) = {
+            let tracked = self.tracked.read().unwrap_or_else(|p| p.into_inner());
+            let quiet = |t: &Tracked, secs| {
+                now.saturating_sub(t.last.load(Ordering::Relaxed)) >= secs
+                    && now.saturating_sub(t.looked.load(Ordering::Relaxed)) >= IDLE_SECS
+            };
+            let idle = tracked
                 .iter()
-                .filter(|(_, t)| {
-                    now.saturating_sub(t.last.load(Ordering::Relaxed)) >= IDLE_SECS
-                        && now.saturating_sub(t.looked.load(Ordering::Relaxed)) >= IDLE_SECS
-                })
-                .map(|(q, t)| (Arc::clone(q), Arc::clone(t)))
-                .collect()
+                .filter(|(_, t)| quiet(t, IDLE_SECS))
+                .map(|(q, t)| (Arc::clone(q), Arc::clone(t)));
+            idle.partition(|(_, t)| !quiet(t, FORGET_SECS))
         };
+        let mut done: Vec<Arc<str>> = forgotten.into_iter().map(|(q, _)| q).collect();
         for (quota, t) in idle {
             t.looked.store(now, Ordering::Relaxed);
             let limits = *t.limits.lock().unwrap_or_else(|p| p.into_inner());
-            if let Err(e) = self.give_back(&quota, &limits, now).await {
-                tracing::warn!(error = %e, "could not give a region's unspent units back");
+            match self.give_back(&quota, &limits).await {
+                Ok(true) => done.push(quota),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not give a region's unspent units back")
+                }
+            }
+        }
+        if !done.is_empty() {
+            let mut tracked = self.tracked.write().unwrap_or_else(|p| p.into_inner());
+            for quota in done {
+                // Unless a grant tracked it again meanwhile.
+                if tracked.get(&quota).is_some_and(|t| {
+                    now.saturating_sub(t.last.load(Ordering::Relaxed)) >= IDLE_SECS
+                }) {
+                    tracked.remove(&quota);
+                }
             }
         }
     }
 
     /// Takes back what the region holds of `quota`'s current and next instances and gives it
-    /// to the global store.
-    async fn give_back(
-        &self,
-        quota: &Arc<str>,
-        limits: &Limits,
-        now: u64,
-    ) -> Result<(), StoreError> {
-        let mut instances = Vec::new();
-        for w in limits.windows().iter().filter(|w| !w.shadow) {
-            let at = Instance::at(w.every, now);
-            instances.push(at);
-            instances.push(Instance::at(w.every, at.end));
-        }
-        let codes: Vec<(u32, u64)> = instances
+    /// to the global store; whether the region was quiet (false: another node still admits it).
+    async fn give_back(&self, quota: &Arc<str>, limits: &Limits) -> Result<bool, StoreError> {
+        let codes: Vec<u32> = limits
+            .windows()
             .iter()
-            .map(|at| (at.every.code(), at.index))
+            .filter(|w| !w.shadow)
+            .map(|w| w.every.code())
             .collect();
-        let taken = self.store.give(quota, IDLE_SECS, &codes).await?;
-        let back: Vec<(Instance, u64)> = instances
+        let Some(taken) = self.store.give(quota, IDLE_SECS, &codes).await? else {
+            return Ok(false);
+        };
+        let back: Vec<(Instance, u64)> = taken
             .into_iter()
-            .zip(taken)
-            .filter(|&(_, units)| units > 0)
+            .map(|(code, index, units)| {
+                let every = Every::from_code(code);
+                let end = every.start_of(index + 1);
+                (Instance { every, index, end }, units)
+            })
             .collect();
         if back.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
         let id = self.request_id();
         let given = match self.ledger.give_back(quota, &self.region, &id, &back).await {
@@ -116,14 +136,12 @@ impl RegionalStore {
             }
             other => other,
         };
-        METRICS
-            .region_grants
-            .with_label_values(&[if given.is_ok() {
-                "given_back"
-            } else {
-                "give_back_lost"
-            }])
-            .inc();
-        given.map(|_| ())
+        let result = if given.is_ok() {
+            "given_back"
+        } else {
+            "give_back_lost"
+        };
+        METRICS.region_grants.with_label_values(&[result]).inc();
+        given.map(|_| true)
     }
 }

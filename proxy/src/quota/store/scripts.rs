@@ -327,21 +327,23 @@ end
 
 /// A region's units held (issue 48; `quota::regions`): what the global store granted this
 /// region of each window instance of a quota, in `<prefix>:held:{<quota id>}` (the state's hash
-/// tag): the run id of the Redis server that wrote it (`INFO server`, 40 characters), then per
+/// tag): the identity of the Redis server that wrote it (its run id and replication id, `INFO`:
+/// 80 characters), then per
 /// instance four little-endian unsigned 32-bit integers, `(e, w, held, final_until)`: the
 /// window's length code, its instance, the units held, and until when (Unix seconds) the global
 /// store was found to have none left to grant (a refusal then counts a strike, as a full window's
 /// does). A region admits only while every enforced window's count stays within what it holds.
 ///
-/// Written under another server's run id, the units are forfeited: a Redis restarted (from an AOF
-/// that may lack its last writes) or a replica promoted (that may lack the primary's last
-/// writes) could have lost counts of units already spent, and spending its held units again
-/// would pass the limit. A forfeited or missing instance holds what it has counted, so nothing
+/// Written under another identity, the units are forfeited: a Redis restarted (a new run id; its
+/// AOF may lack its last writes) or a replica promoted (a new replication id; it may lack the
+/// primary's last writes, and a primary demoted then promoted again keeps its run id but not its
+/// replication id) could have lost counts of units already spent, and spending its held units
+/// again would pass the limit. A forfeited or missing instance holds what it has counted, so nothing
 /// more can be spent until the global store grants more (`HOLD`).
 ///
-/// `boot_id()` is the server's run id, read once a server's life when `ACQUIRE` runs as a
-/// function (the library's locals live as long as the server's copy of the library), on every
-/// call when it runs as a script. `load_held(key)` reads the record of the state `key` as a table
+/// `boot_id()` is that identity: the run id read once a server's life when `ACQUIRE` runs as a
+/// function (the library's locals live as long as the server's copy of the library), the
+/// replication id once a run (`read_boot()`). `load_held(key)` reads the record of the state `key` as a table
 /// (`e`, `w`, `n`, `f`: the four fields by position; `forfeit`: written under another run id);
 /// `held_index(r, e, w)` finds an instance; `save_held(r, now)` writes the record back without
 /// the instances ended by `now`, expiring with the last; `short_of(s, set, cost, now, r)` says whether a
@@ -350,11 +352,16 @@ end
 macro_rules! regional_lua {
     () => {
         r#"
-local boot = nil
-local function boot_id()
-  if boot == nil then
-    boot = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+local run_id, boot = nil, nil
+local function read_boot()
+  if run_id == nil then
+    run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
   end
+  local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') or ''
+  boot = run_id .. replid
+end
+local function boot_id()
+  if boot == nil then read_boot() end
   return boot
 end
 local function load_held(key)
@@ -362,12 +369,13 @@ local function load_held(key)
     f = {}, forfeit = false}
   local v = get_string(r.key)
   if not v then return r end
-  local n = (#v - 40) / 16
-  if n < 0 or n ~= math.floor(n) or n > 64 or string.sub(v, 1, 40) ~= boot_id() then
+  local b = boot_id()
+  local n = (#v - #b) / 16
+  if n < 0 or n ~= math.floor(n) or n > 64 or string.sub(v, 1, #b) ~= b then
     r.forfeit = true
     return r
   end
-  local f = {struct.unpack('<' .. string.rep('IIII', n), v, 41)}
+  local f = {struct.unpack('<' .. string.rep('IIII', n), v, #b + 1)}
   for j = 1, n do
     r.e[j], r.w[j], r.n[j], r.f[j] = f[4 * j - 3], f[4 * j - 2], f[4 * j - 1], f[4 * j]
   end
@@ -520,6 +528,9 @@ local strikes, decay, lengths = head[1], head[2], head[3]
 local lease_secs = head[4 + lengths]
 -- A region's decisions (issue 48): each quota's units held (`load_held`), read once a run.
 local regional, helds = h.regional, nil
+-- The server's identity is read again each run of a region's decisions: a promotion changes it
+-- without reloading the library.
+if regional then read_boot() end
 -- The leases of the quotas this batch touches, each read once: `of(key)` (see `leases_lua`).
 -- Made when a run first needs them, as are `WS` and `JS` below: most runs need neither.
 local held, held_order = nil, nil
@@ -882,15 +893,16 @@ return out
 "#
 );
 
-/// Zeroes a quota's counts in every window; windows, strikes and bans stay. A region's units
-/// held go too (they were held against the counts: kept, the zeroed counts would be spent
-/// again past what the global store granted).
+/// Zeroes a quota's counts in every window; windows, strikes and bans stay. In a region, the
+/// units it holds go too (they were held against the counts: kept, the zeroed counts would be
+/// spent again past what the global store granted).
 ///
 /// - `KEYS[1]`: the quota's state.
+/// - `ARGV[1]`: 1 in a region, 0 otherwise.
 pub const RESET_USAGE: &str = concat!(
     state_lua!(),
     r#"
-redis.call('DEL', (string.gsub(KEYS[1], ':windows:{', ':held:{', 1)))
+if ARGV[1] == '1' then redis.call('DEL', (string.gsub(KEYS[1], ':windows:{', ':held:{', 1))) end
 local s = load(KEYS[1])
 if s[FROM] ~= 0 then
   for j = 1, s[N] do s[13 + 3 * j] = 0 end
@@ -937,40 +949,47 @@ return out
 "#
 );
 
-/// Takes back what a region holds and has not spent of some instances, once no request of the
-/// quota was admitted in the region for a while (its traffic moved or stopped), to be given back
-/// to the global store: from then on the region holds only what it counted there.
+/// Takes back what a region holds and has not spent of a quota's current and next instances,
+/// once no request of the quota was admitted in the region for a while (its traffic moved or
+/// stopped), to be given back to the global store: from then on the region holds only what it
+/// counted there. The instances are the region's Redis clock's, so a node's clock cannot name
+/// one that has ended (whose spent units a slot moved on no longer shows).
 ///
 /// - `KEYS[1]`: the quota's state.
 /// - `ARGV[1]`: how long (seconds) the quota must have had no admission in this region;
-///   `ARGV[2]`: packed little-endian signed 64-bit integers, two per instance: the window's
-///   length code and its instance.
+///   `ARGV[2]`: packed little-endian signed 64-bit integers, the windows' length codes.
 ///
-/// Returns the units taken back of each instance (0 while the quota is still admitted, or for
-/// units forfeited).
+/// Returns 1 when the quota was idle that long (0: it is still admitted here), then three
+/// numbers per instance given back: its length code, which instance, the units taken.
 pub const GIVE: &str = concat!(
     state_lua!(),
     regional_lua!(),
     r#"
 local now = tonumber(redis.call('TIME')[1])
 local s = load(KEYS[1])
+if now - s[LA] < tonumber(ARGV[1]) then return {0} end
 local r = load_held(KEYS[1])
-local E, out = ARGV[2], {}
-local idle = now - s[LA] >= tonumber(ARGV[1])
-for i = 1, #E / 16 do
-  local e, w = struct.unpack('<i8i8', E, 16 * (i - 1) + 1)
-  local j = held_index(r, e, w)
-  out[i] = 0
-  if idle and j then
-    local sw, c = current(s, e, w)
-    if sw ~= w then c = 0 end
-    if r.n[j] > c then
-      out[i] = r.n[j] - c
-      r.n[j] = c
+local E, out, changed = ARGV[2], {1}, false
+for i = 1, #E / 8 do
+  local e = struct.unpack('<i8', E, 8 * (i - 1) + 1)
+  local cur = index_of(e, now)
+  for w = cur, cur + 1 do
+    local j, k = held_index(r, e, w), slot_of(s, e)
+    -- Only where the state's slot counts `w`, or an earlier instance (nothing counted in `w`
+    -- yet): a slot counting a later one (the clock stepped back) or none (never counted, or
+    -- given to another length) cannot say what `w` spent.
+    if j and k and s[12 + 3 * k] <= w then
+      local c = 0
+      if s[12 + 3 * k] == w then c = s[13 + 3 * k] end
+      if r.n[j] > c then
+        out[#out + 1], out[#out + 2], out[#out + 3] = e, w, r.n[j] - c
+        r.n[j] = c
+        changed = true
+      end
     end
   end
 end
-save_held(r, now)
+if changed then save_held(r, now) end
 return out
 "#
 );

@@ -37,22 +37,33 @@ impl RedisStore {
         self.checked(self.link.run::<Vec<u64>>(&invocation).await?, grants.len())
     }
 
-    /// Takes back what the region holds and has not spent of `quota_id`'s `instances` (length
-    /// code, instance), when none of its requests was admitted in the region for `idle_secs`;
-    /// the units taken of each, to give back to the global store.
+    /// Takes back what the region holds and has not spent of `quota_id`'s current and next
+    /// instances of each window length (`codes`), by the region's Redis clock, when none of its
+    /// requests was admitted in the region for `idle_secs`: `None` while one was, else each
+    /// instance's units taken (length code, instance, units), to give back to the global store.
     pub async fn give(
         &self,
         quota_id: &str,
         idle_secs: u64,
-        instances: &[(u32, u64)],
-    ) -> Result<Vec<u64>, StoreError> {
-        let args = packed(instances.iter().flat_map(|&(c, i)| [u64::from(c), i]));
+        codes: &[u32],
+    ) -> Result<Option<Vec<(u32, u64, u64)>>, StoreError> {
+        let args = packed(codes.iter().map(|&c| u64::from(c)));
         let mut invocation = self.give.key(self.redis_key(quota_id));
         invocation.arg(idle_secs).arg(args);
-        self.checked(
-            self.link.run::<Vec<u64>>(&invocation).await?,
-            instances.len(),
-        )
+        let reply: Vec<u64> = self.link.run(&invocation).await?;
+        let bad = || StoreError::Protocol(format!("a give-back answered {reply:?}"));
+        let (&idle, rest) = reply.split_first().ok_or_else(bad)?;
+        if rest.len() % 3 != 0 {
+            return Err(bad());
+        }
+        if idle == 0 {
+            return Ok(None);
+        }
+        let taken = rest
+            .chunks(3)
+            .map(|t| (u32::try_from(t[0]).unwrap_or(u32::MAX), t[1], t[2]))
+            .collect();
+        Ok(Some(taken))
     }
 
     fn checked(&self, units: Vec<u64>, asked: usize) -> Result<Vec<u64>, StoreError> {

@@ -3,9 +3,7 @@
 //! has granted to each region, and never more in all than the limit in force. A region admits
 //! a request only out of units it was granted, so the regions together never pass a limit
 //! whatever the traffic does; this file is the global half, the region's own count of what it
-//! holds and spends is the regional store's. Not used by the gateway yet: the regional half
-//! (units held in a region's Redis, admission from them, grants asked ahead of use) comes next,
-//! and until then no setting names a region.
+//! holds and spends is the regional store's (`quota::regions`).
 //!
 //! What the ledger promises, and how:
 //!
@@ -16,26 +14,32 @@
 //!   what was admitted.
 //! - **Nothing granted twice, nothing lost as unspent.** A grant whose answer is lost (a
 //!   timeout, a connection cut) stays counted: the region asks again with the same request id
-//!   and gets the same answer, counted once; a region that never asks again leaves the units
-//!   counted and unspent (under-admission, never over).
+//!   and, while no other grant of that region came between, gets the same answer, counted once;
+//!   otherwise (another node of the region asked meanwhile), or when it never asks again, the
+//!   lost units stay counted and unspent (under-admission, never over). Only a region's last
+//!   grant is remembered, so an instance's hash keeps a few fields whatever its traffic.
 //! - **Across a failover or restart of the global store.** A grant is used only once the
 //!   replicas have acknowledged it (`WAIT`, sent after the script on the same connection, which
 //!   the script's write precedes); one not acknowledged in time counts as granted and is never
 //!   spent. `replicas` must count every replica Sentinel may promote. A restart of the primary
 //!   must not forget an acknowledged grant either: the global store needs `appendfsync always`
-//!   (the shipped `redis.conf` says `everysec`: the regions' own config is still to come).
-//!   `WAIT` holds the connection it is sent on, so the calls behind it on a shared connection
-//!   wait too: the regional half is to give it a connection of its own.
+//!   (the book's "Regions"). `WAIT` holds the connection it is sent on: the ledger's connection
+//!   is its own, apart from the region's store.
 //! - **Units given back.** A region whose traffic for a key stopped gives back what it holds and
 //!   did not spend (having first taken it out of its own count, so it can no longer spend it):
-//!   the ledger lowers its grant and the total by at most what it granted that region. A give-back
-//!   is idempotent by its request id too.
+//!   the ledger lowers its grant and the total by at most what it granted that region. A
+//!   give-back is idempotent by its request id, however many came between: applied twice, it
+//!   would let the ledger grant units a region may still spend.
 //!
 //! Keys: `<prefix>:grants:{<quota id>}:<window code>:<instance>`, a hash with the field `t` (the
-//! total granted), `g:<region>` (granted to the region), `r:<region>:<id>` (what grant request
-//! `id` was given) and `b:<region>:<id>` (what give-back `id` took), expiring
-//! [`KEEP_AFTER_END`] after the instance ends. A request's record lives as long as its
-//! instance, so a retry is recognised however many requests came between.
+//! total granted), `g:<region>` (granted to the region), `r:<region>` (the region's last grant:
+//! its request id and units), `n:<region>` (the grant calls the region made that named this instance first: summed
+//! over a quota's hashes, its calls, for the harness's figures) and `b:<region>:<id>` (what give-back `id` took; give-backs come once a key leaves
+//! a region), expiring [`KEEP_AFTER_END`] after the instance ends. Every node of every region
+//! must use the same `key_prefix` (the environment's default): the ledger's keys are under it.
+//!
+//! The scripts run by `EVALSHA` (loaded on a server that lacks them), as the quota scripts do,
+//! so the `gateway` ACL user needs no `EVAL`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,6 +89,8 @@ pub struct Grant {
 /// The ledger, on the global store.
 pub struct Ledger {
     link: Link,
+    grant: redis::Script,
+    give_back: redis::Script,
     prefix: Arc<str>,
     /// Replicas that must acknowledge a grant before it is spent (0: a global store without
     /// replicas, whose grants are durable once its AOF has them).
@@ -94,26 +100,26 @@ pub struct Ledger {
 /// Grants units of each instance to a region.
 ///
 /// - `KEYS[i]`: the instances' hashes, each of the quota's hash tag.
-/// - `ARGV[1]`: the region; `ARGV[2]`: the request id (a retry sends the same one);
+/// - `ARGV[1]`: the region; `ARGV[2]`: the request id (a retry sends the same one; no spaces);
 ///   then per instance `i`: `ARGV[3i]` its limit in force, `ARGV[3i+1]` the units wanted,
 ///   `ARGV[3i+2]` when its hash expires (Unix seconds).
-/// - Returns the units granted per instance. A request id seen before (for this region, on this
-///   instance) returns what it was granted then and grants nothing again; its record is written
-///   again, so a `WAIT` after the retry, on whatever connection, covers the first write too. An
+/// - Returns the units granted per instance. The region's last request id, sent again, returns
+///   what it was granted then and grants nothing again; its record is written again, so a
+///   `WAIT` after the retry, on whatever connection, covers the first write too. An
 ///   instance whose hash would already have expired by the global store's clock (a region's
 ///   clock far ahead or behind) is granted nothing: its grants would be forgotten at once.
 const GRANT: &str = r#"
 local region, id = ARGV[1], ARGV[2]
-local g, r = 'g:' .. region, 'r:' .. region .. ':' .. id
+local g, r, n, mine = 'g:' .. region, 'r:' .. region, 'n:' .. region, ARGV[2] .. ' '
 local now = tonumber(redis.call('TIME')[1])
 local out = {}
 for i = 1, #KEYS do
   local h = KEYS[i]
   local limit, want, exat = tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
   local last = redis.call('HGET', h, r)
-  if last then
+  if last and string.sub(last, 1, #mine) == mine then
     redis.call('HSET', h, r, last)
-    out[i] = tonumber(last)
+    out[i] = tonumber(string.sub(last, #mine + 1))
   elseif exat <= now then
     out[i] = 0
   else
@@ -123,7 +129,8 @@ for i = 1, #KEYS do
       redis.call('HINCRBY', h, 't', units)
       redis.call('HINCRBY', h, g, units)
     end
-    redis.call('HSET', h, r, units)
+    redis.call('HSET', h, r, mine .. units)
+    if i == 1 then redis.call('HINCRBY', h, n, 1) end
     redis.call('EXPIREAT', h, exat)
     out[i] = units
   end
@@ -173,6 +180,8 @@ impl Ledger {
     ) -> Result<Ledger, StoreConfigError> {
         Ok(Ledger {
             link: Link::new(access, timeout).map_err(|e| StoreConfigError(e.to_string()))?,
+            grant: redis::Script::new(GRANT),
+            give_back: redis::Script::new(GIVE_BACK),
             prefix: Arc::from(prefix),
             replicas,
         })
@@ -196,33 +205,47 @@ impl Ledger {
         id: &str,
         asks: &[(Instance, u64, u64)],
     ) -> Result<Grant, StoreError> {
-        let mut eval = redis::cmd("EVAL");
-        eval.arg(GRANT).arg(asks.len());
+        let mut call = redis::cmd("EVALSHA");
+        call.arg(self.grant.get_hash()).arg(asks.len());
         for (at, _, _) in asks {
-            eval.arg(self.key(quota, at));
+            call.arg(self.key(quota, at));
         }
-        eval.arg(region).arg(id);
+        call.arg(region).arg(id);
         for (at, limit, want) in asks {
-            eval.arg(limit)
+            call.arg(limit)
                 .arg(want)
                 .arg(at.end.saturating_add(KEEP_AFTER_END));
         }
-        let (units, durable) = if self.replicas == 0 {
-            (self.link.query::<Vec<u64>>(&eval).await?, true)
-        } else {
-            let mut pipe = redis::pipe();
-            pipe.add_command(eval).cmd("WAIT").arg(self.replicas).arg(
-                u64::try_from(self.link.timeout().as_millis() / 2)
-                    .unwrap_or(u64::MAX)
-                    .max(1),
-            );
-            let (units, acked): (Vec<u64>, u32) = self.link.pipe(&pipe).await?;
-            (units, acked >= self.replicas)
+        let (units, durable) = match self.grant_once(&call).await {
+            // Not run: a server without the script (restarted, flushed, promoted). Loaded,
+            // then sent again.
+            Err(StoreError::Unavailable(e)) if e.contains("NoScript") => {
+                let load = redis::cmd("SCRIPT").arg("LOAD").arg(GRANT).clone();
+                self.link.query::<String>(&load).await?;
+                self.grant_once(&call).await?
+            }
+            other => other?,
         };
         Ok(Grant {
             units: check_len(units, asks.len())?,
             durable,
         })
+    }
+
+    /// One grant call, and its `WAIT` on the same connection (in one pipeline) when replicas
+    /// must acknowledge it.
+    async fn grant_once(&self, call: &redis::Cmd) -> Result<(Vec<u64>, bool), StoreError> {
+        if self.replicas == 0 {
+            return Ok((self.link.query::<Vec<u64>>(call).await?, true));
+        }
+        let mut pipe = redis::pipe();
+        let wait_ms = u64::try_from(self.link.timeout().as_millis() / 2).unwrap_or(u64::MAX);
+        pipe.add_command(call.clone())
+            .cmd("WAIT")
+            .arg(self.replicas)
+            .arg(wait_ms.max(1));
+        let (units, acked): (Vec<u64>, u32) = self.link.pipe(&pipe).await?;
+        Ok((units, acked >= self.replicas))
     }
 
     /// Gives back `region`'s unspent units of each instance (the instance, the units), as
@@ -234,16 +257,15 @@ impl Ledger {
         id: &str,
         units: &[(Instance, u64)],
     ) -> Result<Vec<u64>, StoreError> {
-        let mut eval = redis::cmd("EVAL");
-        eval.arg(GIVE_BACK).arg(units.len());
+        let mut invocation = self.give_back.prepare_invoke();
         for (at, _) in units {
-            eval.arg(self.key(quota, at));
+            invocation.key(self.key(quota, at));
         }
-        eval.arg(region).arg(id);
+        invocation.arg(region).arg(id);
         for (_, n) in units {
-            eval.arg(n);
+            invocation.arg(n);
         }
-        check_len(self.link.query(&eval).await?, units.len())
+        check_len(self.link.run(&invocation).await?, units.len())
     }
 
     /// What each region was granted of one instance, and the total (for `GET /v1/rate_limit`'s

@@ -371,7 +371,7 @@ impl QuotaStore for RedisStore {
     }
 
     async fn reset_usage(&self, quota_id: &str) -> Result<(), StoreError> {
-        self.invoke::<i64>(&self.reset_usage, quota_id, &[])
+        self.invoke::<i64>(&self.reset_usage, quota_id, &[u64::from(self.regional)])
             .await
             .map(drop)
     }
