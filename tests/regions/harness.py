@@ -13,13 +13,18 @@ The set-ups it runs (`--setup`, several in one run, side by side):
   units the global store (in region a, `appendfsync always`; b and c reach it through the delay)
   grants it ahead of use.
 
+With `--faults`, the `leased` set-up runs under a fault schedule (`FAULTS`, seconds from the
+load's start): region c cut off from the global store for 40 s, region b's Redis killed and
+started again empty, a node of region a killed and started again, and from then on `acme`'s
+traffic moved from region a to region c. The figures are judged through them, minute by minute.
+
 The load: `acme`, the biggest customer, one key spread unevenly over the regions at about twice
 its plan's minute limit (its windows show the over-admission), and in each region a key well
 below its limits (its requests show the latency). Every loop is bounded in count and time; the
 run stops by itself.
 
     scripts/regions [--setup single,one-redis,redis-per-region,leased] [--minutes M]
-                    [--delay-ms D]
+                    [--delay-ms D] [--faults]
                     [--bin-dir DIR] [--out DIR]
 """
 
@@ -51,6 +56,11 @@ PLANS = {
     "small": "requests_per_minute = 10000\nrequests_per_day = 1000000\n",
 }
 TIMEOUT = 5.0
+# The fault schedule (`--faults`, the `leased` set-up): seconds from the load's start.
+FAULTS = [(30, "cut c"), (70, "heal c"), (85, "restart redis b"), (110, "kill a2"),
+          (120, "start a2"), (130, "move acme")]
+# acme's shares once its traffic moved (from a to c).
+ACME_MOVED = {"a": 0.1, "b": 0.3, "c": 0.6}
 
 
 class Fleet:
@@ -60,6 +70,9 @@ class Fleet:
         self.run, self.setup, self.bin_dir, self.delay_ms = run, setup, bin_dir, delay_ms
         self.procs, self.proxies, self.nodes = [], [], {}
         self.global_store, self.ids = None, {}
+        # For the faults: each region's Redis process and port, each region's path to the
+        # global store, and when acme's traffic moved.
+        self.redis_procs, self.global_paths, self.moved_at = {}, {}, None
         for d in ("logs", "plans", "nodes"):
             os.makedirs(os.path.join(run, d), exist_ok=True)
 
@@ -79,6 +92,8 @@ class Fleet:
             far = None
             if global_store:
                 far = global_store if r == "a" else self.delayed(global_store)
+                if r != "a":
+                    self.global_paths[r] = self.proxies[-1]
             for i in (1, 2):
                 self.nodes[f"{r}{i}"] = self.node(f"{r}{i}", r, port, backend, keys, far)
         self.tokens = self.issue(keys)
@@ -190,6 +205,29 @@ class Fleet:
         by_id = {v: k for k, v in self.ids.items()}
         return {by_id.get(q, q): n + len(gives) for q, (n, gives) in calls.items()}
 
+    def fault(self, what):
+        """One step of `FAULTS`."""
+        verb, _, target = what.partition(" ")
+        if verb == "cut":
+            self.global_paths[target].cut()
+        elif verb == "heal":
+            self.global_paths[target].heal()
+        elif verb == "restart":
+            # Killed, and started again on its port with nothing: every count and unit it held
+            # is gone.
+            old = next(p for p in self.procs if p.name == target.replace(" ", "-"))
+            old.kill()
+            fresh = fleet.Proc(old.name, old.argv, old.log).start()
+            self.procs[self.procs.index(old)] = fresh
+        elif verb == "kill":
+            self.nodes[target]["proc"].kill()
+        elif verb == "start":
+            n = self.nodes[target]
+            n["proc"] = fleet.Proc(target, n["proc"].argv, n["proc"].log, env=n["proc"].env).start()
+            self.procs.append(n["proc"])
+        elif verb == "move":
+            self.moved_at = time.time()
+
     def stop(self):
         for p in reversed(self.procs):
             p.stop(grace=5)
@@ -213,6 +251,11 @@ def client(fl, region, key, rate, until, out, lock):
              for name, n in nodes}
     token, due, i = fl.tokens[key], time.time(), 0
     while due < until:
+        now_rate = rate(time.time()) if callable(rate) else rate
+        if now_rate <= 0:
+            time.sleep(0.2)
+            due = time.time()
+            continue
         time.sleep(max(0.0, due - time.time()))
         name = nodes[i % len(nodes)][0]
         i += 1
@@ -234,25 +277,42 @@ def client(fl, region, key, rate, until, out, lock):
                                                      timeout=TIMEOUT)
         with lock:
             out.write(json.dumps(rec) + "\n")
-        due += 1.0 / rate
+        due += 1.0 / now_rate
 
 
-def load(fl, seconds, history):
-    until = time.time() + seconds
+def load(fl, seconds, history, faults=False):
+    start = time.time()
+    until = start + seconds
     lock, threads = threading.Lock(), []
     regions = sorted({n["region"] for n in fl.nodes.values()})
     acme_rate = ACME_LOAD * ACME_PER_MINUTE / 60.0
     share = {r: ACME_SHARE[r] / sum(ACME_SHARE[x] for x in regions) for r in regions}
+
+    def acme(region):
+        return lambda t: acme_rate * (ACME_MOVED if fl.moved_at else share)[region]
     with open(history, "a") as out:
+        if faults:
+            threads.append(threading.Thread(target=schedule, args=(fl, start, until, out, lock)))
         for r in regions:
             threads.append(threading.Thread(target=client, args=(
-                fl, r, "acme", acme_rate * share[r], until, out, lock)))
+                fl, r, "acme", acme(r), until, out, lock)))
             threads.append(threading.Thread(target=client, args=(
                 fl, r, f"small-{r}", SMALL_RATE, until, out, lock)))
         for t in threads:
             t.start()
         for t in threads:
             t.join(seconds + 60)
+
+
+def schedule(fl, start, until, out, lock):
+    """Runs `FAULTS` at their times, each recorded in the history."""
+    for at, what in FAULTS:
+        if start + at >= until:
+            return
+        time.sleep(max(0.0, start + at - time.time()))
+        fl.fault(what)
+        with lock:
+            out.write(json.dumps({"setup": fl.setup, "fault": what, "at": time.time()}) + "\n")
 
 
 def percentile(values, p):
@@ -265,8 +325,9 @@ def percentile(values, p):
 def judge(records, setup, calls=None):
     """Per region, the small keys' latency; per whole minute, acme's admissions over all regions
     against its limit; per key, the global store's calls per 1,000 admitted (`leased`)."""
-    rows = [r for r in records if r["setup"] == setup]
-    out = {"setup": setup, "latency_ms": {}, "acme_minutes": [], "global_calls": {}}
+    rows = [r for r in records if r["setup"] == setup and "fault" not in r]
+    out = {"setup": setup, "latency_ms": {}, "acme_minutes": [], "global_calls": {},
+           "faults": [r["fault"] for r in records if r["setup"] == setup and "fault" in r]}
     for key, n in sorted((calls or {}).items()):
         admitted = sum(1 for r in rows if r["key"] == key and r["status"] == 200)
         out["global_calls"][key] = {"calls": n, "admitted": admitted,
@@ -299,6 +360,8 @@ def main(argv):
     ap.add_argument("--delay-ms", type=float, default=40.0)
     ap.add_argument("--bin-dir", default=os.path.join(ROOT, "target", "release"))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--faults", action="store_true",
+                    help="run the leased set-up under the fault schedule (FAULTS)")
     a = ap.parse_args(argv)
     if not 0 < a.minutes <= 60:
         ap.error("--minutes: more than 0, at most 60")
@@ -312,7 +375,7 @@ def main(argv):
             fl.start()
             # From the next minute's start, so every minute judged is whole.
             time.sleep(60 - time.time() % 60 + 0.5)
-            load(fl, a.minutes * 60, history)
+            load(fl, a.minutes * 60, history, a.faults and setup == "leased")
             calls = fl.global_calls()
         finally:
             fl.stop()

@@ -442,7 +442,7 @@ macro_rules! acquire_library_lua {
 -- The head (`ARGV[1]`) read: `head` its numbers, `sets` each set of limits flat: its number of
 -- windows m, then per window k at 3k - 1, 3k and 3k + 1 its length, its instance at `now` and
 -- the most it may hold before a request (a shadow window's is unbounded: it never refuses),
--- then at 3m + 2 its concurrency (0: none).
+-- then at 3m + 2 its concurrency (0: none), and at 21 its answer's width (`parse_head`).
 --
 -- Kept by the head's bytes: loaded as a Redis Function, this library's locals outlive a call,
 -- and a fleet sends few distinct heads (one per ban policy and mix of plans in a run), so a
@@ -476,7 +476,7 @@ local function parse_head(H)
     local m = head[p]
     -- Whole from the start, room for six windows: a table grown an element at a time is
     -- reallocated as it grows, which cost more than reading the set.
-    local set = {m, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+    local set = {m, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
     for k = 1, m do
       local limit = head[p + 2 * k]
       set[3 * k - 1] = head[p + 2 * k - 1]
@@ -486,8 +486,15 @@ local function parse_head(H)
     sets[i] = set
     p = p + 1 + 2 * m
   end
-  -- After the sets, 1 for a region's decisions (`regional_lua`); nothing (nil) otherwise.
-  return {head = head, sets = sets, now = -1, regional = head[p + 1] == 1}
+  -- After the sets, 1 for a region's decisions (`regional_lua`); nothing (nil) otherwise. Each
+  -- set's answer's width (before a lease's two numbers) at 21: a region's carries the units
+  -- held after the counts.
+  local regional = head[p + 1] == 1
+  for i = 1, #sets do
+    local set = sets[i]
+    set[21] = 1 + set[1] * (regional and 2 or 1)
+  end
+  return {head = head, sets = sets, now = -1, regional = regional}
 end
 local function read_head(H, now)
   local h = heads[H]
@@ -527,7 +534,8 @@ local head, sets = h.head, h.sets
 local strikes, decay, lengths = head[1], head[2], head[3]
 local lease_secs = head[4 + lengths]
 -- A region's decisions (issue 48): each quota's units held (`load_held`), read once a run.
-local regional, helds = h.regional, nil
+-- `short`: the last decision's finding (`short_of`).
+local regional, helds, short = h.regional, nil, 0
 -- The server's identity is read again each run of a region's decisions: a promotion changes it
 -- without reloading the library.
 if regional then read_boot() end
@@ -627,7 +635,8 @@ for _ = 1, #E / 24 do
     out[at + 1 + k] = c
     if c + cost > set[3 * k + 1] then fits = false end
   end
-  local short = 0
+  -- A region's decision: the units held go after the counts, and a decision short of them is
+  -- refused below (one test a decision elsewhere).
   if regional then
     if helds == nil then helds = {} end
     local r = helds[key]
@@ -635,15 +644,13 @@ for _ = 1, #E / 24 do
       r = load_held(key)
       helds[key] = r
     end
+    held_out(s, set, now, r, out, at + 1 + m)
+    short = 0
     if fits and s[BU] <= now then short = short_of(s, set, cost, now, r) end
-    -- Short of units, and the global budget found spent: a refusal like a full window's.
-    if short == 2 then fits = false end
+    if short > 0 then fits = false end
   end
   if s[BU] > now then
     outcome = 2
-  elseif short == 1 then
-    -- Every window has room, but the region holds too few units: nothing counted, no strike.
-    outcome = 5
   elseif fits and l ~= nil and l.total >= most then
     -- Every window has room, but the concurrency is in flight: nothing counted, no strike.
     outcome = 4
@@ -693,6 +700,10 @@ for _ = 1, #E / 24 do
     s[LA] = now
     s[WRITE] = true
     outcome = 0
+  elseif short == 1 then
+    -- Every window has room, but the region holds too few units: nothing counted, no strike.
+    -- (Short where the global budget was found spent, 2, is refused below as a full window.)
+    outcome = 5
   else
     if s[RD] == day then
       s[RC] = math.min(s[RC] + 1, MAX)
@@ -718,7 +729,7 @@ for _ = 1, #E / 24 do
   -- end fits 32 bits, and Lua's numbers hold 53.
   if s[BU] > now then outcome = outcome + 8 * s[BU] end
   out[at + 1] = outcome
-  at = at + 1 + m
+  at = at + set[21]
   if l ~= nil then
     if outcome == 0 then
       out[at + 1] = take(l, now + lease_secs)
@@ -727,10 +738,6 @@ for _ = 1, #E / 24 do
     end
     out[at + 2] = l.total
     at = at + 2
-  end
-  if regional then
-    held_out(s, set, now, helds[key], out, at)
-    at = at + m
   end
   end
 end
@@ -778,7 +785,7 @@ return out
 /// when none, and the quota's requests in flight); outcome 0 admitted, 1 limited, 2 banned, 3
 /// banned by this very request, 4 refused for the concurrency (nothing counted, no strike), 5
 /// a region's, refused for too few units held (nothing counted, no strike); a region's
-/// decisions end with `m` more, the units held of each window's instance; per
+/// decisions carry `m` more after the counts, the units held of each window's instance; per
 /// renewal `{lease_end, in_flight}`; nothing per release. Every number of the answer costs Redis
 /// as much to write as a tenth of a decision, hence the outcome and the ban's end in one.
 ///

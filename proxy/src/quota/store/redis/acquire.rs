@@ -90,7 +90,7 @@ impl RawVerdict {
         }
         let m = limits.windows().len();
         let (counts, rest) = rest.split_at(m);
-        let (lease, held) = rest.split_at(rest.len() - if regional { m } else { 0 });
+        let (held, lease) = rest.split_at(if regional { m } else { 0 });
         let mut raw = RawVerdict {
             // `outcome + 8 * ban_until`, one number (see ACQUIRE).
             outcome: first & 7,
