@@ -8,7 +8,9 @@
 //! the instance's end, if sooner), a quarter more, so that a key below its limit finds its units
 //! there and one call lasts long enough: a key at a steady rate costs about one call a
 //! minute. The next instance is asked [`LOOKAHEAD`] before the current one ends, so the first
-//! requests of a new minute or day find units already held. The global store grants at most
+//! requests of a new minute or day find units already held; at most half its limit, so that a
+//! region whose traffic alone would spend a window does not take it from the others before it
+//! starts. The global store grants at most
 //! what is left (`ledger`), so asks shrink by themselves near the end of a budget.
 
 use crate::keys::limits::{Limits, MAX_WINDOWS};
@@ -72,7 +74,10 @@ pub fn asks(
             let next = Instance::at(w.every, at.end);
             if wanted(&next) {
                 due = true;
-                out.push((next, w.limit(), want((next.end - at.end).min(HORIZON))));
+                // At most half the limit ahead of the instance's start: a region whose own
+                // traffic would spend it all leaves the rest to those that ask at the start.
+                let ahead = want((next.end - at.end).min(HORIZON)).min(w.limit() / 2 + cost);
+                out.push((next, w.limit(), ahead));
             }
         }
     }
@@ -144,14 +149,14 @@ mod tests {
         // 30 s into the minute, 30 counted (1 a second), 60 held: 30 spare, above 15 s of rate.
         let s = seen(start + 29, [30, 30], [60, 200]);
         assert!(asks(&minute_and_day(), &s, 1, false, |_| true).is_empty());
-        // 5 s before the minute's end: the next minute is asked, about a minute at the rate,
-        // and the day (less than 45 s spare) topped up in the same call.
+        // 5 s before the minute's end: the next minute is asked, about a minute at the rate but
+        // half the limit at most, and the day (less than 45 s spare) topped up in the same call.
         let s = seen(start + 55, [56, 56], [75, 90]);
         let a = asks(&minute_and_day(), &s, 1, false, |_| true);
         assert_eq!(a.len(), 2, "{a:?}");
         assert_eq!(a[0].0.every, Every::DAY);
         assert_eq!(a[1].0.index, Every::MINUTE.index(start + 60));
-        assert!((70..=80).contains(&a[1].2), "{a:?}");
+        assert_eq!(a[1].2, 31, "half the limit at most: {a:?}");
         // A next instance asked already (the caller says so): nothing is due.
         assert!(asks(&minute_and_day(), &s, 1, false, |_| false).is_empty());
     }
