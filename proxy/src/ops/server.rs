@@ -373,7 +373,8 @@ fn stores(
 
 /// A node of a region (`region` set): its proxy store (built regional by [`stores`]) admits
 /// only out of the units the global store granted the region (`quota::regions`), and gives back
-/// every second what quiet quotas hold. The admin API keeps the region's plain store.
+/// every second what quiet quotas hold. The admin API's store is the region's Redis store
+/// (built regional: its `reset-usage` drops the units held), without the ledger.
 fn regional(
     config: &Config,
     store: Arc<dyn QuotaStore>,

@@ -113,7 +113,7 @@ impl RegionalStore {
         asks: &[Ask],
         now: u64,
         patient: bool,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), AskError> {
         if asks.is_empty() {
             return Ok(());
         }
@@ -121,12 +121,14 @@ impl RegionalStore {
         let region = &*self.region;
         let mut grant = match self.ledger.grant(quota, region, &id, asks).await {
             Err(StoreError::Timeout(_) | StoreError::Unavailable(_)) if patient => {
-                self.ledger.grant(quota, region, &id, asks).await?
+                self.ledger.grant(quota, region, &id, asks).await
             }
-            other => other?,
-        };
+            other => other,
+        }
+        .map_err(AskError::Global)?;
         if !grant.durable {
-            grant = self.ledger.grant(quota, region, &id, asks).await?;
+            grant =
+                (self.ledger.grant(quota, region, &id, asks).await).map_err(AskError::Global)?;
         }
         self.track(quota, limits);
         let result = if grant.durable {
@@ -148,7 +150,11 @@ impl RegionalStore {
                 none_left_until: if units == 0 { now + NONE_LEFT_SECS } else { 0 },
             })
             .collect();
-        self.store.hold(quota, &held).await.map(|_| ())
+        self.store
+            .hold(quota, &held)
+            .await
+            .map(|_| ())
+            .map_err(AskError::Region)
     }
 
     /// A request refused for too few units: asks at once, one ask a quota at a time on this
@@ -162,7 +168,7 @@ impl RegionalStore {
         ban: &BanPolicy,
         first: (Verdict, [u64; MAX_WINDOWS]),
     ) -> Result<(Verdict, [u64; MAX_WINDOWS]), StoreError> {
-        if unix_now_ms() < self.away_until.load(Ordering::Relaxed) {
+        if self.away() {
             return Ok(first);
         }
         let turn = Arc::clone(lock(&self.shorts).entry(Arc::clone(key_id)).or_default());
@@ -202,14 +208,27 @@ impl RegionalStore {
             }
         };
         let asks = sizing::asks(&limits, &seen_of(&seen.0, seen.1), cost, true, |_| false);
-        if let Err(e) = self.ask(key_id, limits, &asks, seen.0.now, false).await {
-            METRICS.region_grants.with_label_values(&["failed"]).inc();
-            let away = unix_now_ms() + AWAY_FOR.as_millis() as u64;
-            self.away_until.store(away, Ordering::Relaxed);
-            tracing::debug!(error = %e, "a region short of units could not reach the global store");
-            return Ok(seen);
+        match self.ask(key_id, limits, &asks, seen.0.now, false).await {
+            Ok(()) => {}
+            Err(AskError::Global(e)) => {
+                METRICS.region_grants.with_label_values(&["failed"]).inc();
+                let away = unix_now_ms() + AWAY_FOR.as_millis() as u64;
+                self.away_until.store(away, Ordering::Relaxed);
+                tracing::debug!(error = %e, "a region short of units could not reach the global store");
+                return Ok(seen);
+            }
+            // The region's Redis failed: the decision again meets the same failure, or not.
+            Err(AskError::Region(e)) => {
+                tracing::debug!(error = %e, "units granted could not be held in the region");
+            }
         }
         self.store.decide(key_id, limits, cost, ban).await
+    }
+
+    /// Whether the global store did not answer this node's last ask for a request short of
+    /// units, less than [`AWAY_FOR`] ago.
+    fn away(&self) -> bool {
+        unix_now_ms() < self.away_until.load(Ordering::Relaxed)
     }
 
     /// Asks ahead of use, in the background, when the decision `seen` says the region will
@@ -279,6 +298,16 @@ impl RegionalStore {
     }
 }
 
+/// Why an ask came to nothing: the global store did not grant (nothing was held), or the
+/// region's Redis did not take what it granted (the units stay counted as granted, unspent).
+#[derive(Debug, thiserror::Error)]
+enum AskError {
+    #[error("global store: {0}")]
+    Global(StoreError),
+    #[error("the region's store: {0}")]
+    Region(StoreError),
+}
+
 /// A quota's next instance: its id, the window's length code, which instance.
 type NextInstance = (Arc<str>, u32, u64);
 
@@ -312,12 +341,18 @@ impl QuotaStore for RegionalStoreHandle {
         ban: &BanPolicy,
     ) -> Result<Verdict, StoreError> {
         let me = &self.0;
-        me.touch(key_id);
+        let tracked = me.touch(key_id);
         let mut seen = me.store.decide(key_id, limits, cost, ban).await?;
         if seen.0.outcome == Outcome::Unleased {
             seen = me.short(key_id, limits, cost, ban, seen).await?;
         }
         if seen.0.outcome == Outcome::Admitted {
+            let spare = seen.0.counts.iter().zip(&seen.1).any(|(c, h)| h > c);
+            if !tracked && spare {
+                // Units granted before this node started (or to another node): given back by
+                // this one too once the key is quiet.
+                me.track(key_id, limits);
+            }
             me.ahead(key_id, limits, &seen_of(&seen.0, seen.1), cost);
         }
         Ok(seen.0)

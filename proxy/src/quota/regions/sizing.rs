@@ -8,9 +8,9 @@
 //! the instance's end, if sooner), a quarter more, so that a key below its limit finds its units
 //! there and one call lasts long enough: a key at a steady rate costs about one call a
 //! minute. The next instance is asked [`LOOKAHEAD`] before the current one ends, so the first
-//! requests of a new minute or day find units already held; at most half its limit, so that a
-//! region whose traffic alone would spend a window does not take it from the others before it
-//! starts. The global store grants at most
+//! requests of a new minute or day find units already held; at most half its limit before it
+//! starts (a region whose traffic alone would spend a window can still take the rest once it
+//! runs, by its top-ups: the budget goes to who asks, not in shares). The global store grants at most
 //! what is left (`ledger`), so asks shrink by themselves near the end of a budget.
 
 use crate::keys::limits::{Limits, MAX_WINDOWS};

@@ -4,7 +4,11 @@
 //! not spend (`RedisStore::give`, which gives nothing while any node of the region still admits
 //! the quota) and gives it back to the global store, where another region can be granted it.
 //! Taken out of the region first: the units are never spendable in two places at once; a
-//! give-back lost on the way leaves them counted as granted (under-admission, never over).
+//! give-back lost on the way leaves them counted as granted (under-admission, never over), and
+//! none is tried while the global store was just found away. A node tracks the quotas it got
+//! units for, and those its decisions find the region holding spare units of (a node started
+//! after the grant: a restart or a rolling upgrade). A window's spare units are given back
+//! only from a twentieth of its limit (`worth_giving`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,6 +30,14 @@ pub const EVERY: Duration = Duration::from_secs(1);
 /// with a node of the region still deciding it).
 const FORGET_SECS: u64 = 3_600;
 
+/// The fewest spare units of a window worth giving back: a twentieth of its limit, 2 at least.
+/// Fewer stay with the region (at most that much under-admission a region, per window): a
+/// quiet key's unit or two is not worth a call to the global store, nor the wait its next
+/// request would have for a grant.
+fn worth_giving(limit: u64) -> u64 {
+    (limit / 20).max(2)
+}
+
 /// A quota this node got units for.
 pub struct Tracked {
     limits: Mutex<Limits>,
@@ -35,12 +47,14 @@ pub struct Tracked {
 }
 
 impl RegionalStore {
-    /// Notes a decision of `quota`, when tracked (one read lock, one store).
-    pub(super) fn touch(&self, quota: &Arc<str>) {
+    /// Notes a decision of `quota`, when tracked (one read lock, one store); whether it is.
+    pub(super) fn touch(&self, quota: &Arc<str>) -> bool {
         let tracked = self.tracked.read().unwrap_or_else(|p| p.into_inner());
         if let Some(t) = tracked.get(quota) {
             t.last.store(unix_now(), Ordering::Relaxed);
+            return true;
         }
+        false
     }
 
     /// How many quotas this node tracks for give-backs.
@@ -68,6 +82,11 @@ impl RegionalStore {
     /// admitted by another node of the region is looked at again [`IDLE_SECS`] later, and
     /// forgotten after [`FORGET_SECS`] of quiet on this node.
     pub async fn sweep(&self) {
+        if self.away() {
+            // A give-back takes the units out of the region first: while the global store does
+            // not answer, they would be lost on the way.
+            return;
+        }
         let now = unix_now();
         let (idle, forgotten): (Vec<_>, Vec<_>) = {
             let tracked = self.tracked.read().unwrap_or_else(|p| p.into_inner());
@@ -109,13 +128,13 @@ impl RegionalStore {
     /// Takes back what the region holds of `quota`'s current and next instances and gives it
     /// to the global store; whether the region was quiet (false: another node still admits it).
     async fn give_back(&self, quota: &Arc<str>, limits: &Limits) -> Result<bool, StoreError> {
-        let codes: Vec<u32> = limits
+        let windows: Vec<(u32, u64)> = limits
             .windows()
             .iter()
             .filter(|w| !w.shadow)
-            .map(|w| w.every.code())
+            .map(|w| (w.every.code(), worth_giving(w.limit())))
             .collect();
-        let Some(taken) = self.store.give(quota, IDLE_SECS, &codes).await? else {
+        let Some(taken) = self.store.give(quota, IDLE_SECS, &windows).await? else {
             return Ok(false);
         };
         let back: Vec<(Instance, u64)> = taken

@@ -964,7 +964,9 @@ return out
 ///
 /// - `KEYS[1]`: the quota's state.
 /// - `ARGV[1]`: how long (seconds) the quota must have had no admission in this region;
-///   `ARGV[2]`: packed little-endian signed 64-bit integers, the windows' length codes.
+///   `ARGV[2]`: packed little-endian signed 64-bit integers, two per window: its length code,
+///   and the fewest spare units worth giving back (fewer stay: a quiet key's unit or two is not
+///   worth a call, nor its next request's wait for a grant).
 ///
 /// Returns 1 when the quota was idle that long (0: it is still admitted here), then three
 /// numbers per instance given back: its length code, which instance, the units taken.
@@ -977,8 +979,8 @@ local s = load(KEYS[1])
 if now - s[LA] < tonumber(ARGV[1]) then return {0} end
 local r = load_held(KEYS[1])
 local E, out, changed = ARGV[2], {1}, false
-for i = 1, #E / 8 do
-  local e = struct.unpack('<i8', E, 8 * (i - 1) + 1)
+for i = 1, #E / 16 do
+  local e, least = struct.unpack('<i8i8', E, 16 * (i - 1) + 1)
   local cur = index_of(e, now)
   for w = cur, cur + 1 do
     local j, k = held_index(r, e, w), slot_of(s, e)
@@ -988,7 +990,7 @@ for i = 1, #E / 8 do
     if j and k and s[12 + 3 * k] <= w then
       local c = 0
       if s[12 + 3 * k] == w then c = s[13 + 3 * k] end
-      if r.n[j] > c then
+      if r.n[j] >= c + least then
         out[#out + 1], out[#out + 2], out[#out + 3] = e, w, r.n[j] - c
         r.n[j] = c
         changed = true

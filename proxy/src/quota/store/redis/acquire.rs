@@ -271,6 +271,10 @@ fn number(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+// The script keeps each set's answer width at index 21 of the set's table, past the six
+// windows' three numbers and the concurrency (`scripts::acquire_library_lua`).
+const _: () = assert!(MAX_WINDOWS <= 6, "ACQUIRE keeps a set's width at index 21");
+
 /// `ACQUIRE`'s head (`ARGV[1]`): the ban policy, the lease's length, the sets of limits, and
 /// for a region's decisions a last 1.
 fn head(policy: &[u64], lease_secs: u64, regional: bool, sets: &[&Limits]) -> Vec<u8> {

@@ -38,16 +38,17 @@ impl RedisStore {
     }
 
     /// Takes back what the region holds and has not spent of `quota_id`'s current and next
-    /// instances of each window length (`codes`), by the region's Redis clock, when none of its
-    /// requests was admitted in the region for `idle_secs`: `None` while one was, else each
-    /// instance's units taken (length code, instance, units), to give back to the global store.
+    /// instances of each window (`windows`: its length code, and the fewest spare units worth
+    /// taking), by the region's Redis clock, when none of its requests was admitted in the
+    /// region for `idle_secs`: `None` while one was, else each instance's units taken (length
+    /// code, instance, units), to give back to the global store.
     pub async fn give(
         &self,
         quota_id: &str,
         idle_secs: u64,
-        codes: &[u32],
+        windows: &[(u32, u64)],
     ) -> Result<Option<Vec<(u32, u64, u64)>>, StoreError> {
-        let args = packed(codes.iter().map(|&c| u64::from(c)));
+        let args = packed(windows.iter().flat_map(|&(c, least)| [u64::from(c), least]));
         let mut invocation = self.give.key(self.redis_key(quota_id));
         invocation.arg(idle_secs).arg(args);
         let reply: Vec<u64> = self.link.run(&invocation).await?;

@@ -268,8 +268,8 @@ impl Ledger {
         check_len(self.link.run(&invocation).await?, units.len())
     }
 
-    /// What each region was granted of one instance, and the total (for `GET /v1/rate_limit`'s
-    /// global figure, the admin API and tests).
+    /// What each region was granted of one instance, and the total (for tests and the harness;
+    /// `GET /v1/rate_limit` does not show it yet).
     pub async fn granted(
         &self,
         quota: &str,
