@@ -139,11 +139,7 @@ impl RegionalStore {
         };
         let back: Vec<(Instance, u64)> = taken
             .into_iter()
-            .map(|(code, index, units)| {
-                let every = Every::from_code(code);
-                let end = every.start_of(index + 1);
-                (Instance { every, index, end }, units)
-            })
+            .map(|(code, index, units)| (Instance::new(Every::from_code(code), index), units))
             .collect();
         if back.is_empty() {
             return Ok(true);

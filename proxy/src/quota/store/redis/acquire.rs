@@ -267,7 +267,7 @@ impl<'k> Keys<'k> {
 /// A number of ours as the script's signed 64 bits: one past `i64::MAX` (a ban policy's "never"
 /// written as `u64::MAX` in a flag, say) stays the largest, as it was when numbers went as
 /// text, rather than wrapping to a negative one.
-fn number(n: u64) -> i64 {
+pub(super) fn number(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
@@ -302,7 +302,7 @@ fn head(policy: &[u64], lease_secs: u64, regional: bool, sets: &[&Limits]) -> Ve
 }
 
 /// Numbers as `ACQUIRE` unpacks them: little-endian signed 64-bit integers.
-fn pack(out: &mut Vec<u8>, numbers: impl IntoIterator<Item = i64>) {
+pub(super) fn pack(out: &mut Vec<u8>, numbers: impl IntoIterator<Item = i64>) {
     for n in numbers {
         out.extend_from_slice(&n.to_le_bytes());
     }

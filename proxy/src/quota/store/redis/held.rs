@@ -2,6 +2,8 @@
 //! (`HOLD`) and taking back what a quota whose traffic left the region did not spend (`GIVE`),
 //! in the region's Redis, beside the quota's state (`scripts::regional_lua`).
 
+use super::acquire::{number, pack};
+use super::ledger::check_len;
 use super::RedisStore;
 use crate::quota::store::StoreError;
 
@@ -15,11 +17,11 @@ pub struct Held {
     pub none_left_until: u64,
 }
 
+/// `numbers` as the scripts unpack them (`acquire::pack`).
 fn packed(numbers: impl IntoIterator<Item = u64>) -> Vec<u8> {
-    numbers
-        .into_iter()
-        .flat_map(|n| i64::try_from(n).unwrap_or(i64::MAX).to_le_bytes())
-        .collect()
+    let mut out = Vec::new();
+    pack(&mut out, numbers.into_iter().map(number));
+    out
 }
 
 impl RedisStore {
@@ -34,7 +36,7 @@ impl RedisStore {
         );
         let mut invocation = self.hold.key(self.redis_key(quota_id));
         invocation.arg(args);
-        self.checked(self.link.run::<Vec<u64>>(&invocation).await?, grants.len())
+        check_len(self.link.run(&invocation).await?, grants.len())
     }
 
     /// Takes back what the region holds and has not spent of `quota_id`'s current and next
@@ -65,16 +67,5 @@ impl RedisStore {
             .map(|t| (u32::try_from(t[0]).unwrap_or(u32::MAX), t[1], t[2]))
             .collect();
         Ok(Some(taken))
-    }
-
-    fn checked(&self, units: Vec<u64>, asked: usize) -> Result<Vec<u64>, StoreError> {
-        if units.len() == asked {
-            Ok(units)
-        } else {
-            Err(StoreError::Protocol(format!(
-                "{} figures for {asked} instances of units held",
-                units.len()
-            )))
-        }
     }
 }

@@ -68,7 +68,11 @@ pub struct Instance {
 impl Instance {
     /// The instance of `every` that holds Unix second `now`.
     pub fn at(every: Every, now: u64) -> Instance {
-        let index = every.index(now);
+        Instance::new(every, every.index(now))
+    }
+
+    /// Instance `index` of `every`.
+    pub fn new(every: Every, index: u64) -> Instance {
         Instance {
             every,
             index,
@@ -294,12 +298,13 @@ impl Ledger {
     }
 }
 
-fn check_len(units: Vec<u64>, asked: usize) -> Result<Vec<u64>, StoreError> {
+/// A script's answer of one figure per instance asked (the ledger's, a region's `HOLD`).
+pub(super) fn check_len(units: Vec<u64>, asked: usize) -> Result<Vec<u64>, StoreError> {
     if units.len() == asked {
         Ok(units)
     } else {
         Err(StoreError::Protocol(format!(
-            "the ledger answered {} figures for {asked} instances",
+            "{} figures answered for {asked} instances",
             units.len()
         )))
     }
