@@ -26,7 +26,7 @@
 pub mod sizing;
 pub mod sweep;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -65,7 +65,7 @@ pub struct RegionalStore {
     node: String,
     seq: AtomicU64,
     /// Quotas with an ask of this node in flight.
-    asking: Mutex<HashMap<Arc<str>, ()>>,
+    asking: Mutex<HashSet<Arc<str>>>,
     /// Per quota, the turn of this node's requests refused for too few units: one asks at a
     /// time.
     shorts: Mutex<HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>>,
@@ -160,25 +160,16 @@ impl RegionalStore {
     /// A request refused for too few units: asks at once, one ask a quota at a time on this
     /// node (the others wait for it, then decide again before asking themselves), none while
     /// the global store was just found away ([`AWAY_FOR`]); then decides again.
-    async fn short(
-        &self,
-        key_id: &Arc<str>,
-        limits: Limits,
-        cost: u64,
-        ban: &BanPolicy,
-        first: (Verdict, [u64; MAX_WINDOWS]),
-    ) -> Result<(Verdict, [u64; MAX_WINDOWS]), StoreError> {
+    async fn short(&self, r: &Request<'_>, first: Decided) -> Result<Decided, StoreError> {
         if self.away() {
             return Ok(first);
         }
-        let turn = Arc::clone(lock(&self.shorts).entry(Arc::clone(key_id)).or_default());
-        let result = self
-            .short_turn(&turn, key_id, limits, cost, ban, first)
-            .await;
+        let turn = Arc::clone(lock(&self.shorts).entry(Arc::clone(r.key_id)).or_default());
+        let result = self.short_turn(&turn, r, first).await;
         let mut shorts = lock(&self.shorts);
         // The map's own and this one's: nobody else waits, so the entry goes.
         if Arc::strong_count(&turn) <= 2 {
-            shorts.remove(key_id);
+            shorts.remove(r.key_id);
         }
         result
     }
@@ -186,12 +177,9 @@ impl RegionalStore {
     async fn short_turn(
         &self,
         turn: &tokio::sync::Mutex<()>,
-        key_id: &Arc<str>,
-        limits: Limits,
-        cost: u64,
-        ban: &BanPolicy,
-        first: (Verdict, [u64; MAX_WINDOWS]),
-    ) -> Result<(Verdict, [u64; MAX_WINDOWS]), StoreError> {
+        r: &Request<'_>,
+        first: Decided,
+    ) -> Result<Decided, StoreError> {
         let mut seen = first;
         let _turn = match turn.try_lock() {
             Ok(guard) => guard,
@@ -200,15 +188,15 @@ impl RegionalStore {
                     return Ok(seen);
                 };
                 // Another request's ask ran meanwhile: what it got may be enough.
-                seen = self.store.decide(key_id, limits, cost, ban).await?;
+                seen = r.decide(&self.store).await?;
                 if seen.0.outcome != Outcome::Unleased {
                     return Ok(seen);
                 }
                 guard
             }
         };
-        let asks = sizing::asks(&limits, &seen_of(&seen.0, seen.1), cost, true, |_| false);
-        match self.ask(key_id, limits, &asks, seen.0.now, false).await {
+        let asks = sizing::asks(&r.limits, &seen_of(&seen), r.cost, true, |_| false);
+        match self.ask(r.key_id, r.limits, &asks, seen.0.now, false).await {
             Ok(()) => {}
             Err(AskError::Global(e)) => {
                 METRICS.region_grants.with_label_values(&["failed"]).inc();
@@ -222,7 +210,7 @@ impl RegionalStore {
                 tracing::debug!(error = %e, "units granted could not be held in the region");
             }
         }
-        self.store.decide(key_id, limits, cost, ban).await
+        r.decide(&self.store).await
     }
 
     /// Whether the global store did not answer this node's last ask for a request short of
@@ -236,14 +224,14 @@ impl RegionalStore {
     /// instances once a second in the region, each next instance once in the region
     /// (`claim_once`; this node looks at each next instance once).
     fn ahead(self: &Arc<Self>, quota: &Arc<str>, limits: Limits, seen: &Seen, cost: u64) {
-        if lock(&self.asking).contains_key(quota) {
+        if lock(&self.asking).contains(quota) {
             return;
         }
         let asks = sizing::asks(&limits, seen, cost, false, |at| self.first_look(quota, at));
         if asks.is_empty() {
             return;
         }
-        if lock(&self.asking).insert(Arc::clone(quota), ()).is_some() {
+        if !lock(&self.asking).insert(Arc::clone(quota)) {
             // Another decision's ask started meanwhile: the next instances are its to ask.
             self.unlook(quota, &asks);
             return;
@@ -308,6 +296,25 @@ enum AskError {
     Region(StoreError),
 }
 
+/// One request to decide, as the region's store is asked it (again, after a grant).
+struct Request<'a> {
+    key_id: &'a Arc<str>,
+    limits: Limits,
+    cost: u64,
+    ban: &'a BanPolicy,
+}
+
+/// A decision, and the units the region holds of each window's instance.
+type Decided = (Verdict, [u64; MAX_WINDOWS]);
+
+impl Request<'_> {
+    async fn decide(&self, store: &RedisStore) -> Result<Decided, StoreError> {
+        store
+            .decide(self.key_id, self.limits, self.cost, self.ban)
+            .await
+    }
+}
+
 /// A quota's next instance: its id, the window's length code, which instance.
 type NextInstance = (Arc<str>, u32, u64);
 
@@ -321,11 +328,11 @@ fn is_current(at: &Instance, now: u64) -> bool {
     at.index == at.every.index(now)
 }
 
-fn seen_of(verdict: &Verdict, held: [u64; MAX_WINDOWS]) -> Seen {
+fn seen_of((verdict, held): &Decided) -> Seen {
     Seen {
         now: verdict.now,
         counts: verdict.counts,
-        held,
+        held: *held,
     }
 }
 
@@ -342,9 +349,15 @@ impl QuotaStore for RegionalStoreHandle {
     ) -> Result<Verdict, StoreError> {
         let me = &self.0;
         let tracked = me.touch(key_id);
-        let mut seen = me.store.decide(key_id, limits, cost, ban).await?;
+        let request = Request {
+            key_id,
+            limits,
+            cost,
+            ban,
+        };
+        let mut seen = request.decide(&me.store).await?;
         if seen.0.outcome == Outcome::Unleased {
-            seen = me.short(key_id, limits, cost, ban, seen).await?;
+            seen = me.short(&request, seen).await?;
         }
         if seen.0.outcome == Outcome::Admitted {
             let spare = seen.0.counts.iter().zip(&seen.1).any(|(c, h)| h > c);
@@ -353,7 +366,7 @@ impl QuotaStore for RegionalStoreHandle {
                 // this one too once the key is quiet.
                 me.track(key_id, limits);
             }
-            me.ahead(key_id, limits, &seen_of(&seen.0, seen.1), cost);
+            me.ahead(key_id, limits, &seen_of(&seen), cost);
         }
         Ok(seen.0)
     }

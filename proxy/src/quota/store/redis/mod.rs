@@ -279,6 +279,18 @@ impl RedisStore {
         cost: u64,
         ban: &BanPolicy,
     ) -> Result<(Verdict, [u64; MAX_WINDOWS]), StoreError> {
+        let (verdict, raw) = self.decide_raw(key_id, limits, cost, ban).await?;
+        Ok((verdict, raw.held.map(|h| u64::try_from(h).unwrap_or(0))))
+    }
+
+    /// A decision, and the script's answer for it.
+    async fn decide_raw(
+        &self,
+        key_id: &Arc<str>,
+        limits: Limits,
+        cost: u64,
+        ban: &BanPolicy,
+    ) -> Result<(Verdict, RawVerdict), StoreError> {
         let raw = if self.batched {
             self.batches.acquire(key_id, limits, cost, ban).await?
         } else {
@@ -289,7 +301,7 @@ impl RedisStore {
         if verdict.ban_started && !self.batched {
             self.index_ban_now(key_id, verdict.ban_until).await;
         }
-        Ok((verdict, raw.held.map(|h| u64::try_from(h).unwrap_or(0))))
+        Ok((verdict, raw))
     }
 }
 
@@ -302,7 +314,7 @@ impl QuotaStore for RedisStore {
         cost: u64,
         ban: &BanPolicy,
     ) -> Result<Verdict, StoreError> {
-        Ok(self.decide(key_id, limits, cost, ban).await?.0)
+        Ok(self.decide_raw(key_id, limits, cost, ban).await?.0)
     }
 
     fn release(&self, quota_id: &Arc<str>, lease: Lease) {
