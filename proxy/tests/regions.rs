@@ -2,7 +2,8 @@
 //! global store, each region's store built as its nodes build it. Regions deciding at once never
 //! admit more than the limit between them; a region short of units refuses without a strike and,
 //! cut off from the global store, with `Unleased`; a region's Redis restarted forfeits what it
-//! held; units a quiet region held go back to the global store for another region to spend.
+//! held; units a quiet region held go back to the global store for another region to spend; a
+//! ban started in one region holds in the others within a second, and a lift lifts it there.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,6 +13,7 @@ use proxy::base::redis::RedisAccess;
 use proxy::keys::limits::{Every, Limits, WindowLimit};
 use proxy::quota::regions::{RegionalStore, RegionalStoreHandle};
 use proxy::quota::rules::{BanPolicy, Outcome};
+use proxy::quota::store::redis::ban_feed::BanFeed;
 use proxy::quota::store::redis::ledger::{Instance, Ledger};
 use proxy::quota::store::redis::RedisStore;
 use proxy::quota::store::QuotaStore;
@@ -29,7 +31,12 @@ fn region(local: &RedisServer, global_url: &str, name: &str) -> Arc<RegionalStor
         0,
     )
     .unwrap();
-    RegionalStore::new(Arc::new(store), Arc::new(ledger), name)
+    RegionalStore::new(Arc::new(store), Arc::new(ledger), feed(global_url), name)
+}
+
+fn feed(global_url: &str) -> Arc<BanFeed> {
+    let access = RedisAccess::from_url(global_url).unwrap();
+    Arc::new(BanFeed::new(access, PREFIX, Duration::from_millis(500)).unwrap())
 }
 
 fn per_minute(n: u64) -> Limits {
@@ -268,7 +275,8 @@ async fn a_grant_the_global_stores_replicas_did_not_acknowledge_is_never_spent()
         1,
     )
     .unwrap();
-    let r = RegionalStoreHandle(RegionalStore::new(Arc::new(store), Arc::new(ledger), "eu"));
+    let regional = RegionalStore::new(Arc::new(store), Arc::new(ledger), feed(&global.url()), "eu");
+    let r = RegionalStoreHandle(regional);
     let key: Arc<str> = Arc::from("key_unacked");
     let limits = per_minute(100);
     let ban = BanPolicy::default();
@@ -308,7 +316,13 @@ async fn the_shipped_acl_lets_a_regions_nodes_grant_hold_give_back_and_reset() {
         0,
     )
     .unwrap();
-    let regional = RegionalStore::new(Arc::clone(&store), Arc::new(ledger), "eu");
+    let global_url = global.url("gateway");
+    let regional = RegionalStore::new(
+        Arc::clone(&store),
+        Arc::new(ledger),
+        feed(&global_url),
+        "eu",
+    );
     let r = RegionalStoreHandle(Arc::clone(&regional));
     let key: Arc<str> = Arc::from("key_acl");
     let ban = BanPolicy::default();
@@ -324,4 +338,133 @@ async fn the_shipped_acl_lets_a_regions_nodes_grant_hold_give_back_and_reset() {
     // A store of a fleet without regions resets too (it deletes no units held).
     let plain = RedisStore::new(&local.url("gateway"), PREFIX, Duration::from_millis(500)).unwrap();
     plain.reset_usage("key_acl").await.unwrap();
+    // A ban of another region: published, read and imported, then lifted everywhere.
+    feed(&global_url)
+        .publish("key_acl", now() + 60)
+        .await
+        .unwrap();
+    regional.follow_bans().await;
+    assert!(
+        r.ban_of("key_acl").await.unwrap().is_some(),
+        "the ban was imported"
+    );
+    assert!(r.lift_ban("key_acl").await.unwrap(), "the ban was lifted");
+}
+
+/// Reads the feed of bans every `bans::EVERY`, as a node's background service does.
+fn following(region: &Arc<RegionalStore>) -> tokio::task::JoinHandle<()> {
+    let region = Arc::clone(region);
+    tokio::spawn(async move {
+        loop {
+            region.follow_bans().await;
+            tokio::time::sleep(proxy::quota::regions::bans::EVERY).await;
+        }
+    })
+}
+
+/// Waits until `region` holds a ban of `key` (`banned`) or none, for at most `within`; how
+/// long it took.
+async fn until_ban(
+    region: &RegionalStoreHandle,
+    key: &str,
+    banned: bool,
+    within: Duration,
+) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if region.ban_of(key).await.unwrap().is_some() == banned {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ban_started_in_one_region_holds_in_the_others_within_a_second_and_a_lift_lifts_it() {
+    let global = RedisServer::start();
+    let (ra, rb) = (RedisServer::start(), RedisServer::start());
+    let (a, b) = (
+        region(&ra, &global.url(), "eu"),
+        region(&rb, &global.url(), "us"),
+    );
+    let followers = [following(&a), following(&b)];
+    let (ha, hb) = (
+        RegionalStoreHandle(Arc::clone(&a)),
+        RegionalStoreHandle(Arc::clone(&b)),
+    );
+    let key: Arc<str> = Arc::from("key_abusive");
+    let limits = per_minute(5);
+    let quick = BanPolicy {
+        strikes: 2,
+        ..BanPolicy::default()
+    };
+    whole_minute_ahead(10).await;
+    // Region b decides the key once (admitted): its ban, if any, must come from region a.
+    assert_eq!(decide(&hb, &key, limits, &quick).await, Outcome::Admitted);
+    let mut started = None;
+    for _ in 0..40 {
+        if ha
+            .acquire(&key, limits, 1, &quick)
+            .await
+            .unwrap()
+            .ban_started
+        {
+            started = Some(Instant::now());
+            break;
+        }
+    }
+    let started = started.expect("region a never banned the key");
+    // Region b only reads (no strike of its own could ban the key there).
+    let held = until_ban(&hb, &key, true, Duration::from_secs(3)).await;
+    let took = started.elapsed();
+    assert!(held.is_some(), "region b never held the ban started in a");
+    assert!(
+        took < Duration::from_secs(1),
+        "the ban took {took:?} to hold in region b"
+    );
+    let lenient = BanPolicy {
+        strikes: 1_000,
+        ..BanPolicy::default()
+    };
+    assert_eq!(decide(&hb, &key, limits, &lenient).await, Outcome::Banned);
+
+    // Lifted in region b (as its admin's store does): lifted in a too.
+    assert!(
+        hb.lift_ban(&key).await.unwrap(),
+        "region b's lift found no ban"
+    );
+    let lifted = until_ban(&ha, &key, false, Duration::from_secs(2)).await;
+    assert!(lifted.is_some(), "region a still holds the ban lifted in b");
+    for f in followers {
+        f.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_store_that_lost_its_bans_lifts_none_in_the_regions() {
+    let global = RedisServer::start();
+    let rb = RedisServer::start();
+    let b = region(&rb, &global.url(), "us");
+    let hb = RegionalStoreHandle(Arc::clone(&b));
+    feed(&global.url())
+        .publish("key_kept", now() + 120)
+        .await
+        .unwrap();
+    b.follow_bans().await;
+    assert!(hb.ban_of("key_kept").await.unwrap().is_some());
+    // The global store restarted without its data: an empty feed, its version back to 0, then
+    // another region's ban moves it on.
+    global.cli(&["FLUSHALL"]);
+    b.follow_bans().await;
+    feed(&global.url())
+        .publish("key_other", now() + 120)
+        .await
+        .unwrap();
+    b.follow_bans().await;
+    assert!(hb.ban_of("key_other").await.unwrap().is_some());
+    assert!(
+        hb.ban_of("key_kept").await.unwrap().is_some(),
+        "a ban the global store forgot was lifted in the region"
+    );
 }

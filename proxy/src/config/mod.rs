@@ -240,6 +240,20 @@ pub fn settings_table() -> String {
 }
 
 impl Config {
+    /// Where the key registry lives when `keys_source = "store"`: the global store in a region
+    /// (one registry for every region, so a key issued, revoked or rotated anywhere is in force
+    /// everywhere within a node's read of its feed), else the Redis of `redis_url`. `None`: no
+    /// registry (the keys file).
+    pub fn registry_redis(&self) -> Option<&crate::base::redis::RedisAccess> {
+        if self.keys_source != crate::config::KeysSource::Store {
+            return None;
+        }
+        match (&self.region, &self.redis) {
+            (Some(region), Some(_)) => Some(&region.global),
+            (_, redis) => redis.as_ref(),
+        }
+    }
+
     /// Settings that load but are probably a mistake in this environment; `check` prints them
     /// and `serve` logs them at start-up.
     pub fn warnings(&self) -> Vec<String> {

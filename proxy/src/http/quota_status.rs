@@ -81,6 +81,53 @@ struct Body<'a> {
     ban: Option<Ban>,
     /// `null` when the key has no concurrency.
     concurrency: Option<Concurrency>,
+    /// In a region only: the global store's grants of the current windows, as last read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    global: Option<Global>,
+}
+
+/// The global store's figures (`quota::regions::granted`): the other fields are the region's.
+#[derive(Serialize)]
+struct Global {
+    /// When they were read, Unix seconds: earlier than now when the global store did not answer.
+    as_of: u64,
+    windows: Vec<GlobalWindow>,
+}
+
+#[derive(Serialize)]
+struct GlobalWindow {
+    name: Cow<'static, str>,
+    limit: u64,
+    /// Granted to every region together (at least what all of them admitted, at most `limit`).
+    granted: u64,
+    /// Granted to this region.
+    granted_here: u64,
+}
+
+/// The global figures of `limits`' shown windows whose instance read is still the current one.
+fn global_of(limits: Limits, usage: &Usage) -> Option<Global> {
+    let read = usage.global.as_ref()?;
+    let windows = limits
+        .windows()
+        .iter()
+        .filter(|w| !w.shadow)
+        .filter_map(|w| {
+            let &(_, _, granted, granted_here) =
+                read.windows.iter().find(|(every, index, _, _)| {
+                    *every == w.every && *index == w.every.index(usage.now)
+                })?;
+            Some(GlobalWindow {
+                name: w.every.name(),
+                limit: w.limit(),
+                granted,
+                granted_here,
+            })
+        })
+        .collect();
+    Some(Global {
+        as_of: read.as_of,
+        windows,
+    })
 }
 
 /// What the endpoint answers for a key with `limits` whose store state is `usage`: the body, and
@@ -138,6 +185,7 @@ fn status(plan: &str, limits: Limits, usage: &Usage) -> (Bytes, RateView) {
             limit,
             in_flight: usage.in_flight,
         }),
+        global: global_of(limits, usage),
     };
     let json = serde_json::to_vec(&body).unwrap_or_else(|_| b"{}".to_vec());
     (Bytes::from(json), view)
@@ -195,6 +243,7 @@ impl QuotaStatus {
                 last_admitted: 0,
                 ban_until: until,
                 in_flight: 0,
+                global: None,
             })
         } else if store_up {
             let started = std::time::Instant::now();
@@ -238,6 +287,7 @@ impl QuotaStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quota::store::GlobalUsage;
 
     fn usage(now: u64, minute: u64, day: u64, ban_until: u64) -> Usage {
         Usage {
@@ -247,6 +297,7 @@ mod tests {
             last_admitted: 0,
             ban_until,
             in_flight: 0,
+            global: None,
         }
     }
 
@@ -287,6 +338,34 @@ mod tests {
     }
 
     #[test]
+    fn a_regions_body_shows_the_global_figures_of_current_windows_only() {
+        let now = 20_000 * 86_400 + 3_600 + 30;
+        let read = GlobalUsage {
+            as_of: now - 5,
+            windows: vec![
+                // The minute read is the one before: ended, not shown.
+                (Every::MINUTE, Every::MINUTE.index(now) - 1, 60, 20),
+                (Every::DAY, Every::DAY.index(now), 700, 300),
+            ],
+        };
+        let used = Usage {
+            global: Some(read),
+            ..usage(now, 10, 400, 0)
+        };
+        let (body, _) = status("free", free(), &used);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            v["global"],
+            serde_json::json!({"as_of": now - 5, "windows": [
+                {"name": "day", "limit": 1000, "granted": 700, "granted_here": 300},
+            ]})
+        );
+        let (body, _) = status("free", free(), &usage(now, 10, 400, 0));
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert!(v.get("global").is_none(), "{v}");
+    }
+
+    #[test]
     fn any_windows_are_listed_shadow_ones_never_and_minute_and_day_only_when_there() {
         let now = 20_000 * 86_400 + 3_600 + 30;
         let w = |every: &str, limit: u64, shadow: bool| {
@@ -308,6 +387,7 @@ mod tests {
             last_admitted: 0,
             ban_until: 0,
             in_flight: 0,
+            global: None,
         };
         let (body, view) = status("pro", limits, &used);
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();

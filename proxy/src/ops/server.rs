@@ -35,6 +35,7 @@ use crate::quota::admission::OnStoreError;
 use crate::quota::regions::{RegionalStore, RegionalStoreHandle};
 use crate::quota::resilience::{Resilience, BAN_RECHECK};
 use crate::quota::store::memory::MemoryStore;
+use crate::quota::store::redis::ban_feed::BanFeed;
 use crate::quota::store::redis::ledger::Ledger;
 use crate::quota::store::redis::RedisStore;
 use crate::quota::store::{QuotaStore, StoreConfigError};
@@ -95,7 +96,7 @@ pub fn run(
     let (store, admin_store, redis_store) = stores(&config)?;
     let unauth = Arc::new(UnauthLimiter::new(config.unauthenticated.clone()));
     let mut server = pingora_server(&config, upgrade);
-    let store = regional(&config, store, &redis_store, &mut server)?;
+    let (store, admin_store) = regional(&config, (store, admin_store), &redis_store, &mut server)?;
     let (key_store, registry_state) = key_source(&config, &mut server, &catalog)?;
 
     let resilience = Resilience::with_lease_secs(config.concurrency_lease_secs);
@@ -149,7 +150,7 @@ pub fn run(
     // Every request has finished: the pump writes the minutes still open, then stops; the
     // leases go back; then the last spans get a moment to go out.
     drop(metering);
-    if let Some(store) = redis_store {
+    if let Some((store, _)) = redis_store {
         release_on_stop(&config, &store);
     }
     drop(trace_export);
@@ -327,8 +328,8 @@ fn admin_service(
     admin_service
 }
 
-/// The proxy's store and the admin listener's (and the proxy's as a Redis store, for what a
-/// stop has left to send). The two run on separate runtimes; in Redis mode each gets its own
+/// The proxy's store and the admin listener's (and both as Redis stores: the proxy's for what a
+/// stop has left to send, both for a region's node). The two run on separate runtimes; in Redis mode each gets its own
 /// connection so admin calls never queue behind request traffic, while the embedded store must
 /// be one and the same map.
 #[allow(clippy::type_complexity)]
@@ -338,7 +339,7 @@ fn stores(
     (
         Arc<dyn QuotaStore>,
         Arc<dyn QuotaStore>,
-        Option<Arc<RedisStore>>,
+        Option<(Arc<RedisStore>, Arc<RedisStore>)>,
     ),
     ServeError,
 > {
@@ -361,7 +362,8 @@ fn stores(
                 // Its `keys reset-usage` drops the units the region holds with the counts.
                 admin = admin.regional();
             }
-            (proxy.clone(), Arc::new(admin), Some(proxy))
+            let admin = Arc::new(admin);
+            (proxy.clone(), admin.clone(), Some((proxy, admin)))
         }
         None => {
             let memory =
@@ -372,17 +374,19 @@ fn stores(
 }
 
 /// A node of a region (`region` set): its proxy store (built regional by [`stores`]) admits
-/// only out of the units the global store granted the region (`quota::regions`), and gives back
-/// every second what quiet quotas hold. The admin API's store is the region's Redis store
-/// (built regional: its `reset-usage` drops the units held), without the ledger.
+/// only out of the units the global store granted the region (`quota::regions`), gives back
+/// every second what quiet quotas hold, and follows the bans of every region. The admin API's
+/// store is the region's Redis store (built regional: its `reset-usage` drops the units held)
+/// with the same ledger and ban feed, so a `bans lift` ends the ban in every region.
+#[allow(clippy::type_complexity)]
 fn regional(
     config: &Config,
-    store: Arc<dyn QuotaStore>,
-    redis_store: &Option<Arc<RedisStore>>,
+    (store, admin): (Arc<dyn QuotaStore>, Arc<dyn QuotaStore>),
+    redis_stores: &Option<(Arc<RedisStore>, Arc<RedisStore>)>,
     server: &mut Server,
-) -> Result<Arc<dyn QuotaStore>, ServeError> {
-    let (Some(region), Some(local)) = (&config.region, redis_store) else {
-        return Ok(store);
+) -> Result<(Arc<dyn QuotaStore>, Arc<dyn QuotaStore>), ServeError> {
+    let (Some(region), Some((local, local_admin))) = (&config.region, redis_stores) else {
+        return Ok((store, admin));
     };
     let ledger = Arc::new(Ledger::new(
         region.global.clone(),
@@ -390,12 +394,30 @@ fn regional(
         GLOBAL_TIMEOUT,
         region.replicas,
     )?);
-    let regional = RegionalStore::new(Arc::clone(local), ledger, &region.name);
+    let feed = Arc::new(BanFeed::new(
+        region.global.clone(),
+        &config.key_prefix,
+        GLOBAL_TIMEOUT,
+    )?);
+    let regional = RegionalStore::new(
+        Arc::clone(local),
+        Arc::clone(&ledger),
+        Arc::clone(&feed),
+        &region.name,
+    );
     server.add_service(background_service(
         "region give-backs",
         RegionSweep(Arc::clone(&regional)),
     ));
-    Ok(Arc::new(RegionalStoreHandle(regional)))
+    server.add_service(background_service(
+        "region bans",
+        RegionBans(Arc::clone(&regional)),
+    ));
+    let admin = RegionalStore::for_admin(Arc::clone(local_admin), ledger, feed, &region.name);
+    Ok((
+        Arc::new(RegionalStoreHandle(regional)),
+        Arc::new(RegionalStoreHandle(admin)),
+    ))
 }
 
 /// The deadline of a call to the global store: a round trip between regions, and the wait for
@@ -411,6 +433,21 @@ impl BackgroundService for RegionSweep {
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(crate::quota::regions::sweep::EVERY) => self.0.sweep().await,
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+/// Reads the feed of bans across regions a few times a second (`quota::regions::bans`).
+struct RegionBans(Arc<RegionalStore>);
+
+#[async_trait]
+impl BackgroundService for RegionBans {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(crate::quota::regions::bans::EVERY) => self.0.follow_bans().await,
                 _ = shutdown.changed() => return,
             }
         }
@@ -511,8 +548,7 @@ fn key_source(
     server: &mut Server,
     catalog: &Arc<Catalog>,
 ) -> Result<(KeyStore, Option<Arc<SyncState>>), ServeError> {
-    let (crate::config::KeysSource::Store, Some(redis)) = (config.keys_source, &config.redis)
-    else {
+    let Some(redis) = config.registry_redis() else {
         return Ok((KeyStore::File(config.keys_file.clone()), None));
     };
     let open = |for_changes| {

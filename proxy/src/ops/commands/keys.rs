@@ -340,15 +340,13 @@ pub(super) fn key_config(files: &KeyFiles, admin_listen: Option<&str>) -> Result
 /// The key service for the `keys` commands: the keys file or the registry
 /// (`keys_source = "store"`), changes audited as the OS user.
 fn key_service(config: &Config) -> Result<KeyService, String> {
-    let store = match (config.keys_source, &config.redis) {
-        (KeysSource::Store, Some(redis)) => {
-            KeyStore::Registry(std::sync::Arc::new(crate::ops::wiring::open_registry(
-                config,
-                redis,
-                std::time::Duration::from_secs(2),
-                true,
-            )?))
-        }
+    let store = match config.registry_redis() {
+        Some(redis) => KeyStore::Registry(std::sync::Arc::new(crate::ops::wiring::open_registry(
+            config,
+            redis,
+            std::time::Duration::from_secs(2),
+            true,
+        )?)),
         _ => KeyStore::File(config.keys_file.clone()),
     };
     Ok(KeyService {

@@ -1,6 +1,5 @@
 //! `pet-gateway registry keygen|sign`: the fleet's signing key for key records.
 
-use crate::config::KeysSource;
 use crate::keys::signing::SigningKey;
 use crate::ops::cli::RegistryCommand;
 
@@ -18,7 +17,7 @@ pub fn registry_command(cmd: RegistryCommand) -> Result<(), String> {
         }
         RegistryCommand::Sign { files } => {
             let config = super::keys::key_config(&files, None)?;
-            let (KeysSource::Store, Some(redis)) = (config.keys_source, &config.redis) else {
+            let Some(redis) = config.registry_redis() else {
                 return Err(
                     "registry sign: the config's keys_source is not `store` (or it has \
                             no redis_url): there is no registry to sign"

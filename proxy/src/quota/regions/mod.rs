@@ -23,6 +23,8 @@
 //! (under-admission, never over). What the region holds lives in its Redis under that server's
 //! run id: a restart or a failover forfeits it (`scripts::regional_lua`).
 
+pub mod bans;
+pub mod granted;
 pub mod sizing;
 pub mod sweep;
 
@@ -38,6 +40,7 @@ use crate::base::clock::unix_now_ms;
 use crate::base::metrics::METRICS;
 use crate::keys::limits::{Limits, MAX_WINDOWS};
 use crate::quota::rules::{BanPolicy, Lease, Outcome, Verdict};
+use crate::quota::store::redis::ban_feed::BanFeed;
 use crate::quota::store::redis::ledger::{Instance, Ledger};
 use crate::quota::store::redis::{Held, RedisStore};
 use crate::quota::store::{Ban, QuotaStore, StoreError, TopWindow, Usage};
@@ -60,6 +63,7 @@ const GLOBAL_WAIT: Duration = Duration::from_secs(1);
 pub struct RegionalStore {
     store: Arc<RedisStore>,
     ledger: Arc<Ledger>,
+    feed: Arc<BanFeed>,
     region: Arc<str>,
     /// This node's name in request ids and claims: random at start.
     node: String,
@@ -77,14 +81,48 @@ pub struct RegionalStore {
     /// Quotas this node got units for, and when it last decided one of their requests: what
     /// the sweep gives back once idle.
     pub(crate) tracked: RwLock<HashMap<Arc<str>, Arc<sweep::Tracked>>>,
+    /// What this node read of the bans of every region (`bans`).
+    following: Mutex<bans::Following>,
+    /// The global store's figures this node last read, by quota (`granted`).
+    last_granted: Mutex<granted::LastRead>,
+    /// Whether usage is read with the global store's figures (`GET /v1/rate_limit`), not only
+    /// the region's (the admin API: a search shows the usage of a page of keys, one global read
+    /// each would cost it a round trip between regions a key).
+    reads_granted: bool,
 }
 
 impl RegionalStore {
     /// `store` must be built [`RedisStore::regional`].
-    pub fn new(store: Arc<RedisStore>, ledger: Arc<Ledger>, region: &str) -> Arc<RegionalStore> {
+    pub fn new(
+        store: Arc<RedisStore>,
+        ledger: Arc<Ledger>,
+        feed: Arc<BanFeed>,
+        region: &str,
+    ) -> Arc<RegionalStore> {
+        RegionalStore::build(store, ledger, feed, region, true)
+    }
+
+    /// The admin API's store: as [`RegionalStore::new`], its usage the region's alone.
+    pub fn for_admin(
+        store: Arc<RedisStore>,
+        ledger: Arc<Ledger>,
+        feed: Arc<BanFeed>,
+        region: &str,
+    ) -> Arc<RegionalStore> {
+        RegionalStore::build(store, ledger, feed, region, false)
+    }
+
+    fn build(
+        store: Arc<RedisStore>,
+        ledger: Arc<Ledger>,
+        feed: Arc<BanFeed>,
+        region: &str,
+        reads_granted: bool,
+    ) -> Arc<RegionalStore> {
         Arc::new(RegionalStore {
             store,
             ledger,
+            feed,
             region: Arc::from(region),
             node: format!("{:016x}", rand::random::<u64>()),
             seq: AtomicU64::new(0),
@@ -93,6 +131,9 @@ impl RegionalStore {
             away_until: AtomicU64::new(0),
             looked: Mutex::default(),
             tracked: RwLock::default(),
+            following: Mutex::default(),
+            last_granted: Mutex::default(),
+            reads_granted,
         })
     }
 
@@ -336,8 +377,9 @@ fn seen_of((verdict, held): &Decided) -> Seen {
     }
 }
 
-/// Decisions go to the region's Redis, every other call too: bans, usage and the top
-/// consumers' index are the region's (issue 48 lists what crosses regions).
+/// Decisions go to the region's Redis, every other call too: the top consumers' index is the
+/// region's, usage too (with the global store's grants beside it, `granted`); bans are the region's, fed by the others' (`bans`) and lifted in
+/// every region.
 #[async_trait]
 impl QuotaStore for RegionalStoreHandle {
     async fn acquire(
@@ -367,6 +409,8 @@ impl QuotaStore for RegionalStoreHandle {
                 me.track(key_id, limits);
             }
             me.ahead(key_id, limits, &seen_of(&seen), cost);
+        } else if seen.0.ban_started {
+            me.publish_ban(key_id, seen.0.ban_until);
         }
         Ok(seen.0)
     }
@@ -383,7 +427,9 @@ impl QuotaStore for RegionalStoreHandle {
         self.0.store.renew(quota_id, lease).await
     }
 
+    /// Out of the feed first: a lift the other regions cannot learn of is not done here either.
     async fn lift_ban(&self, key_id: &str) -> Result<bool, StoreError> {
+        self.0.unpublish_ban(key_id).await?;
         self.0.store.lift_ban(key_id).await
     }
 
@@ -400,7 +446,11 @@ impl QuotaStore for RegionalStoreHandle {
     }
 
     async fn usage(&self, quota_id: &str) -> Result<Usage, StoreError> {
-        self.0.store.usage(quota_id).await
+        let usage = self.0.store.usage(quota_id).await?;
+        if !self.0.reads_granted {
+            return Ok(usage);
+        }
+        Ok(self.0.with_granted(quota_id, usage).await)
     }
 
     async fn reset_usage(&self, quota_id: &str) -> Result<(), StoreError> {

@@ -278,6 +278,7 @@ impl QuotaStore for MemoryStore {
                 .filter(|&until| until > now)
                 .unwrap_or(0),
             in_flight,
+            global: None,
         })
     }
 

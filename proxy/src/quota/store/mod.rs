@@ -74,6 +74,20 @@ pub struct Usage {
     pub ban_until: u64,
     /// The quota's requests in flight (leases not ended), when it has a concurrency.
     pub in_flight: u64,
+    /// In a region (`quota::regions`): what the global store has granted of the current
+    /// windows, as this node last read it; `None` without regions, or never read.
+    pub global: Option<GlobalUsage>,
+}
+
+/// What the global store had granted of a quota's current windows, to every region together
+/// and to this one, when a node of this region last read it (`as_of`, Unix seconds). Granted is
+/// not spent: the units a region holds and has not spent are granted too, so what is granted
+/// in all is at least what was admitted everywhere, and never more than the limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalUsage {
+    pub as_of: u64,
+    /// Each window length, the instance read, granted in all, granted to this region.
+    pub windows: Vec<(Every, u64, u64, u64)>,
 }
 
 impl Usage {

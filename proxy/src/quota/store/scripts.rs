@@ -820,6 +820,30 @@ return 1
 "#
 );
 
+/// Writes a ban started in another region (issue 48, `redis::ban_feed`) into this region's
+/// state of the quota: its end moves to the later of the two; level and strikes stay this
+/// region's, and the state lives at least to the ban's end.
+///
+/// - `KEYS[1]`: the quota's state.
+/// - `ARGV[1]`: the ban's end, Unix seconds.
+///
+/// Returns 1 when the ban's end moved, 0 otherwise (already as late, or ended).
+pub const IMPORT_BAN: &str = concat!(
+    state_lua!(),
+    r#"
+local now = tonumber(redis.call('TIME')[1])
+local till = tonumber(ARGV[1])
+if till <= now then return 0 end
+local s = load(KEYS[1])
+if s[BU] >= till then return 0 end
+s[BU] = u32(till)
+if s[LU] < till then s[LU] = u32(till) end
+s[EXPIRE] = true
+save(KEYS[1], s)
+return 1
+"#
+);
+
 /// Reads a quota's ban.
 ///
 /// - `KEYS[1]`: the quota's state.

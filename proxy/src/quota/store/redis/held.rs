@@ -1,9 +1,12 @@
-//! A region's units held (issue 48, `quota::regions`): adding what the global store granted
-//! (`HOLD`) and taking back what a quota whose traffic left the region did not spend (`GIVE`),
-//! in the region's Redis, beside the quota's state (`scripts::regional_lua`).
+//! What a region's Redis holds from the global store (issue 48, `quota::regions`): units,
+//! adding what the global store granted (`HOLD`) and taking back what a quota whose traffic left
+//! the region did not spend (`GIVE`), beside the quota's state (`scripts::regional_lua`); and
+//! bans started in other regions (`IMPORT_BAN`, from `ban_feed`).
 
 use super::acquire::{number, pack};
 use super::ledger::check_len;
+use std::sync::Arc;
+
 use super::RedisStore;
 use crate::quota::store::StoreError;
 
@@ -67,5 +70,16 @@ impl RedisStore {
             .map(|t| (u32::try_from(t[0]).unwrap_or(u32::MAX), t[1], t[2]))
             .collect();
         Ok(Some(taken))
+    }
+
+    /// Bans `quota_id` in this region until `until` (Unix seconds), a ban another region
+    /// started: a later end than the region's own wins, and the region's ban index lists it.
+    /// Whether the ban's end moved.
+    pub async fn import_ban(&self, quota_id: &str, until: u64) -> Result<bool, StoreError> {
+        let moved: i64 = self.invoke(&self.import_ban, quota_id, &[until]).await?;
+        if moved == 1 {
+            self.index_ban_now(&Arc::from(quota_id), until).await;
+        }
+        Ok(moved == 1)
     }
 }

@@ -272,8 +272,29 @@ impl Ledger {
         check_len(self.link.run(&invocation).await?, units.len())
     }
 
-    /// What each region was granted of one instance, and the total (for tests and the harness;
-    /// `GET /v1/rate_limit` does not show it yet).
+    /// What was granted of each instance `at`, in all and to `region`, in one round trip (for
+    /// `GET /v1/rate_limit` and `keys show`).
+    pub async fn totals(
+        &self,
+        quota: &str,
+        region: &str,
+        at: &[Instance],
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
+        let mut pipe = redis::pipe();
+        for i in at {
+            pipe.cmd("HMGET")
+                .arg(self.key(quota, i))
+                .arg("t")
+                .arg(format!("g:{region}"));
+        }
+        let read: Vec<(Option<u64>, Option<u64>)> = self.link.pipe(&pipe).await?;
+        Ok(read
+            .into_iter()
+            .map(|(t, g)| (t.unwrap_or(0), g.unwrap_or(0)))
+            .collect())
+    }
+
+    /// What each region was granted of one instance, and the total (for tests and the harness).
     pub async fn granted(
         &self,
         quota: &str,

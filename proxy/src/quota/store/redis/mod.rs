@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 mod acquire;
+pub mod ban_feed;
 mod batch;
 mod errors;
 mod function;
@@ -51,6 +52,7 @@ pub struct RedisStore {
     reset_usage: redis::Script,
     hold: redis::Script,
     give: redis::Script,
+    import_ban: redis::Script,
 }
 
 /// The most decisions one script run carries by default: large enough that a saturated Redis
@@ -103,6 +105,7 @@ impl RedisStore {
             reset_usage: redis::Script::new(scripts::RESET_USAGE),
             hold: redis::Script::new(scripts::HOLD),
             give: redis::Script::new(scripts::GIVE),
+            import_ban: redis::Script::new(scripts::IMPORT_BAN),
         };
         Ok(store.with_batch_max(DEFAULT_BATCH_MAX))
     }
@@ -379,6 +382,7 @@ impl QuotaStore for RedisStore {
             last_admitted: n(last),
             ban_until: n(ban_until),
             in_flight: n(in_flight),
+            global: None,
         })
     }
 
