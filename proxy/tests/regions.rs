@@ -261,43 +261,102 @@ async fn units_a_quiet_region_held_go_back_for_another_region_to_spend() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_the_global_stores_replicas_did_not_acknowledge_is_never_spent() {
-    // The global store has no replica, but the region waits for one: no grant is acknowledged,
-    // as when a failover would lose it. Each counts as granted, none is held.
-    let global = RedisServer::start();
+    // The global store's replica is online but stops acknowledging (asleep, as a replica a
+    // failover would leave behind): each grant counts as granted, none is held.
+    let global = RedisServer::start_with(free_addr(), &["--repl-diskless-sync-delay", "0"]);
+    let dir = tempfile::tempdir().unwrap();
+    let replica = RedisServer::start_with(
+        free_addr(),
+        &[
+            "--dir",
+            dir.path().to_str().unwrap(),
+            "--enable-debug-command",
+            "yes",
+        ],
+    );
+    let primary_port = global.addr.port().to_string();
+    assert_eq!(
+        replica.cli(&["REPLICAOF", "127.0.0.1", &primary_port]),
+        "OK"
+    );
+    let started = Instant::now();
+    while !global
+        .cli(&["INFO", "replication"])
+        .contains("state=online")
+    {
+        assert!(started.elapsed() < Duration::from_secs(15), "never synced");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let local = RedisServer::start();
-    let store = RedisStore::new(&local.url(), PREFIX, Duration::from_millis(500))
-        .unwrap()
-        .regional();
-    let ledger = Ledger::new(
-        RedisAccess::from_url(&global.url()).unwrap(),
-        PREFIX,
-        Duration::from_millis(400),
-        1,
-    )
-    .unwrap();
-    let regional = RegionalStore::new(Arc::new(store), Arc::new(ledger), feed(&global.url()), "eu");
-    let r = RegionalStoreHandle(regional);
+    let r = RegionalStoreHandle(region_waiting_for(&local, &global, 1));
     let key: Arc<str> = Arc::from("key_unacked");
     let limits = per_minute(100);
     let ban = BanPolicy::default();
     whole_minute_ahead(10).await;
+    let sleeper = std::thread::spawn({
+        let port = replica.addr.port().to_string();
+        move || {
+            e2e::redis_cli()
+                .args(["-p", &port, "DEBUG", "SLEEP", "3"])
+                .output()
+                .unwrap()
+        }
+    });
+    std::thread::sleep(Duration::from_millis(200));
     assert_eq!(decide(&r, &key, limits, &ban).await, Outcome::Unleased);
     assert_eq!(
         local.cli(&["EXISTS", "pet:test:held:{key_unacked}"]).trim(),
         "0"
     );
-    let ledger = Ledger::new(
-        RedisAccess::from_url(&global.url()).unwrap(),
-        PREFIX,
-        Duration::from_millis(500),
-        0,
-    )
-    .unwrap();
-    let (total, _) = ledger
+    let (total, _) = plain_ledger(&global)
         .granted("key_unacked", &Instance::at(Every::MINUTE, now()))
         .await
         .unwrap();
     assert!(total >= 1, "the grant stays counted at the global store");
+    sleeper.join().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_replica_online_the_global_store_grants_nothing_and_counts_nothing() {
+    // A global store whose replica is gone (a failover's primary, until the old one comes back
+    // as a replica): a region's asks are refused, not counted as granted and lost.
+    let global = RedisServer::start();
+    let local = RedisServer::start();
+    let r = RegionalStoreHandle(region_waiting_for(&local, &global, 1));
+    let key: Arc<str> = Arc::from("key_lonely");
+    whole_minute_ahead(10).await;
+    for _ in 0..3 {
+        let outcome = decide(&r, &key, per_minute(100), &BanPolicy::default()).await;
+        assert_eq!(outcome, Outcome::Unleased);
+    }
+    let (total, _) = plain_ledger(&global)
+        .granted("key_lonely", &Instance::at(Every::MINUTE, now()))
+        .await
+        .unwrap();
+    assert_eq!(
+        total, 0,
+        "units burnt: counted as granted, never to be spent"
+    );
+}
+
+/// A region whose grants must be acknowledged by `replicas` of the global store.
+fn region_waiting_for(
+    local: &RedisServer,
+    global: &RedisServer,
+    replicas: u32,
+) -> Arc<RegionalStore> {
+    let store = RedisStore::new(&local.url(), PREFIX, Duration::from_millis(500))
+        .unwrap()
+        .regional();
+    let access = RedisAccess::from_url(&global.url()).unwrap();
+    let ledger = Ledger::new(access, PREFIX, Duration::from_millis(400), replicas).unwrap();
+    RegionalStore::new(Arc::new(store), Arc::new(ledger), feed(&global.url()), "eu")
+}
+
+/// The ledger as the harness reads it (no replicas waited for).
+fn plain_ledger(global: &RedisServer) -> Ledger {
+    let access = RedisAccess::from_url(&global.url()).unwrap();
+    Ledger::new(access, PREFIX, Duration::from_millis(500), 0).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

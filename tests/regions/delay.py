@@ -26,6 +26,8 @@ class Delay:
         self.writers = set()
         self.cut_now = False
         self.ready = threading.Event()
+        # Connections carried (not refused by a cut): a harness shows its paths were taken.
+        self.carried = 0
 
     # The thread's side.
 
@@ -69,6 +71,7 @@ class Delay:
         except OSError:
             writer.transport.abort()
             return
+        self.carried += 1
         for w in (writer, up_writer):
             w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.writers.add(w)

@@ -10,13 +10,22 @@ The set-ups it runs (`--setup`, several in one run, side by side):
 - `one-redis`: today's first way, every region on region a's Redis, b and c through the delay;
 - `redis-per-region`: today's second way, each region on its own Redis, counting alone;
 - `leased`: regions (`region`, `global_store_url`): each region decides in its own Redis, out of
-  units the global store (in region a, `appendfsync always`; b and c reach it through the delay)
-  grants it ahead of use.
+  units the global store grants it ahead of use. The global store lives in region a: a primary
+  and a replica (`appendfsync always`) behind three Sentinels, the nodes on
+  `redis+sentinel://` with `global_store_replicas = 1`.
+
+Nodes follow the addresses the Sentinels give, so the delay must sit on every path those
+addresses take: region b's and c's nodes run as users of their own (`petregions-b`,
+`petregions-c`), and an `nft` table (`inet petregions`) redirects each such user's connections to
+every port of the global store (data nodes and Sentinels) to a delaying proxy of that region's
+(region a's nodes, root, reach it directly). Cutting a region's proxies is its partition.
 
 With `--faults`, the `leased` set-up runs under a fault schedule (`FAULTS`, seconds from the
 load's start): region c cut off from the global store for 40 s, region b's Redis killed and
-started again empty, a node of region a killed and started again, and from then on `acme`'s
-traffic moved from region a to regions b and c (a sends no more). The figures are judged through them, minute by minute.
+started again empty, the global store's primary killed (the Sentinels fail over to the replica;
+the old primary comes back as a replica 20 s later), a node of region a killed and started
+again, and from then on `acme`'s traffic moved from region a to regions b and c (a sends no
+more). The figures are judged through them, minute by minute.
 
 The load: `acme`, the biggest customer, one key spread unevenly over the regions at about twice
 its plan's minute limit (its windows show the over-admission), and in each region a key well
@@ -29,6 +38,7 @@ run stops by itself.
 """
 
 import argparse
+import datetime
 import http.client
 import json
 import os
@@ -57,8 +67,11 @@ PLANS = {
 }
 TIMEOUT = 5.0
 # The fault schedule (`--faults`, the `leased` set-up): seconds from the load's start.
-FAULTS = [(30, "cut c"), (70, "heal c"), (85, "restart redis b"), (110, "kill a2"),
-          (120, "start a2"), (130, "move acme")]
+FAULTS = [(30, "cut c"), (70, "heal c"), (85, "restart redis b"), (95, "failover global"),
+          (110, "kill a2"), (115, "start global"), (120, "start a2"), (130, "move acme")]
+MASTER = "pet-global"
+NFT_TABLE = "petregions"
+FAR_USERS = {"b": "petregions-b", "c": "petregions-c"}
 # acme's shares once its traffic moved (from a to c).
 ACME_MOVED = {"a": 0.0, "b": 0.3, "c": 0.7}
 
@@ -73,6 +86,9 @@ class Fleet:
         # For the faults: each region's Redis process and port, each region's path to the
         # global store, and when acme's traffic moved.
         self.redis_procs, self.global_paths, self.moved_at = {}, {}, None
+        # The global store: its data nodes' processes by port, the Sentinels' ports, the
+        # primary killed by the failover fault.
+        self.global_data, self.sentinels, self.killed_primary = {}, [], None
         for d in ("logs", "plans", "nodes"):
             os.makedirs(os.path.join(run, d), exist_ok=True)
 
@@ -81,27 +97,26 @@ class Fleet:
         own = self.setup in ("redis-per-region", "leased")
         redis = {r: self.redis(r) for r in (regions if own else ["a"])}
         # The global store lives in region a; b and c reach it across the delay.
-        global_store = self.redis("global", durable=True) if self.setup == "leased" else None
-        self.global_store = global_store
+        far = self.global_sentinel() if self.setup == "leased" else None
         backend = self.backend()
         fleet.copy_plans(self.run, PLANS)
         keys = os.path.join(self.run, "keys.toml")
         for r in regions:
             # A region reaches region a's Redis across the delay; its own (or a's, from a) at once.
             port = redis.get(r) or self.delayed(redis["a"])
-            far = None
-            if global_store:
-                far = global_store if r == "a" else self.delayed(global_store)
-                if r != "a":
-                    self.global_paths[r] = self.proxies[-1]
             for i in (1, 2):
                 self.nodes[f"{r}{i}"] = self.node(f"{r}{i}", r, port, backend, keys, far)
         self.tokens = self.issue(keys)
         for name, n in self.nodes.items():
             shutil.copy(keys, n["keys"])
+            user = self.far_user(n["region"]) if far else None
+            if user:
+                node_dir = os.path.dirname(n["keys"])
+                for path in (node_dir, os.path.join(node_dir, "metering"), n["keys"], n["config"]):
+                    os.chown(path, user.pw_uid, user.pw_gid)
             n["proc"] = fleet.Proc(name, [os.path.join(self.bin_dir, "pet-gateway"), "serve",
                                           "--config", n["config"]],
-                                   os.path.join(self.run, f"logs/{name}.log"),
+                                   os.path.join(self.run, f"logs/{name}.log"), user=user,
                                    env=dict(os.environ, PET_GATEWAY_ADMIN_TOKEN=ADMIN_TOKEN,
                                             RUST_LOG="warn")).start()
             self.procs.append(n["proc"])
@@ -109,7 +124,7 @@ class Fleet:
             fleet.wait_port(n["port"], within=60)
         return self
 
-    def redis(self, region, durable=False):
+    def redis(self, region, durable=False, primary=None):
         port = fleet.free_port()
         # The global store as the book's chapter on regions lays it out: every write on disk
         # before it is answered.
@@ -119,10 +134,64 @@ class Fleet:
         os.makedirs(d, exist_ok=True)
         self.procs.append(fleet.Proc(f"redis-{region}", [
             "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""] + persist +
-            ["--dir", d],
+            ["--dir", d] + (["--replicaof", "127.0.0.1", str(primary)] if primary else []),
             os.path.join(self.run, f"logs/redis-{region}.log")).start())
         fleet.wait_port(port)
         return port
+
+    def global_sentinel(self):
+        """The global store in region a: a primary, a replica, three Sentinels; the paths of
+        regions b and c to each of their ports delayed (`nft` redirects their nodes' users).
+        Returns the nodes' `global_store_url`."""
+        primary = self.redis("global-1", durable=True)
+        self.global_data[primary] = self.procs[-1]
+        replica = self.redis("global-2", durable=True, primary=primary)
+        self.global_data[replica] = self.procs[-1]
+        self.sentinels = [self.sentinel(i, primary) for i in (1, 2, 3)]
+        drop_nft()
+        nft(f"add table inet {NFT_TABLE}")
+        nft(f"add chain inet {NFT_TABLE} out {{ type nat hook output priority -100 ; }}")
+        for r, name in FAR_USERS.items():
+            uid = fleet.ensure_user(name).pw_uid
+            self.global_paths[r] = []
+            for port in [primary, replica] + self.sentinels:
+                proxy = delay.Delay(port, self.delay_ms).start()
+                self.proxies.append(proxy)
+                self.global_paths[r].append(proxy)
+                nft(f"add rule inet {NFT_TABLE} out meta skuid {uid} tcp dport {port} "
+                    f"redirect to :{proxy.port}")
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.sentinels)
+        return f"redis+sentinel://{hosts}/{MASTER}"
+
+    def sentinel(self, i, primary):
+        port = fleet.free_port()
+        d = os.path.join(self.run, f"sentinel-{i}")
+        os.makedirs(d, exist_ok=True)
+        conf = os.path.join(d, "sentinel.conf")
+        with open(conf, "w") as out:
+            out.write(f"port {port}\nbind 127.0.0.1\ndir {d}\n"
+                      f"sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n"
+                      f"sentinel down-after-milliseconds {MASTER} 2000\n"
+                      f"sentinel failover-timeout {MASTER} 10000\n")
+        self.procs.append(fleet.Proc(f"sentinel-{i}", ["redis-sentinel", conf],
+                                     os.path.join(self.run, f"logs/sentinel-{i}.log")).start())
+        fleet.wait_port(port)
+        return port
+
+    def global_primary(self):
+        """The global store's primary port, as the Sentinels say."""
+        for s in self.sentinels:
+            r = subprocess.run(["redis-cli", "-p", str(s), "SENTINEL", "get-master-addr-by-name",
+                                MASTER], capture_output=True, text=True)
+            lines = r.stdout.split()
+            if r.returncode == 0 and len(lines) == 2:
+                return int(lines[1])
+        raise RuntimeError("no Sentinel names the global store's primary")
+
+    @staticmethod
+    def far_user(region):
+        name = FAR_USERS.get(region)
+        return fleet.ensure_user(name) if name else None
 
     def delayed(self, port):
         d = delay.Delay(port, self.delay_ms).start()
@@ -138,25 +207,27 @@ class Fleet:
         fleet.wait_port(port)
         return port
 
-    def node(self, name, region, redis_port, backend, keys, global_port=None):
+    def node(self, name, region, redis_port, backend, keys, global_url=None):
         d = os.path.join(self.run, "nodes", name)
         os.makedirs(d, exist_ok=True)
+        os.makedirs(os.path.join(d, "metering"), exist_ok=True)
         n = {"region": region, "port": fleet.free_port(), "admin": fleet.free_port(),
              "keys": os.path.join(d, "keys.toml"), "config": os.path.join(d, "gateway.toml")}
         # Across regions a decision waits a round trip of the delay: a deadline of 50 ms would
         # send every far decision to on_store_error, which is not today's set-up either.
-        timeout = 50 if global_port else int(max(50, 5 * self.delay_ms))
+        timeout = 50 if global_url else int(max(50, 5 * self.delay_ms))
         lines = [
             'environment = "regions"', f'node_id = "{name}"', "threads = 1",
             f'listen = "127.0.0.1:{n["port"]}"', f'admin_listen = "127.0.0.1:{n["admin"]}"',
             f'upstreams = ["127.0.0.1:{backend}"]', f'redis_url = "redis://127.0.0.1:{redis_port}/"',
             'key_prefix = "pet:regions"', f'keys_file = "{n["keys"]}"',
+            f'metering_file = "{d}/metering/{name}"',
             f'plans_dir = "{self.run}/plans"', f"store_timeout_ms = {timeout}",
             "grace_period_secs = 1", "shutdown_timeout_secs = 2",
         ]
-        if global_port:
+        if global_url:
             lines += [f'region = "{region}"', 'on_store_error = "closed"',
-                      f'global_store_url = "redis://127.0.0.1:{global_port}/"']
+                      f'global_store_url = "{global_url}"', "global_store_replicas = 1"]
         else:
             lines.append('on_store_error = "local"')
         # acme sends twice its limit on purpose: its refusals must not ban it, or the minutes
@@ -188,9 +259,9 @@ class Fleet:
         """Per key name, the global store's calls its regions made (`leased` only), read from
         the ledger itself (`ledger.rs`): each grant call counts itself in `n:<region>` of the
         first instance it named, each give-back leaves its id on every instance it named."""
-        if not self.global_store:
+        if not self.sentinels:
             return {}
-        cli = ["redis-cli", "-p", str(self.global_store)]
+        cli = ["redis-cli", "-p", str(self.global_primary())]
         keys = subprocess.run(cli + ["--scan", "--pattern", "pet:regions:grants:*"],
                               capture_output=True, text=True, check=True).stdout.split()
         calls = {}
@@ -208,13 +279,46 @@ class Fleet:
         by_id = {v: k for k, v in self.ids.items()}
         return {by_id.get(q, q): n + len(gives) for q, (n, gives) in calls.items()}
 
+    def metered(self):
+        """Per (key name, minute), the units every node's metering file says it admitted."""
+        by_id = {v: k for k, v in self.ids.items()}
+        out = {}
+        for name in self.nodes:
+            folder = os.path.join(self.run, "nodes", name, "metering")
+            for file in sorted(os.listdir(folder)):
+                with open(os.path.join(folder, file)) as f:
+                    for line in f:
+                        ev = json.loads(line)
+                        if ev.get("type") != "pet.usage.v1":
+                            continue
+                        d = ev["data"]
+                        minute = int(datetime.datetime.fromisoformat(
+                            d["minute"].replace("Z", "+00:00")).timestamp()) // 60
+                        k = (by_id.get(d["key_id"], d["key_id"]), minute)
+                        out[k] = out.get(k, 0) + int(d["cost"])
+        return out
+
     def fault(self, what):
         """One step of `FAULTS`."""
         verb, _, target = what.partition(" ")
         if verb == "cut":
-            self.global_paths[target].cut()
+            for proxy in self.global_paths[target]:
+                proxy.cut()
         elif verb == "heal":
-            self.global_paths[target].heal()
+            for proxy in self.global_paths[target]:
+                proxy.heal()
+        elif verb == "failover":
+            # The primary killed: the Sentinels promote the replica.
+            port = self.global_primary()
+            self.killed_primary = self.global_data[port]
+            self.killed_primary.kill()
+        elif what == "start global":
+            # Back on its port with its AOF: the Sentinels make it the new primary's replica.
+            old = self.killed_primary
+            fresh = fleet.Proc(old.name, old.argv, old.log).start()
+            self.procs[self.procs.index(old)] = fresh
+            self.global_data = {p: fresh if proc is old else proc
+                                for p, proc in self.global_data.items()}
         elif verb == "restart":
             # Killed, and started again on its port with nothing: every count and unit it held
             # is gone.
@@ -234,6 +338,17 @@ class Fleet:
     def stop(self):
         for p in reversed(self.procs):
             p.stop(grace=5)
+        if self.sentinels:
+            drop_nft()
+
+
+def nft(rule):
+    subprocess.run(["nft", *rule.split()], check=True)
+
+
+def drop_nft():
+    """Deletes the harness's nft table, this run's or a killed run's."""
+    subprocess.run(["nft", "delete", "table", "inet", NFT_TABLE], capture_output=True)
 
 
 def minute_of(headers, recv):
@@ -325,9 +440,10 @@ def percentile(values, p):
     return values[min(len(values) - 1, int(len(values) * p / 100))]
 
 
-def judge(records, setup, calls=None):
+def judge(records, setup, calls=None, metered=None):
     """Per region, the small keys' latency; per whole minute, acme's admissions over all regions
-    against its limit; per key, the global store's calls per 1,000 admitted (`leased`)."""
+    against its limit; per key, the global store's calls per 1,000 admitted (`leased`); per key
+    and whole minute, the units every region's nodes metered against the admissions."""
     rows = [r for r in records if r["setup"] == setup and "fault" not in r]
     out = {"setup": setup, "latency_ms": {}, "acme_minutes": [], "global_calls": {},
            "faults": [r["fault"] for r in records if r["setup"] == setup and "fault" in r]}
@@ -353,6 +469,33 @@ def judge(records, setup, calls=None):
                                     "limit": ACME_PER_MINUTE,
                                     "over": max(0, admitted - ACME_PER_MINUTE)})
     out["errors"] = sum(1 for r in rows if r["status"] is None or r["status"] >= 500)
+    if metered is not None:
+        out["metering"] = metering(rows, minutes, metered, [
+            r["at"] for r in records if r["setup"] == setup and r.get("fault", "").startswith("kill")])
+    return out
+
+
+def metering(rows, minutes, metered, kills):
+    """Per key and whole minute, the metered units summed over every node of every region
+    against the key's admissions (each request costs 1 unit here). A node killed loses the
+    minutes it had not written yet (the one it died in, and the one before, written up to 41 s
+    after its end): those minutes are excused, not checked."""
+    lost = {int(t) // 60 - i for t in kills for i in (0, 1)}
+    out = {"checked": 0, "equal": 0, "excused": 0, "off": []}
+    for key in sorted({r["key"] for r in rows}):
+        for m in minutes:
+            admitted = sum(1 for r in rows if r["key"] == key and r.get("minute") == m
+                           and r["status"] == 200)
+            units = metered.get((key, m), 0)
+            if m in lost:
+                out["excused"] += 1
+                continue
+            out["checked"] += 1
+            if units == admitted:
+                out["equal"] += 1
+            else:
+                out["off"].append({"key": key, "minute": m, "admitted": admitted,
+                                   "metered": units})
     return out
 
 
@@ -380,10 +523,14 @@ def main(argv):
             time.sleep(60 - time.time() % 60 + 0.5)
             load(fl, a.minutes * 60, history, a.faults and setup == "leased")
             calls = fl.global_calls()
+            delayed = {r: sum(p.carried for p in ps) for r, ps in fl.global_paths.items()}
         finally:
             fl.stop()
         with open(history) as f:
-            results.append(judge([json.loads(line) for line in f], setup, calls))
+            results.append(judge([json.loads(line) for line in f], setup, calls, fl.metered()))
+        # The connections each far region's nodes made to the global store through its delay
+        # (none would mean the Sentinels' addresses bypassed it).
+        results[-1]["delayed_connections"] = delayed
         print(json.dumps(results[-1]), flush=True)
     fleet.dump_json(os.path.join(run, "results.json"), results)
     print(table(results, a.delay_ms))
@@ -404,6 +551,14 @@ def table(results, delay_ms):
             lines.append(f"| {r['setup']} | {region} | {lat['p50']} | {lat['p99']} | "
                          f"{len(minutes)} | {least}, {most} / {ACME_PER_MINUTE} | {over} |")
     for r in results:
+        m = r.get("metering")
+        if m:
+            lines.append(f"metering, {r['setup']}: {m['equal']} of {m['checked']} key-minutes "
+                         f"metered exactly what was admitted ({m['excused']} excused by a node "
+                         f"killed); off: {m['off'] or 'none'}")
+        if r.get("delayed_connections"):
+            lines.append(f"connections to the global store through the delay, {r['setup']}: "
+                         + ", ".join(f"{k} {v}" for k, v in sorted(r["delayed_connections"].items())))
         for key, c in r.get("global_calls", {}).items():
             lines.append(f"global store calls, {r['setup']}, {key}: {c['calls']} for "
                          f"{c['admitted']} admitted ({c['per_1000']} per 1,000)")

@@ -105,21 +105,32 @@ pub struct Ledger {
 ///
 /// - `KEYS[i]`: the instances' hashes, each of the quota's hash tag.
 /// - `ARGV[1]`: the region; `ARGV[2]`: the request id (a retry sends the same one; no spaces);
-///   then per instance `i`: `ARGV[3i]` its limit in force, `ARGV[3i+1]` the units wanted,
-///   `ARGV[3i+2]` when its hash expires (Unix seconds).
-/// - Returns the units granted per instance. The region's last request id, sent again, returns
+///   `ARGV[3]`: the replicas that must acknowledge it; then per instance `i`: `ARGV[3i+1]` its
+///   limit in force, `ARGV[3i+2]` the units wanted, `ARGV[3i+3]` when its hash expires (Unix
+///   seconds).
+/// - Returns the units granted per instance; an error `NOREPLICAS`, granting nothing, while
+///   fewer replicas than required are online (after a failover, until the old primary is back
+///   as a replica): each grant then could not be acknowledged, would count as granted and never
+///   be spent, and a region asking for each request would burn a window's whole budget. The region's last request id, sent again, returns
 ///   what it was granted then and grants nothing again; its record is written again, so a
 ///   `WAIT` after the retry, on whatever connection, covers the first write too. An
 ///   instance whose hash would already have expired by the global store's clock (a region's
 ///   clock far ahead or behind) is granted nothing: its grants would be forgotten at once.
 const GRANT: &str = r#"
-local region, id = ARGV[1], ARGV[2]
+local region, id, need = ARGV[1], ARGV[2], tonumber(ARGV[3])
+if need > 0 then
+  local online = 0
+  for _ in string.gmatch(redis.call('INFO', 'replication'), 'state=online') do online = online + 1 end
+  if online < need then
+    return redis.error_reply('NOREPLICAS ' .. online .. ' of ' .. need .. ' replicas online: nothing granted')
+  end
+end
 local g, r, n, mine = 'g:' .. region, 'r:' .. region, 'n:' .. region, ARGV[2] .. ' '
 local now = tonumber(redis.call('TIME')[1])
 local out = {}
 for i = 1, #KEYS do
   local h = KEYS[i]
-  local limit, want, exat = tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
+  local limit, want, exat = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]), tonumber(ARGV[3 * i + 3])
   local last = redis.call('HGET', h, r)
   if last and string.sub(last, 1, #mine) == mine then
     redis.call('HSET', h, r, last)
@@ -214,7 +225,7 @@ impl Ledger {
         for (at, _, _) in asks {
             call.arg(self.key(quota, at));
         }
-        call.arg(region).arg(id);
+        call.arg(region).arg(id).arg(self.replicas);
         for (at, limit, want) in asks {
             call.arg(limit)
                 .arg(want)
