@@ -399,7 +399,7 @@ async fn the_shipped_acl_lets_a_regions_nodes_grant_hold_give_back_and_reset() {
     plain.reset_usage("key_acl").await.unwrap();
     // A ban of another region: published, read and imported, then lifted everywhere.
     feed(&global_url)
-        .publish("key_acl", now() + 60)
+        .publish("key_acl", now(), now() + 60)
         .await
         .unwrap();
     regional.follow_bans().await;
@@ -506,24 +506,79 @@ async fn a_global_store_that_lost_its_bans_lifts_none_in_the_regions() {
     let rb = RedisServer::start();
     let b = region(&rb, &global.url(), "us");
     let hb = RegionalStoreHandle(Arc::clone(&b));
-    feed(&global.url())
-        .publish("key_kept", now() + 120)
-        .await
-        .unwrap();
+    let publish = |quota: &'static str| {
+        let url = global.url();
+        async move {
+            let f = feed(&url);
+            assert!(f.publish(quota, now(), now() + 120).await.unwrap());
+        }
+    };
+    publish("key_kept").await;
     b.follow_bans().await;
     assert!(hb.ban_of("key_kept").await.unwrap().is_some());
-    // The global store restarted without its data: an empty feed, its version back to 0, then
-    // another region's ban moves it on.
+    // The global store restarted without its data; then other regions' bans move its version
+    // past the one this node read (and a new feed at the very version it knew is read too).
     global.cli(&["FLUSHALL"]);
+    publish("key_other").await;
     b.follow_bans().await;
-    feed(&global.url())
-        .publish("key_other", now() + 120)
-        .await
-        .unwrap();
+    assert!(
+        hb.ban_of("key_other").await.unwrap().is_some(),
+        "a new feed at the version this node knew was not read"
+    );
+    publish("key_third").await;
+    publish("key_fourth").await;
     b.follow_bans().await;
-    assert!(hb.ban_of("key_other").await.unwrap().is_some());
+    for quota in ["key_other", "key_third", "key_fourth"] {
+        assert!(
+            hb.ban_of(quota).await.unwrap().is_some(),
+            "{quota} not imported"
+        );
+    }
     assert!(
         hb.ban_of("key_kept").await.unwrap().is_some(),
         "a ban the global store forgot was lifted in the region"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lifted_ban_is_not_published_again_by_a_retry_started_before_the_lift() {
+    let global = RedisServer::start();
+    let (ra, rb) = (RedisServer::start(), RedisServer::start());
+    let (a, b) = (
+        region(&ra, &global.url(), "eu"),
+        region(&rb, &global.url(), "us"),
+    );
+    let f = feed(&global.url());
+    let started = now();
+    assert!(f
+        .publish("key_lifted", started, started + 600)
+        .await
+        .unwrap());
+    a.follow_bans().await;
+    b.follow_bans().await;
+    RegionalStoreHandle(Arc::clone(&b))
+        .lift_ban("key_lifted")
+        .await
+        .unwrap();
+    // A node's retry of the same ban (its first publish failed), or another region's ban of
+    // the same strikes, arrives after the lift: refused.
+    assert!(!f
+        .publish("key_lifted", started, started + 600)
+        .await
+        .unwrap());
+    a.follow_bans().await;
+    b.follow_bans().await;
+    for (name, r) in [("eu", &a), ("us", &b)] {
+        let h = RegionalStoreHandle(Arc::clone(r));
+        assert!(
+            h.ban_of("key_lifted").await.unwrap().is_none(),
+            "{name} still holds the lifted ban"
+        );
+    }
+    // A ban started after the lift is a new one: published and held.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert!(f.publish("key_lifted", now(), now() + 600).await.unwrap());
+    a.follow_bans().await;
+    let ha = RegionalStoreHandle(Arc::clone(&a));
+    assert!(ha.ban_of("key_lifted").await.unwrap().is_some());
 }

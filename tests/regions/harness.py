@@ -471,23 +471,25 @@ def judge(records, setup, calls=None, metered=None):
     out["errors"] = sum(1 for r in rows if r["status"] is None or r["status"] >= 500)
     if metered is not None:
         out["metering"] = metering(rows, minutes, metered, [
-            r["at"] for r in records if r["setup"] == setup and r.get("fault", "").startswith("kill")])
+            (r["fault"].split()[1], r["at"]) for r in records
+            if r["setup"] == setup and r.get("fault", "").startswith("kill")])
     return out
 
 
 def metering(rows, minutes, metered, kills):
     """Per key and whole minute, the metered units summed over every node of every region
-    against the key's admissions (each request costs 1 unit here). A node killed loses the
-    minutes it had not written yet (the one it died in, and the one before, written up to 41 s
-    after its end): those minutes are excused, not checked."""
-    lost = {int(t) // 60 - i for t in kills for i in (0, 1)}
+    against the key's admissions (each request costs 1 unit here). A node killed (`kills`: its
+    name, when) loses the minutes it had not written yet (the one it died in, and the one
+    before, written up to 41 s after its end): a key's minute with a request to it then is
+    excused, not checked."""
+    lost = {(node, int(t) // 60 - i) for node, t in kills for i in (0, 1)}
     out = {"checked": 0, "equal": 0, "excused": 0, "off": []}
     for key in sorted({r["key"] for r in rows}):
         for m in minutes:
-            admitted = sum(1 for r in rows if r["key"] == key and r.get("minute") == m
-                           and r["status"] == 200)
+            mine = [r for r in rows if r["key"] == key and r.get("minute") == m]
+            admitted = sum(1 for r in mine if r["status"] == 200)
             units = metered.get((key, m), 0)
-            if m in lost:
+            if any((r["node"], m) in lost for r in mine):
                 out["excused"] += 1
                 continue
             out["checked"] += 1

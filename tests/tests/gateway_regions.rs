@@ -1,8 +1,9 @@
 //! Regions end to end (issue 48): two regions, each a gateway node and a Redis of its own, one
 //! global store, the real binary and CLI. What crosses regions: a key issued or revoked in one
 //! region is in force in the other within a second (the registry lives in the global store); a
-//! ban started in one region holds in the other within a second; `GET /v1/rate_limit` shows the
-//! global store's grants beside the region's counts.
+//! ban started in one region holds in the other within a second, and a lift by the other
+//! region's admin API ends it in both; `GET /v1/rate_limit` shows the global store's grants
+//! beside the region's counts.
 
 use std::time::{Duration, Instant};
 
@@ -134,7 +135,10 @@ async fn keys_bans_and_the_global_figures_cross_regions() {
 
     // Banned in region a (the limit of 4 spent, then 3 refusals past 2 strikes): refused as
     // banned in b within a second, though b never decided the key.
-    let key = issued(&keys_cli(&config_a, &["issue", "--plan", "small"]));
+    let key = issued(&keys_cli(
+        &config_a,
+        &["issue", "--plan", "small", "--name", "banned"],
+    ));
     all_reach([&a], &key, 200, Duration::from_secs(1)).await;
     let mut started = None;
     for _ in 0..20 {
@@ -157,4 +161,32 @@ async fn keys_bans_and_the_global_figures_cross_regions() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     println!("ban in force in region b after {:?}", started.elapsed());
+
+    // Lifted by region b's admin API: gone from region a's bans within a second or so (read
+    // from a's admin API: a request to a would strike again, its minute being full).
+    let id = key_id(&config_a, "banned");
+    let lift = reqwest::Client::new()
+        .post(b.admin_url(&format!("/bans/{id}/lift")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(lift.status(), 200, "{:?}", lift.text().await);
+    let lifted = Instant::now();
+    loop {
+        let bans = reqwest::get(a.admin_url("/bans"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if !bans.contains(&id) {
+            break;
+        }
+        assert!(
+            lifted.elapsed() < Duration::from_millis(1_500),
+            "region a still lists the ban lifted in b: {bans}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("lift in force in region a after {:?}", lifted.elapsed());
 }

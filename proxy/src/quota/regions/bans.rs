@@ -5,65 +5,84 @@
 //! every region within a second of its start while the global store answers (a publish, a
 //! read, an import: three calls, two of them across regions).
 //!
-//! A `bans lift` takes the ban out of the feed before the region's own lift, and fails when the
-//! global store does not answer (then nothing is lifted anywhere, and the operator tries
-//! again); nodes that had seen the ban lift it in their region. A ban that could not be
-//! published (the global store away) is published by the next read that reaches it. A region
-//! cut off keeps enforcing every ban it has (they live in its Redis); what is published
-//! meanwhile arrives with the first read after.
+//! A `bans lift` writes a lift into the feed before the region's own lift, and answers an error
+//! when the global store does not (the lift may still have reached it: then every region lifts
+//! the ban all the same, and a retry does no harm). A node that reads a lift lifts the ban in
+//! its region when it ends no later than the lifted one (not a ban the region started since).
+//! A ban that could not be published (the global store away) is published by a later read that
+//! reaches it, unless a lift came meanwhile. A region cut off keeps enforcing every ban it has
+//! (they live in its Redis); what is published meanwhile arrives with its first read after.
+//! Every [`WHOLE_EVERY`] a node writes every ban of the feed into its region again, so a
+//! region's Redis restarted empty gets them back.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{lock, RegionalStore};
 use crate::base::clock::unix_now;
-use crate::quota::store::redis::ban_feed::FeedRead;
+use crate::quota::store::redis::ban_feed::{FeedAt, FeedRead, Record};
+use crate::quota::store::{QuotaStore, StoreError};
 
 /// How often each node reads the feed: with a publish and an import, well inside the 1 s a
-/// ban takes to hold in every region; one `GET` each time the feed has not changed.
+/// ban takes to hold in every region; two `GET`s in one round trip while the feed is unchanged.
 pub const EVERY: Duration = Duration::from_millis(250);
+
+/// How often a node writes every ban of the feed into its region again, changed or not.
+const WHOLE_EVERY: Duration = Duration::from_secs(10);
 
 /// What this node last read of the feed, and the bans it could not publish yet.
 #[derive(Default)]
 pub struct Following {
-    /// The feed's version this node has applied (0: none yet).
-    version: u64,
-    /// The bans of that version this node has written into its region, by quota id.
-    seen: HashMap<String, u64>,
-    /// Bans started here whose publish failed, by quota id (the latest end).
-    unpublished: HashMap<Arc<str>, u64>,
+    /// The feed's state this node has applied whole (`None`: none yet, or read it again).
+    at: Option<FeedAt>,
+    /// The records of it this node has applied, by quota id.
+    seen: HashMap<String, Record>,
+    /// When this node last wrote every ban again.
+    whole_at: Option<Instant>,
+    /// Bans started here whose publish failed, by quota id: when they started, when they end.
+    unpublished: HashMap<Arc<str>, (u64, u64)>,
 }
 
 impl RegionalStore {
-    /// Publishes, in the background, the ban a decision of `quota` just started.
-    pub(super) fn publish_ban(self: &Arc<Self>, quota: &Arc<str>, until: u64) {
+    /// Publishes, in the background, the ban a decision of `quota` started at `started` (the
+    /// region's clock) until `until`.
+    pub(super) fn publish_ban(self: &Arc<Self>, quota: &Arc<str>, started: u64, until: u64) {
         let (me, quota) = (Arc::clone(self), Arc::clone(quota));
         tokio::spawn(async move {
-            if let Err(e) = me.feed.publish(&quota, until).await {
+            if let Err(e) = me.feed.publish(&quota, started, until).await {
                 tracing::warn!(error = %e, quota = %quota, "could not publish a ban to the other regions yet");
-                let mut following = lock(&me.following);
-                let end = following.unpublished.entry(quota).or_default();
-                *end = (*end).max(until);
+                lock(&me.following)
+                    .unpublished
+                    .insert(quota, (started, until));
             }
         });
     }
 
-    /// Takes `quota`'s ban out of the feed, so that every region lifts it.
-    pub(super) async fn unpublish_ban(
-        &self,
-        quota: &str,
-    ) -> Result<(), crate::quota::store::StoreError> {
-        lock(&self.following).unpublished.remove(quota);
-        self.feed.publish(quota, 0).await.map(|_| ())
+    /// Lifts `quota`'s ban in every region, by the feed.
+    pub(super) async fn lift_everywhere(&self, quota: &str) -> Result<(), StoreError> {
+        self.feed.lift(quota).await
     }
 
     /// One read of the feed: publishes what could not be, then writes the bans new to this node
-    /// into the region and lifts those taken out of the feed.
+    /// into the region and lifts the bans lifted in another.
     pub async fn follow_bans(&self) {
         self.publish_pending().await;
-        let known = lock(&self.following).version;
-        let read = match self.feed.read_since(known).await {
+        let known = {
+            let mut following = lock(&self.following);
+            if following
+                .whole_at
+                .is_none_or(|t| t.elapsed() >= WHOLE_EVERY)
+            {
+                following.whole_at = Some(Instant::now());
+                following.at = None;
+                following
+                    .seen
+                    .retain(|_, r| matches!(r, Record::Lift { .. }));
+            }
+            following.at.clone()
+        };
+        let read = match self.feed.read_since(known.as_ref()).await {
             Ok(Some(read)) => read,
             Ok(None) => return,
             Err(e) => {
@@ -71,83 +90,80 @@ impl RegionalStore {
                 return;
             }
         };
-        let applied = self.apply(known, &read).await;
-        let mut following = lock(&self.following);
-        following.seen = applied.seen;
-        if applied.whole {
-            following.version = read.version;
+        if read.malformed > 0 {
+            tracing::warn!(
+                malformed = read.malformed,
+                "the global store's feed of bans holds records that do not parse; skipped"
+            );
         }
+        let whole = self.apply(&read).await;
+        let mut following = lock(&self.following);
+        if known.is_none() {
+            // Read whole: what the feed no longer holds is forgotten (the map stays its size).
+            let held: std::collections::HashSet<&str> =
+                read.records.iter().map(|(q, _)| q.as_str()).collect();
+            following.seen.retain(|q, _| held.contains(q.as_str()));
+        }
+        following.at = whole.then_some(read.at);
     }
 
     async fn publish_pending(&self) {
         let pending = std::mem::take(&mut lock(&self.following).unpublished);
-        for (quota, until) in pending {
+        for (quota, (started, until)) in pending {
             if until <= unix_now() {
                 continue;
             }
-            if self.feed.publish(&quota, until).await.is_err() {
-                let mut following = lock(&self.following);
-                let end = following.unpublished.entry(quota).or_default();
-                *end = (*end).max(until);
+            if self.feed.publish(&quota, started, until).await.is_err() {
+                lock(&self.following)
+                    .unpublished
+                    .insert(quota, (started, until));
             }
         }
     }
 
-    /// Writes `read` into the region: bans new to this node imported, bans gone from a feed
-    /// that moved forward (not one that went back: a global store that lost its data lifts
-    /// nothing) lifted while they had time left.
-    async fn apply(&self, known: u64, read: &FeedRead) -> Applied {
+    /// Writes the records of `read` new to this node into the region; whether every one was
+    /// (otherwise the feed is read whole again).
+    async fn apply(&self, read: &FeedRead) -> bool {
         let now = unix_now();
-        let before = lock(&self.following).seen.clone();
-        let mut applied = Applied {
-            seen: HashMap::with_capacity(read.bans.len()),
-            whole: true,
-        };
-        for (quota, until) in &read.bans {
-            if *until <= now || before.get(quota) == Some(until) {
-                applied.seen.insert(quota.clone(), *until);
+        let mut whole = true;
+        for (quota, record) in &read.records {
+            if lock(&self.following).seen.get(quota) == Some(record) {
                 continue;
             }
-            match self.store.import_ban(quota, *until).await {
-                Ok(_) => {
-                    applied.seen.insert(quota.clone(), *until);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, quota = %quota, "could not write another region's ban into this region");
-                    applied.whole = false;
-                }
+            let done = match *record {
+                Record::Ban { until, .. } if until <= now => true,
+                Record::Ban { until, .. } => self.import_here(quota, until).await,
+                Record::Lift { until, .. } => self.lift_here(quota, until).await,
+            };
+            if done {
+                lock(&self.following).seen.insert(quota.clone(), *record);
             }
+            whole &= done;
         }
-        if read.version > known && known != 0 {
-            for (quota, until) in before {
-                if until > now + 1
-                    && !applied.seen.contains_key(&quota)
-                    && !self.lift_here(&quota).await
-                {
-                    applied.seen.insert(quota, until);
-                    applied.whole = false;
-                }
-            }
-        }
-        applied
+        whole
     }
 
-    /// Lifts `quota`'s ban in this region (lifted in another); whether that was done.
-    async fn lift_here(&self, quota: &str) -> bool {
-        use crate::quota::store::QuotaStore;
-        match self.store.lift_ban(quota).await {
+    async fn import_here(&self, quota: &str, until: u64) -> bool {
+        match self.store.import_ban(quota, until).await {
             Ok(_) => true,
             Err(e) => {
-                tracing::warn!(error = %e, quota = %quota, "could not lift in this region a ban lifted in another");
+                tracing::warn!(error = %e, quota = %quota, "could not write another region's ban into this region");
                 false
             }
         }
     }
-}
 
-/// What a read wrote: the bans now in the region as the feed has them, and whether all of it
-/// was written (otherwise the same version is read again).
-struct Applied {
-    seen: HashMap<String, u64>,
-    whole: bool,
+    /// Lifts `quota`'s ban in this region when it ends no later than `until` (the lifted ban's
+    /// end: a later one started here since); whether that was decided.
+    async fn lift_here(&self, quota: &str, until: u64) -> bool {
+        let lifted = match self.store.ban_of(quota).await {
+            Ok(Some(ban)) if ban.until <= until => self.store.lift_ban(quota).await.map(drop),
+            Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &lifted {
+            tracing::warn!(error = %e, quota = %quota, "could not lift in this region a ban lifted in another");
+        }
+        lifted.is_ok()
+    }
 }

@@ -1,8 +1,9 @@
 //! What a region's node says of the global store's grants (`GET /v1/rate_limit`): the region's
 //! own counts are exact and local; the units granted to every region together are read from the
 //! global store with the region's figures, and when it does not answer (a region cut off), the
-//! last figures this node read are shown with when they were read (`as_of`), or none. A read costs one round trip to the global store; the endpoint's own limit
-//! (one a second a key, on each node) bounds them.
+//! last figures this node read are shown with when they were read (`as_of`), or none (at once
+//! while the node finds the global store away). A read costs one round trip to the global
+//! store; the endpoint's own limit (one a second a key, on each node) bounds them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,6 +28,11 @@ impl RegionalStore {
             .map(|&(every, _)| Instance::at(every, usage.now))
             .collect();
         if at.is_empty() {
+            return usage;
+        }
+        if self.away() {
+            // Cut off: the last figures at once, not a deadline's wait for none.
+            usage.global = lock(&self.last_granted).get(quota).cloned();
             return usage;
         }
         usage.global = match self.ledger.totals(quota, &self.region, &at).await {

@@ -410,7 +410,7 @@ impl QuotaStore for RegionalStoreHandle {
             }
             me.ahead(key_id, limits, &seen_of(&seen), cost);
         } else if seen.0.ban_started {
-            me.publish_ban(key_id, seen.0.ban_until);
+            me.publish_ban(key_id, seen.0.now, seen.0.ban_until);
         }
         Ok(seen.0)
     }
@@ -427,9 +427,9 @@ impl QuotaStore for RegionalStoreHandle {
         self.0.store.renew(quota_id, lease).await
     }
 
-    /// Out of the feed first: a lift the other regions cannot learn of is not done here either.
+    /// Into the feed first: a lift the other regions cannot learn of is not done here either.
     async fn lift_ban(&self, key_id: &str) -> Result<bool, StoreError> {
-        self.0.unpublish_ban(key_id).await?;
+        self.0.lift_everywhere(key_id).await?;
         self.0.store.lift_ban(key_id).await
     }
 

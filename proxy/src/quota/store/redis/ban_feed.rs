@@ -1,13 +1,18 @@
 //! Bans across regions (issue 48), on the global store: a ban started in one region's Redis
 //! is published here, and every node of every region reads the feed a few times a second and
 //! writes what is new into its own region's Redis (`RedisStore::import_ban`), so the ban holds
-//! everywhere within a second while the global store answers. A ban lifted (`bans lift`) is
-//! taken out of the feed first, and the nodes that had seen it lift it in their region.
+//! everywhere within a second while the global store answers. A ban lifted (`bans lift`) leaves
+//! a lift in the feed, kept until the ban would have ended, and the nodes lift it in their
+//! region; a ban that started before the lift is never published again over it (a node's retry
+//! of a publish that failed, another region's ban of the same strikes).
 //!
-//! Keys: `<prefix>:region-bans`, a hash from quota id to the ban's end (Unix seconds; the
-//! latest end published), and `<prefix>:region-bans:version`, raised by every change, so a
-//! node's read of an unchanged feed is one `GET`. Ended bans are pruned by the next change.
-//! A version that went back (the global store lost its data) is a new feed, never a lift.
+//! Keys: `<prefix>:region-bans`, a hash from quota id to `b <started> <until>` (a ban: when it
+//! started and ends, Unix seconds, the latest end published) or `l <lifted> <until>` (a lift:
+//! when, and until when it stands); `<prefix>:region-bans:version`, raised by every change, and
+//! `<prefix>:region-bans:epoch`, set by the first change to a feed that has none. A node reads
+//! the hash only when the pair changed: a global store that lost its data starts a new epoch,
+//! read whole, and since a lift is a record, never an absence, a feed that lost its data lifts
+//! nothing. Ended records are pruned by the next change.
 
 use std::time::Duration;
 
@@ -16,43 +21,111 @@ use crate::quota::store::{StoreConfigError, StoreError};
 
 use super::link::Link;
 
-/// Publishes a ban's end, or takes a ban out (end 0).
-///
-/// - `KEYS[1]`: the feed's hash; `KEYS[2]`: its version.
-/// - `ARGV[1]`: the quota id; `ARGV[2]`: the ban's end, Unix seconds, or 0 to lift it.
-/// - Returns the feed's version after the call (unchanged when nothing changed: an end no
-///   later than the one published, a lift of a ban not in the feed).
-const PUBLISH: &str = r#"
-local quota, till = ARGV[1], tonumber(ARGV[2])
+/// The feed's Lua: its records' parsing (a malformed value reads as nothing), pruning and the
+/// version's raise.
+macro_rules! feed_lua {
+    () => {
+        r#"
+local function parse(v)
+  if not v then return nil end
+  local kind, at, till = string.match(v, '^(%a) (%d+) (%d+)$')
+  if not kind then return nil end
+  return kind, tonumber(at), tonumber(till)
+end
+local function changed(now)
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 1, #all, 2 do
+    local _, _, till = parse(all[i + 1])
+    if not till or till <= now then redis.call('HDEL', KEYS[1], all[i]) end
+  end
+  redis.call('SET', KEYS[3], redis.call('TIME')[1] .. redis.call('TIME')[2], 'NX')
+  return redis.call('INCR', KEYS[2])
+end
 local now = tonumber(redis.call('TIME')[1])
-if till > 0 then
-  local was = tonumber(redis.call('HGET', KEYS[1], quota) or '0')
-  if till <= was or till <= now then return tonumber(redis.call('GET', KEYS[2]) or '0') end
-  redis.call('HSET', KEYS[1], quota, till)
-elseif redis.call('HDEL', KEYS[1], quota) == 0 then
-  return tonumber(redis.call('GET', KEYS[2]) or '0')
+"#
+    };
+}
+
+/// Publishes a ban.
+///
+/// - `KEYS[1]`: the feed's hash; `KEYS[2]`: its version; `KEYS[3]`: its epoch.
+/// - `ARGV[1]`: the quota id; `ARGV[2]`: when the ban started, `ARGV[3]` when it ends (Unix
+///   seconds, the region's clock).
+/// - Returns 1 when the feed changed, 0 when not: an end no later than the one published, a
+///   ban ended, or one that started before a lift of the quota still standing.
+const PUBLISH: &str = concat!(
+    feed_lua!(),
+    r#"
+local quota, started, till = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local kind, at, was = parse(redis.call('HGET', KEYS[1], quota))
+if till <= now or (kind == 'b' and till <= was) or (kind == 'l' and started <= at) then
+  return 0
 end
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  if tonumber(all[i + 1]) <= now then redis.call('HDEL', KEYS[1], all[i]) end
-end
-return redis.call('INCR', KEYS[2])
-"#;
+redis.call('HSET', KEYS[1], quota, 'b ' .. started .. ' ' .. till)
+changed(now)
+return 1
+"#
+);
+
+/// Lifts a ban in every region: its record becomes a lift, standing until the ban's end (a day
+/// when the feed had none: a publish of it may still be on its way).
+///
+/// - `KEYS`: as [`PUBLISH`]'s. `ARGV[1]`: the quota id.
+/// - Returns 1.
+const LIFT: &str = concat!(
+    feed_lua!(),
+    r#"
+local quota = ARGV[1]
+local kind, _, was = parse(redis.call('HGET', KEYS[1], quota))
+local till = math.max(was or 0, now + 86400)
+if kind == 'b' then till = math.max(was, now + 1) end
+redis.call('HSET', KEYS[1], quota, 'l ' .. now .. ' ' .. till)
+changed(now)
+return 1
+"#
+);
 
 /// The feed of bans, on the global store. Its connection is its own: the ledger's waits on
 /// replicas (`WAIT`) and must not hold a feed read up.
 pub struct BanFeed {
     link: Link,
     publish: redis::Script,
-    hash: String,
-    version: String,
+    lift: redis::Script,
+    keys: [String; 3],
 }
 
-/// The feed as read: its version and every ban in it (quota id, end).
+/// One record of the feed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record {
+    /// A ban: when it started, when it ends.
+    Ban { started: u64, until: u64 },
+    /// A lift: when, and until when it stands (the lifted ban's end).
+    Lift { lifted: u64, until: u64 },
+}
+
+impl Record {
+    fn parse(text: &str) -> Option<Record> {
+        let mut parts = text.split(' ');
+        let (kind, at, until) = (parts.next()?, parts.next()?, parts.next()?);
+        let (at, until) = (at.parse().ok()?, until.parse().ok()?);
+        match kind {
+            "b" => Some(Record::Ban { started: at, until }),
+            "l" => Some(Record::Lift { lifted: at, until }),
+            _ => None,
+        }
+    }
+}
+
+/// Which state of the feed: its epoch (new when the global store lost its data) and version.
+pub type FeedAt = (String, u64);
+
+/// The feed as read: which state, and every record in it by quota id (malformed ones left
+/// out, and counted).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FeedRead {
-    pub version: u64,
-    pub bans: Vec<(String, u64)>,
+    pub at: FeedAt,
+    pub records: Vec<(String, Record)>,
+    pub malformed: usize,
 }
 
 impl BanFeed {
@@ -62,40 +135,65 @@ impl BanFeed {
         prefix: &str,
         timeout: Duration,
     ) -> Result<BanFeed, StoreConfigError> {
+        let hash = format!("{prefix}:region-bans");
         Ok(BanFeed {
             link: Link::new(access, timeout).map_err(|e| StoreConfigError(e.to_string()))?,
             publish: redis::Script::new(PUBLISH),
-            hash: format!("{prefix}:region-bans"),
-            version: format!("{prefix}:region-bans:version"),
+            lift: redis::Script::new(LIFT),
+            keys: [format!("{hash}:version"), format!("{hash}:epoch"), hash],
         })
     }
 
-    /// Publishes that `quota`'s ban ends at `until` (0: lifted); the feed's version after.
-    pub async fn publish(&self, quota: &str, until: u64) -> Result<u64, StoreError> {
-        let mut invocation = self.publish.key(&self.hash);
-        invocation.key(&self.version).arg(quota).arg(until);
-        self.link.run(&invocation).await
+    fn invoke<'a>(&'a self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
+        let mut invocation = script.key(&self.keys[2]);
+        invocation.key(&self.keys[0]).key(&self.keys[1]);
+        invocation
     }
 
-    /// The feed, unless its version is still `known`.
-    pub async fn read_since(&self, known: u64) -> Result<Option<FeedRead>, StoreError> {
-        let version: Option<u64> = self
-            .link
-            .query(redis::cmd("GET").arg(&self.version))
-            .await?;
-        let version = version.unwrap_or(0);
-        if version == known {
+    /// Publishes that `quota`'s ban started at `started` and ends at `until`; whether the feed
+    /// took it.
+    pub async fn publish(&self, quota: &str, started: u64, until: u64) -> Result<bool, StoreError> {
+        let mut invocation = self.invoke(&self.publish);
+        invocation.arg(quota).arg(started).arg(until);
+        Ok(self.link.run::<i64>(&invocation).await? == 1)
+    }
+
+    /// Lifts `quota`'s ban in every region.
+    pub async fn lift(&self, quota: &str) -> Result<(), StoreError> {
+        let mut invocation = self.invoke(&self.lift);
+        invocation.arg(quota);
+        self.link.run::<i64>(&invocation).await.map(drop)
+    }
+
+    /// The feed, unless it is still at `known` (`None`: read it whole).
+    pub async fn read_since(&self, known: Option<&FeedAt>) -> Result<Option<FeedRead>, StoreError> {
+        let at = self.at().await?;
+        if known == Some(&at) {
             return Ok(None);
         }
+        let fields: Vec<(String, String)> = self
+            .link
+            .query(redis::cmd("HGETALL").arg(&self.keys[2]))
+            .await?;
+        let total = fields.len();
+        let records: Vec<(String, Record)> = fields
+            .into_iter()
+            .filter_map(|(quota, text)| Record::parse(&text).map(|r| (quota, r)))
+            .collect();
+        Ok(Some(FeedRead {
+            at,
+            malformed: total - records.len(),
+            records,
+        }))
+    }
+
+    async fn at(&self) -> Result<FeedAt, StoreError> {
         let mut pipe = redis::pipe();
         pipe.cmd("GET")
-            .arg(&self.version)
-            .cmd("HGETALL")
-            .arg(&self.hash);
-        let (version, fields): (Option<u64>, Vec<(String, u64)>) = self.link.pipe(&pipe).await?;
-        Ok(Some(FeedRead {
-            version: version.unwrap_or(0),
-            bans: fields,
-        }))
+            .arg(&self.keys[0])
+            .cmd("GET")
+            .arg(&self.keys[1]);
+        let (version, epoch): (Option<u64>, Option<String>) = self.link.pipe(&pipe).await?;
+        Ok((epoch.unwrap_or_default(), version.unwrap_or(0)))
     }
 }

@@ -284,7 +284,7 @@ impl Ledger {
     }
 
     /// What was granted of each instance `at`, in all and to `region`, in one round trip (for
-    /// `GET /v1/rate_limit` and `keys show`).
+    /// `GET /v1/rate_limit`).
     pub async fn totals(
         &self,
         quota: &str,
