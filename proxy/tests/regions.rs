@@ -36,7 +36,7 @@ fn region(local: &RedisServer, global_url: &str, name: &str) -> Arc<RegionalStor
 
 fn feed(global_url: &str) -> Arc<BanFeed> {
     let access = RedisAccess::from_url(global_url).unwrap();
-    Arc::new(BanFeed::new(access, PREFIX, Duration::from_millis(500)).unwrap())
+    Arc::new(BanFeed::new(access, PREFIX, Duration::from_millis(500), 0).unwrap())
 }
 
 fn per_minute(n: u64) -> Limits {
@@ -399,7 +399,7 @@ async fn the_shipped_acl_lets_a_regions_nodes_grant_hold_give_back_and_reset() {
     plain.reset_usage("key_acl").await.unwrap();
     // A ban of another region: published, read and imported, then lifted everywhere.
     feed(&global_url)
-        .publish("key_acl", now(), now() + 60)
+        .publish("key_acl", (now(), now() + 60, now()))
         .await
         .unwrap();
     regional.follow_bans().await;
@@ -510,7 +510,7 @@ async fn a_global_store_that_lost_its_bans_lifts_none_in_the_regions() {
         let url = global.url();
         async move {
             let f = feed(&url);
-            assert!(f.publish(quota, now(), now() + 120).await.unwrap());
+            assert!(f.publish(quota, (now(), now() + 120, now())).await.unwrap());
         }
     };
     publish("key_kept").await;
@@ -551,7 +551,7 @@ async fn a_lifted_ban_is_not_published_again_by_a_retry_started_before_the_lift(
     let f = feed(&global.url());
     let started = now();
     assert!(f
-        .publish("key_lifted", started, started + 600)
+        .publish("key_lifted", (started, started + 600, now()))
         .await
         .unwrap());
     a.follow_bans().await;
@@ -563,7 +563,7 @@ async fn a_lifted_ban_is_not_published_again_by_a_retry_started_before_the_lift(
     // A node's retry of the same ban (its first publish failed), or another region's ban of
     // the same strikes, arrives after the lift: refused.
     assert!(!f
-        .publish("key_lifted", started, started + 600)
+        .publish("key_lifted", (started, started + 600, now()))
         .await
         .unwrap());
     a.follow_bans().await;
@@ -577,8 +577,71 @@ async fn a_lifted_ban_is_not_published_again_by_a_retry_started_before_the_lift(
     }
     // A ban started after the lift is a new one: published and held.
     tokio::time::sleep(Duration::from_millis(1_100)).await;
-    assert!(f.publish("key_lifted", now(), now() + 600).await.unwrap());
+    assert!(f
+        .publish("key_lifted", (now(), now() + 600, now()))
+        .await
+        .unwrap());
     a.follow_bans().await;
     let ha = RegionalStoreHandle(Arc::clone(&a));
     assert!(ha.ban_of("key_lifted").await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lift_spares_a_later_ban_and_a_malformed_record_spares_the_rest() {
+    let global = RedisServer::start();
+    let rb = RedisServer::start();
+    let b = region(&rb, &global.url(), "us");
+    let hb = RegionalStoreHandle(Arc::clone(&b));
+    let f = feed(&global.url());
+    // Region b holds a ban of its own ending in an hour.
+    assert!(f
+        .publish("key_long", (now(), now() + 3_600, now()))
+        .await
+        .unwrap());
+    b.follow_bans().await;
+    // Another region lifts a ban of the quota ending in a minute (as if b had never read the
+    // long one): b's longer ban stays.
+    let prefix = format!("{PREFIX}:region-bans");
+    let short = format!("l {} {}", now(), now() + 60);
+    global.cli(&["HSET", &prefix, "key_long", &short]);
+    global.cli(&["INCR", &format!("{prefix}:version")]);
+    // A record that does not parse, beside a good one.
+    global.cli(&["HSET", &prefix, "key_bad", "b one two"]);
+    assert!(f
+        .publish("key_good", (now(), now() + 60, now()))
+        .await
+        .unwrap());
+    b.follow_bans().await;
+    assert!(
+        hb.ban_of("key_long").await.unwrap().is_some(),
+        "a lift of a shorter ban lifted the region's later one"
+    );
+    assert!(
+        hb.ban_of("key_good").await.unwrap().is_some(),
+        "a malformed record kept the others out"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_regions_redis_restarted_empty_gets_the_bans_back() {
+    let global = RedisServer::start();
+    let rb = RedisServer::start();
+    let b = region(&rb, &global.url(), "us");
+    let hb = RegionalStoreHandle(Arc::clone(&b));
+    assert!(feed(&global.url())
+        .publish("key_back", (now(), now() + 120, now()))
+        .await
+        .unwrap());
+    b.follow_bans().await;
+    assert!(hb.ban_of("key_back").await.unwrap().is_some());
+    rb.cli(&["FLUSHALL"]);
+    let start = Instant::now();
+    while hb.ban_of("key_back").await.unwrap().is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(12),
+            "the region's Redis never got the ban back"
+        );
+        b.follow_bans().await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }

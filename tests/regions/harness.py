@@ -16,7 +16,7 @@ The set-ups it runs (`--setup`, several in one run, side by side):
 
 Nodes follow the addresses the Sentinels give, so the delay must sit on every path those
 addresses take: region b's and c's nodes run as users of their own (`petregions-b`,
-`petregions-c`), and an `nft` table (`inet petregions`) redirects each such user's connections to
+`petregions-c`), and an `nft` table (`inet petregions_<pid>`) redirects each such user's connections to
 every port of the global store (data nodes and Sentinels) to a delaying proxy of that region's
 (region a's nodes, root, reach it directly). Cutting a region's proxies is its partition.
 
@@ -43,6 +43,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -70,7 +71,9 @@ TIMEOUT = 5.0
 FAULTS = [(30, "cut c"), (70, "heal c"), (85, "restart redis b"), (95, "failover global"),
           (110, "kill a2"), (115, "start global"), (120, "start a2"), (130, "move acme")]
 MASTER = "pet-global"
-NFT_TABLE = "petregions"
+# The nft table of this run (another run's is left alone); one left by a run that died is
+# deleted by the next run's start.
+NFT_TABLE = f"petregions_{os.getpid()}"
 FAR_USERS = {"b": "petregions-b", "c": "petregions-c"}
 # acme's shares once its traffic moved (from a to c).
 ACME_MOVED = {"a": 0.0, "b": 0.3, "c": 0.7}
@@ -89,6 +92,11 @@ class Fleet:
         # The global store: its data nodes' processes by port, the Sentinels' ports, the
         # primary killed by the failover fault.
         self.global_data, self.sentinels, self.killed_primary = {}, [], None
+        # What the soak with regions (tests/regions/soak.py) changes: its fault schedule, its
+        # ban policy (the harness's keeps acme from being banned), the plans of one region (a
+        # planted violation).
+        self.faults, self.ban = FAULTS, ["[ban]", "strikes = 1000000"]
+        self.region_plans = {}
         for d in ("logs", "plans", "nodes"):
             os.makedirs(os.path.join(run, d), exist_ok=True)
 
@@ -100,6 +108,8 @@ class Fleet:
         far = self.global_sentinel() if self.setup == "leased" else None
         backend = self.backend()
         fleet.copy_plans(self.run, PLANS)
+        for r, plans in self.region_plans.items():
+            fleet.copy_plans(os.path.join(self.run, f"region-{r}"), plans)
         keys = os.path.join(self.run, "keys.toml")
         for r in regions:
             # A region reaches region a's Redis across the delay; its own (or a's, from a) at once.
@@ -222,7 +232,7 @@ class Fleet:
             f'upstreams = ["127.0.0.1:{backend}"]', f'redis_url = "redis://127.0.0.1:{redis_port}/"',
             'key_prefix = "pet:regions"', f'keys_file = "{n["keys"]}"',
             f'metering_file = "{d}/metering/{name}"',
-            f'plans_dir = "{self.run}/plans"', f"store_timeout_ms = {timeout}",
+            f'plans_dir = "{self.plans_dir(region)}"', f"store_timeout_ms = {timeout}",
             "grace_period_secs = 1", "shutdown_timeout_secs = 2",
         ]
         if global_url:
@@ -232,10 +242,15 @@ class Fleet:
             lines.append('on_store_error = "local"')
         # acme sends twice its limit on purpose: its refusals must not ban it, or the minutes
         # after a ban would say nothing of what the set-up admits (bans per region: the book).
-        lines += ["[ban]", "strikes = 1000000"]
+        lines += self.ban
         with open(n["config"], "w") as out:
             out.write("\n".join(lines) + "\n")
         return n
+
+    def plans_dir(self, region):
+        if region in self.region_plans:
+            return os.path.join(self.run, f"region-{region}", "plans")
+        return os.path.join(self.run, "plans")
 
     def issue(self, keys):
         """acme's key and a small key per region, in the keys file every node copies."""
@@ -330,7 +345,8 @@ class Fleet:
             self.nodes[target]["proc"].kill()
         elif verb == "start":
             n = self.nodes[target]
-            n["proc"] = fleet.Proc(target, n["proc"].argv, n["proc"].log, env=n["proc"].env).start()
+            n["proc"] = fleet.Proc(target, n["proc"].argv, n["proc"].log, user=n["proc"].user,
+                                   env=n["proc"].env).start()
             self.procs.append(n["proc"])
         elif verb == "move":
             self.moved_at = time.time()
@@ -347,8 +363,13 @@ def nft(rule):
 
 
 def drop_nft():
-    """Deletes the harness's nft table, this run's or a killed run's."""
-    subprocess.run(["nft", "delete", "table", "inet", NFT_TABLE], capture_output=True)
+    """Deletes this run's nft table, and any a run that is no longer alive left behind."""
+    listed = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    for line in listed.splitlines():
+        name = line.split()[-1] if line.startswith("table inet petregions_") else ""
+        pid = name.rpartition("_")[2]
+        if name and (name == NFT_TABLE or not os.path.exists(f"/proc/{pid}")):
+            subprocess.run(["nft", "delete", "table", "inet", name], capture_output=True)
 
 
 def minute_of(headers, recv):
@@ -382,9 +403,14 @@ def client(fl, region, key, rate, until, out, lock):
         try:
             conns[name].request("GET", "/v1/pets?limit=1", headers={"Authorization": f"Bearer {token}"})
             resp = conns[name].getresponse()
-            resp.read()
+            body = resp.read()
             rec["recv"] = time.time()
             rec["status"] = resp.status
+            if resp.status != 200:
+                try:
+                    rec["code"] = json.loads(body).get("code")
+                except ValueError:
+                    rec["code"] = None
             rec["headers"] = {k.lower(): v for k, v in resp.getheaders()
                               if k.lower().startswith(("x-ratelimit", "ratelimit", "retry-after"))}
             rec["minute"] = minute_of(rec["headers"], rec["recv"])
@@ -423,8 +449,9 @@ def load(fl, seconds, history, faults=False):
 
 
 def schedule(fl, start, until, out, lock):
-    """Runs `FAULTS` at their times, each recorded in the history."""
-    for at, what in FAULTS:
+    """Runs the fleet's fault schedule (`FAULTS`, or the soak's) at its times, each recorded
+    in the history."""
+    for at, what in fl.faults:
         if start + at >= until:
             return
         time.sleep(max(0.0, start + at - time.time()))
@@ -501,7 +528,13 @@ def metering(rows, minutes, metered, kills):
     return out
 
 
+def stop_on_sigterm():
+    """SIGTERM ends the run as an exception does: every process stopped, the nft table gone."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def main(argv):
+    stop_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--setup", default="single,one-redis,redis-per-region")
     ap.add_argument("--minutes", type=float, default=3.0)

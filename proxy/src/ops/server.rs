@@ -398,6 +398,7 @@ fn regional(
         region.global.clone(),
         &config.key_prefix,
         GLOBAL_TIMEOUT,
+        region.replicas,
     )?);
     let regional = RegionalStore::new(
         Arc::clone(local),

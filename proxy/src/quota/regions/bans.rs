@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use super::{lock, RegionalStore};
 use crate::base::clock::unix_now;
 use crate::quota::store::redis::ban_feed::{FeedAt, FeedRead, Record};
-use crate::quota::store::{QuotaStore, StoreError};
+use crate::quota::store::StoreError;
 
 /// How often each node reads the feed: with a publish and an import, well inside the 1 s a
 /// ban takes to hold in every region; two `GET`s in one round trip while the feed is unchanged.
@@ -50,12 +50,7 @@ impl RegionalStore {
     pub(super) fn publish_ban(self: &Arc<Self>, quota: &Arc<str>, started: u64, until: u64) {
         let (me, quota) = (Arc::clone(self), Arc::clone(quota));
         tokio::spawn(async move {
-            if let Err(e) = me.feed.publish(&quota, started, until).await {
-                tracing::warn!(error = %e, quota = %quota, "could not publish a ban to the other regions yet");
-                lock(&me.following)
-                    .unpublished
-                    .insert(quota, (started, until));
-            }
+            me.publish_now(&quota, started, until, started).await;
         });
     }
 
@@ -107,16 +102,40 @@ impl RegionalStore {
         following.at = whole.then_some(read.at);
     }
 
+    /// Publishes one ban, by the region's clock at `now`; one that fails waits in
+    /// `unpublished` for a later read. Whether the global store answered.
+    async fn publish_now(&self, quota: &Arc<str>, started: u64, until: u64, now: u64) -> bool {
+        match self.feed.publish(quota, (started, until, now)).await {
+            Ok(true) => true,
+            Ok(false) => {
+                tracing::debug!(quota = %quota, "a ban not published: a later one, or a lift since it started");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, quota = %quota, "could not publish a ban to the other regions yet");
+                lock(&self.following)
+                    .unpublished
+                    .insert(Arc::clone(quota), (started, until));
+                false
+            }
+        }
+    }
+
+    /// The bans whose publish failed, again, until one fails (the global store is still away:
+    /// the rest wait for the next read rather than a deadline each).
     async fn publish_pending(&self) {
         let pending = std::mem::take(&mut lock(&self.following).unpublished);
+        let mut away = false;
         for (quota, (started, until)) in pending {
             if until <= unix_now() {
                 continue;
             }
-            if self.feed.publish(&quota, started, until).await.is_err() {
+            if away {
                 lock(&self.following)
                     .unpublished
                     .insert(quota, (started, until));
+            } else {
+                away = !self.publish_now(&quota, started, until, unix_now()).await;
             }
         }
     }
@@ -156,14 +175,13 @@ impl RegionalStore {
     /// Lifts `quota`'s ban in this region when it ends no later than `until` (the lifted ban's
     /// end: a later one started here since); whether that was decided.
     async fn lift_here(&self, quota: &str, until: u64) -> bool {
-        let lifted = match self.store.ban_of(quota).await {
-            Ok(Some(ban)) if ban.until <= until => self.store.lift_ban(quota).await.map(drop),
-            Ok(_) => Ok(()),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = &lifted {
-            tracing::warn!(error = %e, quota = %quota, "could not lift in this region a ban lifted in another");
+        // Two seconds for the clocks of the global store and the region.
+        match self.store.lift_imported(quota, until + 2).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, quota = %quota, "could not lift in this region a ban lifted in another");
+                false
+            }
         }
-        lifted.is_ok()
     }
 }

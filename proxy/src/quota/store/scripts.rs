@@ -844,6 +844,27 @@ return 1
 "#
 );
 
+/// Lifts in this region a ban lifted in another (issue 48, `redis::ban_feed`): as [`LIFT_BAN`],
+/// only while the region's ban ends no later than the lifted one's end (a later end is a ban
+/// started since, here or published after the lift), in one run so that no ban starts between
+/// the look and the lift.
+///
+/// - `KEYS[1]`: the quota's state. `ARGV[1]`: the lifted ban's end, Unix seconds.
+///
+/// Returns 1 when a ban was lifted, 0 otherwise.
+pub const LIFT_BAN_ENDING_BY: &str = concat!(
+    state_lua!(),
+    r#"
+local now = tonumber(redis.call('TIME')[1])
+local s = load(KEYS[1])
+if s[BU] <= now or s[BU] > tonumber(ARGV[1]) then return 0 end
+s[BU] = 0
+s[SC] = 0
+save(KEYS[1], s)
+return 1
+"#
+);
+
 /// Reads a quota's ban.
 ///
 /// - `KEYS[1]`: the quota's state.

@@ -28,20 +28,21 @@ macro_rules! feed_lua {
         r#"
 local function parse(v)
   if not v then return nil end
-  local kind, at, till = string.match(v, '^(%a) (%d+) (%d+)$')
+  local kind, at, till = string.match(v, '^([bl]) (%d+) (%d+)$')
   if not kind then return nil end
   return kind, tonumber(at), tonumber(till)
 end
-local function changed(now)
+local time = redis.call('TIME')
+local now = tonumber(time[1])
+local function changed()
   local all = redis.call('HGETALL', KEYS[1])
   for i = 1, #all, 2 do
     local _, _, till = parse(all[i + 1])
     if not till or till <= now then redis.call('HDEL', KEYS[1], all[i]) end
   end
-  redis.call('SET', KEYS[3], redis.call('TIME')[1] .. redis.call('TIME')[2], 'NX')
+  redis.call('SET', KEYS[3], time[1] .. time[2], 'NX')
   return redis.call('INCR', KEYS[2])
 end
-local now = tonumber(redis.call('TIME')[1])
 "#
     };
 }
@@ -49,20 +50,22 @@ local now = tonumber(redis.call('TIME')[1])
 /// Publishes a ban.
 ///
 /// - `KEYS[1]`: the feed's hash; `KEYS[2]`: its version; `KEYS[3]`: its epoch.
-/// - `ARGV[1]`: the quota id; `ARGV[2]`: when the ban started, `ARGV[3]` when it ends (Unix
-///   seconds, the region's clock).
+/// - `ARGV[1]`: the quota id; `ARGV[2]`: how long ago the ban started, `ARGV[3]` how long it
+///   has to run (seconds, by the region's clock: the global store dates it by its own, so the
+///   two clocks need not agree).
 /// - Returns 1 when the feed changed, 0 when not: an end no later than the one published, a
 ///   ban ended, or one that started before a lift of the quota still standing.
 const PUBLISH: &str = concat!(
     feed_lua!(),
     r#"
-local quota, started, till = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local quota = ARGV[1]
+local started, till = now - tonumber(ARGV[2]), now + tonumber(ARGV[3])
 local kind, at, was = parse(redis.call('HGET', KEYS[1], quota))
 if till <= now or (kind == 'b' and till <= was) or (kind == 'l' and started <= at) then
   return 0
 end
 redis.call('HSET', KEYS[1], quota, 'b ' .. started .. ' ' .. till)
-changed(now)
+changed()
 return 1
 "#
 );
@@ -80,7 +83,7 @@ local kind, _, was = parse(redis.call('HGET', KEYS[1], quota))
 local till = math.max(was or 0, now + 86400)
 if kind == 'b' then till = math.max(was, now + 1) end
 redis.call('HSET', KEYS[1], quota, 'l ' .. now .. ' ' .. till)
-changed(now)
+changed()
 return 1
 "#
 );
@@ -92,6 +95,9 @@ pub struct BanFeed {
     publish: redis::Script,
     lift: redis::Script,
     keys: [String; 3],
+    /// Replicas that must acknowledge a change (the ledger's `global_store_replicas`): a lift
+    /// lost in a failover would bring its ban back in every region.
+    replicas: u32,
 }
 
 /// One record of the feed.
@@ -104,9 +110,13 @@ pub enum Record {
 }
 
 impl Record {
+    /// As the scripts' `parse`: a kind `b` or `l` and two counts, nothing else.
     fn parse(text: &str) -> Option<Record> {
         let mut parts = text.split(' ');
         let (kind, at, until) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || !at.bytes().chain(until.bytes()).all(|b| b.is_ascii_digit()) {
+            return None;
+        }
         let (at, until) = (at.parse().ok()?, until.parse().ok()?);
         match kind {
             "b" => Some(Record::Ban { started: at, until }),
@@ -134,6 +144,7 @@ impl BanFeed {
         access: RedisAccess,
         prefix: &str,
         timeout: Duration,
+        replicas: u32,
     ) -> Result<BanFeed, StoreConfigError> {
         let hash = format!("{prefix}:region-bans");
         Ok(BanFeed {
@@ -141,28 +152,76 @@ impl BanFeed {
             publish: redis::Script::new(PUBLISH),
             lift: redis::Script::new(LIFT),
             keys: [format!("{hash}:version"), format!("{hash}:epoch"), hash],
+            replicas,
         })
     }
 
-    fn invoke<'a>(&'a self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
-        let mut invocation = script.key(&self.keys[2]);
-        invocation.key(&self.keys[0]).key(&self.keys[1]);
-        invocation
+    /// Runs `script` on the feed's keys with `args`, then (one round trip) waits for the
+    /// replicas; a change they did not acknowledge in time is an error (it may be lost in a
+    /// failover: the caller tries again).
+    async fn change(
+        &self,
+        script: &redis::Script,
+        source: &str,
+        args: &[String],
+    ) -> Result<i64, StoreError> {
+        let mut call = redis::cmd("EVALSHA");
+        call.arg(script.get_hash()).arg(3);
+        call.arg(&self.keys[2])
+            .arg(&self.keys[0])
+            .arg(&self.keys[1]);
+        call.arg(args);
+        let result = match self.change_once(&call).await {
+            Err(StoreError::Unavailable(e)) if e.contains("NoScript") => {
+                let load = redis::cmd("SCRIPT").arg("LOAD").arg(source).clone();
+                self.link.query::<String>(&load).await?;
+                self.change_once(&call).await
+            }
+            other => other,
+        };
+        let (changed, acked) = result?;
+        if acked < self.replicas {
+            return Err(StoreError::Unavailable(format!(
+                "the ban feed's change was acknowledged by {acked} of {} replicas",
+                self.replicas
+            )));
+        }
+        Ok(changed)
     }
 
-    /// Publishes that `quota`'s ban started at `started` and ends at `until`; whether the feed
-    /// took it.
-    pub async fn publish(&self, quota: &str, started: u64, until: u64) -> Result<bool, StoreError> {
-        let mut invocation = self.invoke(&self.publish);
-        invocation.arg(quota).arg(started).arg(until);
-        Ok(self.link.run::<i64>(&invocation).await? == 1)
+    async fn change_once(&self, call: &redis::Cmd) -> Result<(i64, u32), StoreError> {
+        if self.replicas == 0 {
+            return Ok((self.link.query::<i64>(call).await?, 0));
+        }
+        let wait_ms = u64::try_from(self.link.timeout().as_millis() / 2).unwrap_or(u64::MAX);
+        let mut pipe = redis::pipe();
+        pipe.add_command(call.clone())
+            .cmd("WAIT")
+            .arg(self.replicas)
+            .arg(wait_ms.max(1));
+        self.link.pipe(&pipe).await
+    }
+
+    /// Publishes that `quota`'s ban started at `started` and ends at `until`, both by the
+    /// region's clock, whose time is `now`; whether the feed took it.
+    pub async fn publish(
+        &self,
+        quota: &str,
+        (started, until, now): (u64, u64, u64),
+    ) -> Result<bool, StoreError> {
+        let args = [
+            quota.to_owned(),
+            now.saturating_sub(started).to_string(),
+            until.saturating_sub(now).to_string(),
+        ];
+        Ok(self.change(&self.publish, PUBLISH, &args).await? == 1)
     }
 
     /// Lifts `quota`'s ban in every region.
     pub async fn lift(&self, quota: &str) -> Result<(), StoreError> {
-        let mut invocation = self.invoke(&self.lift);
-        invocation.arg(quota);
-        self.link.run::<i64>(&invocation).await.map(drop)
+        self.change(&self.lift, LIFT, &[quota.to_owned()])
+            .await
+            .map(drop)
     }
 
     /// The feed, unless it is still at `known` (`None`: read it whole).
@@ -193,7 +252,10 @@ impl BanFeed {
             .arg(&self.keys[0])
             .cmd("GET")
             .arg(&self.keys[1]);
-        let (version, epoch): (Option<u64>, Option<String>) = self.link.pipe(&pipe).await?;
-        Ok((epoch.unwrap_or_default(), version.unwrap_or(0)))
+        let (version, epoch): (Option<Vec<u8>>, Option<Vec<u8>>) = self.link.pipe(&pipe).await?;
+        let text =
+            |v: Option<Vec<u8>>| String::from_utf8_lossy(&v.unwrap_or_default()).into_owned();
+        // A version that does not parse reads as 0: the pair still moves with the epoch.
+        Ok((text(epoch), text(version).parse().unwrap_or(0)))
     }
 }

@@ -99,7 +99,13 @@ pub struct Ledger {
     /// Replicas that must acknowledge a grant before it is spent (0: a global store without
     /// replicas, whose grants are durable once its AOF has them).
     replicas: u32,
+    /// Until when (Unix milliseconds) grants are refused here without a call: the global store
+    /// answered `NOREPLICAS` (each such call holds the connection for its `WAIT`).
+    refused_until: std::sync::atomic::AtomicU64,
 }
+
+/// How long grants are refused here after a `NOREPLICAS`.
+const NO_REPLICAS_FOR_MS: u64 = 1_000;
 
 /// Grants units of each instance to a region.
 ///
@@ -109,8 +115,9 @@ pub struct Ledger {
 ///   limit in force, `ARGV[3i+2]` the units wanted, `ARGV[3i+3]` when its hash expires (Unix
 ///   seconds).
 /// - Returns the units granted per instance; an error `NOREPLICAS`, granting nothing, while
-///   fewer replicas than required are online (after a failover, until the old primary is back
-///   as a replica): each grant then could not be acknowledged, would count as granted and never
+///   fewer replicas than required are online and heard from within the last second (after a
+///   failover, until the old primary is back as a replica; a replica cut off or hung, which
+///   Redis still lists as online until `repl-timeout`): each grant then could not be acknowledged, would count as granted and never
 ///   be spent, and a region asking for each request would burn a window's whole budget. The region's last request id, sent again, returns
 ///   what it was granted then and grants nothing again; its record is written again, so a
 ///   `WAIT` after the retry, on whatever connection, covers the first write too. An
@@ -120,7 +127,9 @@ const GRANT: &str = r#"
 local region, id, need = ARGV[1], ARGV[2], tonumber(ARGV[3])
 if need > 0 then
   local online = 0
-  for _ in string.gmatch(redis.call('INFO', 'replication'), 'state=online') do online = online + 1 end
+  for lag in string.gmatch(redis.call('INFO', 'replication'), 'state=online,offset=%d+,lag=(%d+)') do
+    if tonumber(lag) <= 1 then online = online + 1 end
+  end
   if online < need then
     return redis.error_reply('NOREPLICAS ' .. online .. ' of ' .. need .. ' replicas online: nothing granted')
   end
@@ -199,6 +208,7 @@ impl Ledger {
             give_back: redis::Script::new(GIVE_BACK),
             prefix: Arc::from(prefix),
             replicas,
+            refused_until: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -231,16 +241,28 @@ impl Ledger {
                 .arg(want)
                 .arg(at.end.saturating_add(KEEP_AFTER_END));
         }
-        let (units, durable) = match self.grant_once(&call).await {
+        use std::sync::atomic::Ordering;
+        let now_ms = crate::base::clock::unix_now_ms();
+        if now_ms < self.refused_until.load(Ordering::Relaxed) {
+            return Err(StoreError::Unavailable(
+                "NOREPLICAS: the global store had too few replicas online a moment ago".into(),
+            ));
+        }
+        let answer = match self.grant_once(&call).await {
             // Not run: a server without the script (restarted, flushed, promoted). Loaded,
             // then sent again.
             Err(StoreError::Unavailable(e)) if e.contains("NoScript") => {
                 let load = redis::cmd("SCRIPT").arg("LOAD").arg(GRANT).clone();
                 self.link.query::<String>(&load).await?;
-                self.grant_once(&call).await?
+                self.grant_once(&call).await
             }
-            other => other?,
+            other => other,
         };
+        if matches!(&answer, Err(StoreError::Unavailable(e)) if e.contains("NOREPLICAS")) {
+            let until = crate::base::clock::unix_now_ms() + NO_REPLICAS_FOR_MS;
+            self.refused_until.store(until, Ordering::Relaxed);
+        }
+        let (units, durable) = answer?;
         Ok(Grant {
             units: check_len(units, asks.len())?,
             durable,

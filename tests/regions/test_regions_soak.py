@@ -1,0 +1,91 @@
+"""The soak with regions' checker (regions_soak.py) on records made by hand: each invariant
+fails on what it must catch, and holds (or excuses) what it must allow.
+
+    python3 -m unittest -q tests/regions/test_regions_soak.py
+"""
+
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+import regions_soak as soak  # noqa: E402
+
+T = 1_800_000_000  # a minute's start
+
+
+def req(key, region, sent, status=200, code=None, reset=None, node=None):
+    r = {"setup": "leased", "key": key, "region": region, "node": node or f"{region}1",
+         "sent": sent, "recv": sent + 0.002, "status": status, "minute": int(sent) // 60,
+         "headers": {}}
+    if code:
+        r["code"] = code
+    if reset:
+        r["headers"]["x-ratelimit-reset"] = str(reset)
+    return r
+
+
+class Quota(unittest.TestCase):
+    def test_the_limit_across_regions_holds_and_one_more_is_caught(self):
+        rows = [req("acme", "abc"[i % 3], T + i * 0.5) for i in range(60)]
+        self.assertEqual(soak.check_quota(rows)[0], [])
+        rows.append(req("acme", "c", T + 45))
+        self.assertIn("61 admitted, limit 60", soak.check_quota(rows)[0][0])
+
+
+class Bans(unittest.TestCase):
+    def banned(self):
+        return [req("acme", "a", T + 10, 429, "api_key_banned", reset=T + 20)]
+
+    def test_an_admission_in_another_region_inside_a_ban_is_caught(self):
+        rows = self.banned() + [req("acme", "b", T + 12)]
+        self.assertEqual(len(soak.check_bans(rows, {}, {}, [])[0]), 1)
+
+    def test_within_the_bound_or_after_the_end_is_allowed(self):
+        rows = self.banned() + [req("acme", "b", T + 10.5), req("acme", "b", T + 19.5)]
+        self.assertEqual(soak.check_bans(rows, {}, {}, [])[0], [])
+
+    def test_a_region_cut_off_or_a_failover_excuses_it(self):
+        rows = self.banned() + [req("acme", "b", T + 12)]
+        self.assertEqual(soak.check_bans(rows, {"b": [(T + 5, T + 15)]}, {}, [])[0], [])
+        self.assertEqual(soak.check_bans(rows, {}, {}, [(T + 8, T + 13)])[0], [])
+        self.assertEqual(soak.check_bans(rows, {}, {"b": [T + 5]}, [])[0], [])
+
+
+class Spans(unittest.TestCase):
+    def test_faults_become_spans(self):
+        records = [{"fault": "cut c", "at": T}, {"fault": "heal c", "at": T + 20},
+                   {"fault": "failover global", "at": T + 30},
+                   {"fault": "start global", "at": T + 50},
+                   {"fault": "restart redis b", "at": T + 60}, req("acme", "a", T + 70)]
+        cut, restarts, failovers = soak.spans(records)
+        self.assertEqual(cut["c"], [(T, T + 20)])
+        self.assertEqual(restarts["b"], [T + 60])
+        self.assertEqual(failovers, [(T + 30, T + 50 + soak.FAILOVER_AFTER)])
+
+
+class Metering(unittest.TestCase):
+    def test_a_sum_off_is_caught_and_a_killed_node_excused(self):
+        rows = [req("acme", "a", T + 1, node="a1"), req("acme", "b", T + 2, node="b1")]
+        m = T // 60
+        self.assertEqual(harness.metering(rows, [m], {("acme", m): 2}, [])["off"], [])
+        off = harness.metering(rows, [m], {("acme", m): 1}, [])["off"]
+        self.assertEqual(off, [{"key": "acme", "minute": m, "admitted": 2, "metered": 1}])
+        excused = harness.metering(rows, [m], {("acme", m): 1}, [("a1", T + 30)])
+        self.assertEqual((excused["off"], excused["excused"]), ([], 1))
+
+
+class Schedule(unittest.TestCase):
+    def test_a_seed_draws_the_same_schedule_and_every_fault_is_undone(self):
+        for seed in range(20):
+            faults = soak.schedule(seed, 30 * 60)
+            self.assertEqual(faults, soak.schedule(seed, 30 * 60))
+            steps = [what for _, what in faults]
+            self.assertEqual(sum(s.startswith("cut") for s in steps),
+                             sum(s.startswith("heal") for s in steps))
+            self.assertEqual(steps.count("failover global"), steps.count("start global"))
+
+
+if __name__ == "__main__":
+    unittest.main()
