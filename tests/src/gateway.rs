@@ -334,6 +334,17 @@ pub async fn eventually(within: Duration, what: &str, mut check: impl FnMut() ->
     }
 }
 
+/// The key a `keys issue` printed, alone on its last line (the command must have succeeded).
+pub fn issued(out: &std::process::Output) -> String {
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .expect("keys issue printed the key")
+        .trim()
+        .to_owned()
+}
+
 /// `pet-gateway keys ARGS --config CONFIG`.
 pub fn keys_cli(config: &Path, args: &[&str]) -> std::process::Output {
     let mut all = vec!["keys"];

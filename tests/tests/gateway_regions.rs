@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use e2e::{
-    all_reach, fresh_minute, keys_cli, EchoUpstream, Fixture, GatewayProcess, GatewaySpec,
+    all_reach, fresh_minute, issued, keys_cli, EchoUpstream, Fixture, GatewayProcess, GatewaySpec,
     RedisServer,
 };
 use serde_json::Value;
@@ -30,16 +30,6 @@ fn region_spec(
         global.url()
     );
     spec
-}
-
-fn issued(out: &std::process::Output) -> String {
-    assert!(out.status.success(), "{out:?}");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap()
-        .trim()
-        .to_owned()
 }
 
 /// The id of the key named `name`, as `keys list` in `config`'s region shows it.

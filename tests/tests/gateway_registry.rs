@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use e2e::{
-    all_reach, eventually, keys_cli, EchoUpstream, Fixture, GatewayProcess, GatewaySpec,
+    all_reach, eventually, issued, keys_cli, EchoUpstream, Fixture, GatewayProcess, GatewaySpec,
     RedisServer,
 };
 use serde_json::Value;
@@ -20,16 +20,6 @@ fn node_spec(
     spec.keys_file = f.dir.path().join(format!("node-{n}-keys.toml"));
     spec.extra = "keys_source = \"store\"\nstore_timeout_ms = 500\n".into();
     spec
-}
-
-fn issued(out: &std::process::Output) -> String {
-    assert!(out.status.success(), "{out:?}");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap()
-        .trim()
-        .to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -269,21 +269,11 @@ fn issue_with(f: &Fixture, args: &[&str]) -> std::process::Output {
     e2e::gateway_cli(&all)
 }
 
-fn issued_key(out: &std::process::Output) -> String {
-    assert!(out.status.success(), "{out:?}");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap()
-        .trim()
-        .to_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_customers_keys_share_every_window_and_ban() {
     let f = Fixture::new(5, 1_000);
-    let a = issued_key(&issue_with(&f, &["--plan", "free", "--customer", "acme"]));
-    let b = issued_key(&issue_with(&f, &["--plan", "free", "--customer", "acme"]));
+    let a = e2e::issued(&issue_with(&f, &["--plan", "free", "--customer", "acme"]));
+    let b = e2e::issued(&issue_with(&f, &["--plan", "free", "--customer", "acme"]));
     let other = f.issue("free");
     let backend = f.backend();
     let gw = f.gateway(&f.spec(backend.addr));
@@ -342,7 +332,7 @@ async fn a_customers_keys_share_every_window_and_ban() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keys_own_windows_apply_and_bad_ones_are_refused_naming_the_flag() {
     let f = Fixture::new(60, 1_000);
-    let key = issued_key(&issue_with(
+    let key = e2e::issued(&issue_with(
         &f,
         &[
             "--plan",

@@ -805,14 +805,18 @@ pub const ACQUIRE_RUN: &str = acquire_run_lua!();
 /// Ends a ban now and forgets the strikes; the ban level stays, so the next ban still escalates.
 ///
 /// - `KEYS[1]`: the quota's state.
+/// - `ARGV[1]`, optional: lift only a ban ending no later than this (Unix seconds). A ban lifted
+///   in another region (issue 48, `redis::ban_feed`) is lifted here only while the region's
+///   ends no later than the lifted one's (a later end is a ban started since), in one run so
+///   that no ban starts between the look and the lift.
 ///
-/// Returns 1 when a ban was active, 0 otherwise.
+/// Returns 1 when a ban was lifted, 0 otherwise.
 pub const LIFT_BAN: &str = concat!(
     state_lua!(),
     r#"
 local now = tonumber(redis.call('TIME')[1])
 local s = load(KEYS[1])
-if s[BU] <= now then return 0 end
+if s[BU] <= now or (ARGV[1] and s[BU] > tonumber(ARGV[1])) then return 0 end
 s[BU] = 0
 s[SC] = 0
 save(KEYS[1], s)
@@ -839,27 +843,6 @@ if s[BU] >= till then return 0 end
 s[BU] = u32(till)
 if s[LU] < till then s[LU] = u32(till) end
 s[EXPIRE] = true
-save(KEYS[1], s)
-return 1
-"#
-);
-
-/// Lifts in this region a ban lifted in another (issue 48, `redis::ban_feed`): as [`LIFT_BAN`],
-/// only while the region's ban ends no later than the lifted one's end (a later end is a ban
-/// started since, here or published after the lift), in one run so that no ban starts between
-/// the look and the lift.
-///
-/// - `KEYS[1]`: the quota's state. `ARGV[1]`: the lifted ban's end, Unix seconds.
-///
-/// Returns 1 when a ban was lifted, 0 otherwise.
-pub const LIFT_BAN_ENDING_BY: &str = concat!(
-    state_lua!(),
-    r#"
-local now = tonumber(redis.call('TIME')[1])
-local s = load(KEYS[1])
-if s[BU] <= now or s[BU] > tonumber(ARGV[1]) then return 0 end
-s[BU] = 0
-s[SC] = 0
 save(KEYS[1], s)
 return 1
 "#

@@ -84,11 +84,9 @@ impl RedisStore {
     }
 
     /// Lifts `quota_id`'s ban here, a ban lifted in another region that ended at `until`,
-    /// unless the region's ends later (`LIFT_BAN_ENDING_BY`); whether one was lifted.
+    /// unless the region's ends later (`LIFT_BAN`'s bound); whether one was lifted.
     pub async fn lift_imported(&self, quota_id: &str, until: u64) -> Result<bool, StoreError> {
-        let lifted: i64 = self
-            .invoke(&self.lift_ban_ending_by, quota_id, &[until])
-            .await?;
+        let lifted: i64 = self.invoke(&self.lift_ban, quota_id, &[until]).await?;
         if lifted == 1 {
             self.index_ban_now(&Arc::from(quota_id), 0).await;
         }

@@ -53,7 +53,6 @@ pub struct RedisStore {
     hold: redis::Script,
     give: redis::Script,
     import_ban: redis::Script,
-    lift_ban_ending_by: redis::Script,
 }
 
 /// The most decisions one script run carries by default: large enough that a saturated Redis
@@ -107,7 +106,6 @@ impl RedisStore {
             hold: redis::Script::new(scripts::HOLD),
             give: redis::Script::new(scripts::GIVE),
             import_ban: redis::Script::new(scripts::IMPORT_BAN),
-            lift_ban_ending_by: redis::Script::new(scripts::LIFT_BAN_ENDING_BY),
         };
         Ok(store.with_batch_max(DEFAULT_BATCH_MAX))
     }
