@@ -249,19 +249,19 @@ class Run:
         m = self.margins
         self.has_samples = bool(samples)
         self.store_windows, self.fallback_spans, self.timeout_steps = {}, {}, {}
+        self.local_steps = {}
         for n in self.nodes:
             steps = sample_steps([e for e in samples if e["node"] == n])
-            trouble = [(p - m["fault_before"], t + m["fault_after"])
-                       for p, t, errors, _, fallback in steps if errors > 0 or fallback]
+            trouble = [(s[0] - m["fault_before"], s[1] + m["fault_after"])
+                       for s in steps if s[2] > 0 or s[4] or (s[5] or 0) > 0]
             declared = [(f.lo, f.hi) for f in self.faults if f.store and n in f.nodes]
             self.store_windows[n] = merged(declared + trouble)
-            self.fallback_spans[n] = merged([(p - m["fault_before"], t + m["fault_after"])
-                                             for p, t, _, _, fallback in steps if fallback])
-            total, sums = 0, []
-            for _, t, _, timeouts, _ in steps:
-                total += timeouts
-                sums.append((t, total))
-            self.timeout_steps[n] = sums
+            self.fallback_spans[n] = merged([(s[0] - m["fault_before"], s[1] + m["fault_after"])
+                                             for s in steps if s[4]])
+            self.timeout_steps[n] = running_sums(steps, 3)
+            # Only where every sample counts them (a build that does, throughout).
+            if steps and all(s[5] is not None for s in steps):
+                self.local_steps[n] = running_sums(steps, 5)
 
     def describe(self, req):
         """Hidden fields (`_…`) on each request: class, cost, quota, parsed RateLimit header, and
@@ -350,24 +350,55 @@ class Run:
 
     def timeouts_between(self, node, lo, hi):
         """The store calls node counted as timed out, by the samples taken in [lo, hi]."""
-        sums = self.timeout_steps.get(node, [])
-        i = bisect.bisect_left(sums, (lo, -math.inf))
-        j = bisect.bisect_right(sums, (hi, math.inf))
-        if j <= i:
-            return 0
-        before = sums[i - 1][1] if i else 0
-        return sums[j - 1][1] - before
+        return between(self.timeout_steps.get(node, []), lo, hi)
+
+    def own_allowance(self, node, quota, s, e, limit):
+        """The most units node may have admitted on its own decisions (not the store's) in the
+        instance [s, e): its local limiter admits at most the limit alone, and each decision it
+        made without the store counted one (`pet_gateway_store_local_decisions_total`, by the
+        samples from `fault_before` before to `fault_after` after) at the quota's highest cost
+        (any quota's decisions count there: a bound, not a share). A node
+        down near the instance (killed or upgraded: its count since the last sample died with
+        the process) or without the count in its samples gets the limit."""
+        m = self.margins
+        lo, hi = s - m["fault_before"], e + m["fault_after"]
+        if node not in self.local_steps or self.down(node, lo - 1, hi + 1):
+            return limit
+        cost = max([1] + [int(c) for p in self.quota_plans[quota]
+                          for c in self.plans[p].get("cost", {}).values()])
+        return min(limit, between(self.local_steps[node], lo, hi + 1) * cost)
+
+
+def running_sums(steps, field):
+    """(t, the sum of `field` over the steps up to t) for each step."""
+    total, sums = 0, []
+    for step in steps:
+        total += step[field]
+        sums.append((step[1], total))
+    return sums
+
+
+def between(sums, lo, hi):
+    """What running `sums` added by the samples taken in [lo, hi]."""
+    i = bisect.bisect_left(sums, (lo, -math.inf))
+    j = bisect.bisect_right(sums, (hi, math.inf))
+    if j <= i:
+        return 0
+    before = sums[i - 1][1] if i else 0
+    return sums[j - 1][1] - before
 
 
 def sample_steps(samples):
-    """(prev t, t, errors, timeouts, fallback) for each two consecutive samples of one node:
-    the counts between them (a counter that went down was reset by a restart: the delta is then
-    the new value) and whether its breaker was open at either end."""
+    """(prev t, t, errors, timeouts, fallback, local) for each two consecutive samples of one
+    node: the counts between them (a counter that went down was reset by a restart: the delta is
+    then the new value), whether its breaker was open at either end, and the decisions it made
+    without the store (None where a sample does not say: records of a build before the count)."""
     steps = []
     for prev, cur in zip(samples, samples[1:]):
         delta = lambda f: cur[f] - prev[f] if cur[f] >= prev[f] else cur[f]  # noqa: E731
+        local = int(delta("local")) if "local" in prev and "local" in cur else None
         steps.append((prev["t"], cur["t"], int(delta("errors")), int(delta("timeouts")),
-                      bool(prev.get("fallback") or cur.get("fallback"))))
+                      bool(prev.get("fallback") or cur.get("fallback")), local))
     return steps
 
 
@@ -505,13 +536,16 @@ def check_quota(run):
     local decisions all fall in its windows, as it counts each call that failed).
 
     Windows a node enforces alone (a minute or shorter; the docs' "N nodes admit up to N times
-    those limits"), per instance:
-      - all admitted <= limit x (1 + F) + lost, F = the nodes with a store window overlapping
-        the instance (each node in fallback enforces the limit alone);
+    those limits"), per instance, with own(n) = what node n may have admitted on its own
+    decisions: the limit (its local limiter alone), or fewer, its decisions made without the
+    store as its samples counted them times the highest cost (`Run.own_allowance`), so that a
+    doubled limit cannot hide under ordinary store timeouts:
+      - all admitted <= limit + the sum of own(n) over the nodes with a store window
+        overlapping the instance + lost;
       - outside <= limit + lost: the store counts exactly what it decides, wherever the others
         were (this catches a node whose own limit is wrong while another is in fallback);
-      - for each node n: n's inside + outside <= 2 x limit + lost: n's local limiter admits at
-        most the limit on its own, and the store at most limit + lost in all.
+      - for each node n: n's inside + outside <= limit + own(n) + lost: the store admits at
+        most limit + lost in all.
     Where F is 0 all three are the same bound. Longer windows (the day) pause in fallback,
     counting nothing: admitted <= limit + the units admitted inside + lost, which is outside <=
     limit + lost. One violation per instance: the first bound it breaks."""
@@ -557,10 +591,13 @@ def quota_bounds(run, quota, w, s, e, limit, reqs):
     for n in run.nodes:
         mine = [r for r, i in zip(reqs, inside) if i and r["node"] == n]
         units = sum(r["_cost"] for r in mine)
-        if mine and units + out_units > 2 * limit + lost:
+        own = run.own_allowance(n, quota, s, e, limit)
+        if mine and units + out_units > limit + own + lost:
+            bound = (f"2 x limit {limit}" if own == limit else
+                     f"limit {limit} + {own} by its own decisions counted")
             return (f"{n} admitted {units} units inside its store windows + {out_units} "
-                    f"outside (decided by the store), more than 2 x limit {limit} + {lost} lost",
-                    past(sorted(mine + outside, key=lambda r: r["sent"]), 2 * limit + lost))
+                    f"outside (decided by the store), more than {bound} + {lost} lost",
+                    past(sorted(mine + outside, key=lambda r: r["sent"]), limit + own + lost))
     return None
 
 
@@ -568,8 +605,12 @@ def allowance(run, quota, w, s, e, limit, inside, lost):
     """The allowance over the limit of all admitted units in one window instance (see
     check_quota), and how it came about."""
     if run.locally_enforced(quota, w):
-        f = sum(1 for n in run.nodes if run.store_trouble(n, s, e))
-        return limit * f + lost, f"{f} node(s) in store fault x {limit} + {lost} lost"
+        troubled = [n for n in run.nodes if run.store_trouble(n, s, e)]
+        own = sum(run.own_allowance(n, quota, s, e, limit) for n in troubled)
+        if own == limit * len(troubled):
+            return own + lost, f"{len(troubled)} node(s) in store fault x {limit} + {lost} lost"
+        return own + lost, (f"{len(troubled)} node(s) in store fault, {own} by their own "
+                            f"decisions counted + {lost} lost")
     return inside + lost, f"{inside} admitted in fallback + {lost} lost"
 
 

@@ -577,9 +577,10 @@ def drop_partitions():
 
 
 def sample_stores(soak):
-    """Once a second, each node's store errors, timeouts and fallback gauge from its metrics,
-    to events.ndjson: the checker's allowances come from what the gateway counted (a store
-    call can time out with no fault injected), never from a guess."""
+    """Once a second, each node's store errors, timeouts, fallback gauge and decisions made
+    without the store from its metrics, to events.ndjson: the checker's allowances come from
+    what the gateway counted (a store call can time out with no fault injected), never from a
+    guess."""
     while not soak.sampling.wait(1.0):
         sample_once(soak)
 
@@ -593,7 +594,8 @@ def sample_once(soak):
                     "errors": metric_sum(text, "pet_gateway_store_errors_total", ""),
                     "timeouts": metric_sum(text, "pet_gateway_store_errors_total",
                                            'kind="timeout"'),
-                    "fallback": metric_sum(text, "pet_gateway_store_fallback ", "")},
+                    "fallback": metric_sum(text, "pet_gateway_store_fallback ", ""),
+                    "local": metric_sum(text, "pet_gateway_store_local_decisions_total", "")},
                    quiet=True)
 
 

@@ -81,6 +81,7 @@ class Fleet:
     def __init__(self, faults, events, bugs):
         self.faults, self.events, self.bugs = faults, events, bugs
         self.counts, self.strikes, self.ban, self.local = {}, {}, {}, defaultdict(int)
+        self.alone = []  # (t, node): each decision a node made without the store
         self.usage = defaultdict(lambda: [0, 0, 0])  # (node, key, op, minute): adm, cost, ref
         self.notices = []  # (node, event)
         self.keys = check.key_table(KEYS, events)
@@ -153,9 +154,10 @@ class Fleet:
                     continue
                 since = max([s for s in starts if s <= t], default=0)
                 errs = [timeout for at, n, timeout in self.errors if n == node and since < at <= t]
+                alone = sum(1 for at, n in self.alone if n == node and since < at <= t)
                 out.append({"kind": "store_sample", "t": t, "node": node, "errors": len(errs),
                             "timeouts": sum(errs), "fallback": int(self.during(
-                                check.STORE_FAULTS, node, t, store=True))})
+                                check.STORE_FAULTS, node, t, store=True)), "local": alone})
         return out
 
     def limit(self, plan, w, t):
@@ -203,6 +205,7 @@ class Fleet:
         now = int(req["sent"])
         if self.ban.get(info.quota, 0) > now:
             return self.banned(req, limits, now)
+        self.alone.append((req["sent"], req["node"]))
         short = [(w, lim) for w, lim in limits if w <= 60]
         slot = (req["node"], info.quota, now // 60)
         if self.local[slot] + cost <= short[0][1] or req["seq"] in self.bugs.get("over_admit", ()):
@@ -570,10 +573,33 @@ class QuotaBounds(CheckTest):
                 self.assertIn(f"key_t minute from 11:07:00Z: {what}", v[0]["what"])
                 self.assertEqual(v[0]["records"][0]["node"], "gw3")
 
+    def test_a_doubled_limit_cannot_hide_under_an_ordinary_store_timeout(self):
+        """gw3 reads tiny's minute limit as 10 and one of its store calls times out (counted,
+        decided alone) in the same minute: it is then inside a store window, where a node was
+        allowed the limit again on its own. Its samples count one decision made without the
+        store, so its own allowance is 1, and the 10 it admitted fail; records without that
+        count (an older build) keep the old allowance, and pass."""
+        load = [(S + 40.2 + i, "key_t", "gw3", "listPets") for i in range(10)]
+        faults = [fault("backend_restart", 1, S + 90, S + 93)]
+        bugs = {"timeouts": {"gw3": [(S + 40, S + 40.5, False)]}}
+        self.passes(self.run_dir(extra_load=load, faults=faults, bugs=bugs))
+        planted = dict(bugs, doubled_limit=("gw3", "tiny"))
+        d = self.run_dir(extra_load=load, faults=faults, bugs=planted)
+        v = self.only_fails(d, "quota")
+        # 10: the one it decided alone, and 9 the store gave it (the old bound's 2 x 5).
+        self.assertIn("key_t minute from 11:07:00Z: 10 units admitted, limit 5 + allowance 1 "
+                      "(1 node(s) in store fault, 1 by their own decisions counted + 0 lost)",
+                      v[0]["what"])
+        edit_ndjson(os.path.join(d, "events.ndjson"), lambda evs: [
+            {k: v for k, v in e.items() if k != "local"} for e in evs])
+        self.assertNotIn("quota", self.failing(d))
+
     def test_a_node_alone_admits_the_limit_once_beside_the_store(self):
-        """gw1 and gw2 partitioned in one minute (F = 2: the total may reach 15), gw3 admitted
-        key_t's 5 through the store. gw1 admitting 5 alone passes (5 + 5 <= 2 x 5); 10 alone
-        (its local limiter broken) fails, though the total, 15, is within 5 x 3."""
+        """gw1 and gw2 partitioned in one minute, gw3 admitted key_t's 5 through the store.
+        gw1 admitting 5 alone passes (5 + 5 <= 2 x 5); 10 alone (its local limiter broken)
+        fails: the total, 15, was within 5 x 3 by nodes in store fault, but is over what their
+        own decisions counted allow (gw1 the limit, gw2 the 4 it decided alone for any quota).
+        Without those counts, the per-node bound catches it."""
         faults = [fault("backend_restart", 1, S + 90, S + 93),
                   fault("partition", 2, S + 25, S + 35, ["gw1"]),
                   fault("partition", 3, S + 45, S + 50, ["gw2"])]
@@ -585,6 +611,12 @@ class QuotaBounds(CheckTest):
                    if r["key"] == "key_t" and r["node"] == "gw1" and r["status"] == 429}
         self.assertEqual(len(refused), 5)
         d = self.run_dir(extra_load=load, faults=faults, bugs={"over_admit": refused})
+        v = self.only_fails(d, "quota")
+        self.assertIn("key_t minute from 11:07:00Z: 15 units admitted, limit 5 + allowance 9 "
+                      "(2 node(s) in store fault, 9 by their own decisions counted + 0 lost)",
+                      v[0]["what"])
+        edit_ndjson(os.path.join(d, "events.ndjson"), lambda evs: [
+            {k: v for k, v in e.items() if k != "local"} for e in evs])
         v = self.only_fails(d, "quota")
         self.assertIn("key_t minute from 11:07:00Z: gw1 admitted 10 units inside its store "
                       "windows + 5 outside (decided by the store), more than 2 x limit 5 + 0 "

@@ -25,6 +25,7 @@ pub struct Metrics {
     pub store_errors: IntCounterVec,
     pub region_grants: IntCounterVec,
     pub store_fallback: IntGauge,
+    pub store_local_decisions: IntCounter,
     pub config_reloads: IntCounterVec,
     pub responses_aborted: IntCounter,
     pub slow_request_heads: IntCounter,
@@ -185,6 +186,12 @@ const REGION_GRANTS: Def = Def {
 const STORE_FALLBACK: Def = Def {
     name: "pet_gateway_store_fallback",
     help: "1 while the quota store fails and on_store_error decides instead, else 0.",
+    labels: &[],
+};
+const STORE_LOCAL_DECISIONS: Def = Def {
+    name: "pet_gateway_store_local_decisions_total",
+    help: "Decisions on_store_error made without the quota store (after a call that failed, or \
+           while the breaker is open), each one.",
     labels: &[],
 };
 
@@ -472,6 +479,7 @@ impl Metrics {
             store_errors: counter(r, &STORE_ERRORS),
             region_grants: counter(r, &REGION_GRANTS),
             store_fallback: plain_gauge(r, &STORE_FALLBACK),
+            store_local_decisions: plain_counter(r, &STORE_LOCAL_DECISIONS),
             config_reloads: counter(r, &CONFIG_RELOADS),
             responses_aborted: plain_counter(r, &RESPONSES_ABORTED),
             slow_request_heads: plain_counter(r, &SLOW_REQUEST_HEADS),

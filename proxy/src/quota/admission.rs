@@ -196,6 +196,9 @@ impl Admission {
     /// The decision without the store, as `on_store_error` says.
     fn fallback(&self, quota: &Arc<str>, limits: Limits, cost: u64, now: u64) -> Decision {
         METRICS.store_fallback.set(1);
+        // Counted one by one (the gauge above is sampled, and a short outage can fall between
+        // two samples): the soak's checker caps a node's own decisions by it.
+        METRICS.store_local_decisions.inc();
         let r = &self.resilience;
         match self.on_store_error {
             OnStoreError::Closed => Decision {
