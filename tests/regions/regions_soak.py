@@ -18,10 +18,13 @@ itself:
   certainly happened).
 - **bans**: a ban seen in one region (an answer `api_key_banned`, its `X-RateLimit-Reset` the
   ban's end) admits nothing of its key in any region from 1 s after the first such answer to
-  1 s before its end, unless that region was cut off from the global store, its Redis had
+  1 s before its end, and every other region's refusals of it from then to 2 s before its end
+  say `api_key_banned` (a `rate_limited` or `region_unleased` there is a ban that did not
+  cross), unless the answering region was cut off from the global store, its Redis had
   restarted within 12 s (a node writes every ban again every 10 s), or the global store was
   failing over (from its kill until 10 s after its old primary is back), then or in the second
-  before.
+  before; or the banning region was cut off since the ban, or its banning node died within a
+  second of it.
 - **metering**: the units every node of every region metered, per key and minute, equal the
   admissions (a node killed excuses the minutes it had not written).
 
@@ -150,41 +153,77 @@ def excused(region, t, cut, restarts, failovers):
     return any(lo - 1 <= t <= hi for lo, hi in failovers)
 
 
-def check_bans(rows, cut, restarts, failovers):
-    bans = defaultdict(list)  # (key, end) -> the times it was answered banned
+def ban_excused(ban, r, faults):
+    """Whether answer `r`, inside `ban` (first seen: time, region, node), may miss it: its own
+    region could not learn it then (cut off, its Redis restarted, the global store failing
+    over), the banning region could not publish it before (cut off from the ban's start to the
+    answer), or the banning node died within a second of the ban (its publish with it)."""
+    first, region, node = ban
+    cut, restarts, failovers, kills = faults
+    if excused(r["region"], r["sent"], cut, restarts, failovers) or excused(
+            r["region"], first, cut, restarts, failovers):
+        return True
+    if any(overlaps(lo - 1, hi + 1, first - 1, r["sent"]) for lo, hi in cut.get(region, [])):
+        return True
+    if any(lo - 1 <= first and hi >= r["sent"] - 1 for lo, hi in failovers):
+        return True
+    return any(n == node and first - 2 <= at <= first + 1 for n, at in kills)
+
+
+def overlaps(lo, hi, a, b):
+    return lo <= b and a <= hi
+
+
+def check_bans(rows, faults):
+    """Per ban (its key and end), from a second after its first `api_key_banned` answer: no
+    region admits the key until a second before its end, and every other region's refusals of
+    it until two seconds before its end say `api_key_banned` (a `rate_limited` or
+    `region_unleased` there is a ban that did not cross), unless excused (`ban_excused`)."""
+    bans = defaultdict(list)  # (key, end) -> (time, region, node) of each banned answer
     for r in rows:
         if r.get("code") == "api_key_banned" and "x-ratelimit-reset" in r["headers"]:
-            bans[(r["key"], int(r["headers"]["x-ratelimit-reset"]))].append(r["recv"])
-    violations, checked = [], 0
+            bans[(r["key"], int(r["headers"]["x-ratelimit-reset"]))].append(
+                (r["recv"], r["region"], r["node"]))
+    violations, admitted, crossed = [], 0, 0
     for (key, end), seen in sorted(bans.items()):
-        first = min(seen)
+        ban = min(seen)
+        first, region = ban[0], ban[1]
         for r in rows:
-            if r["key"] != key or r["status"] != 200:
+            if r["key"] != key or not first + BAN_BOUND <= r["sent"] <= end - 1:
                 continue
-            if not first + BAN_BOUND <= r["sent"] <= end - 1:
+            other_refusal = (r["region"] != region and r["status"] == 429
+                             and r["sent"] <= end - 2)
+            if r["status"] != 200 and not other_refusal:
                 continue
-            checked += 1
-            if excused(r["region"], r["sent"], cut, restarts, failovers) or excused(
-                    r["region"], first, cut, restarts, failovers):
+            if ban_excused(ban, r, faults):
                 continue
-            violations.append(f"{key} admitted in region {r['region']} ({r['node']}) "
-                              f"{r['sent'] - first:.2f} s after its ban was first answered, "
-                              f"ban ending {end}")
-    return violations, f"{len(bans)} bans seen; {checked} admissions inside one"
+            if r["status"] == 200:
+                admitted += 1
+                violations.append(f"{key} admitted in region {r['region']} ({r['node']}) "
+                                  f"{r['sent'] - first:.2f} s after its ban in {region} was "
+                                  f"first answered, ban ending {end}")
+            elif r.get("code") == "api_key_banned":
+                crossed += 1
+            else:
+                violations.append(f"{key} refused {r.get('code')} in region {r['region']} "
+                                  f"({r['node']}) {r['sent'] - first:.2f} s after its ban in "
+                                  f"{region} was first answered: the ban had not crossed")
+    return violations, (f"{len(bans)} bans seen; {crossed} refusals in other regions said "
+                        f"banned, {admitted} admissions inside one")
 
 
 def check(out, metered):
     records = [json.loads(line) for line in open(os.path.join(out, "history.ndjson"))]
     rows = [r for r in records if "fault" not in r]
     cut, restarts, failovers = spans(records)
+    kills = [(r["fault"].split()[1], r["at"]) for r in records
+             if r.get("fault", "").startswith("kill")]
     results = {}
     results["quota"] = check_quota(rows)
-    results["bans"] = check_bans(rows, cut, restarts, failovers)
+    results["bans"] = check_bans(rows, (cut, restarts, failovers, kills))
     first, last = min(r["sent"] for r in rows), max(r["sent"] for r in rows)
     minutes = sorted(m for m in {r.get("minute") for r in rows} if m is not None
                      and m * 60 >= first - 1 and (m + 1) * 60 <= last + 1)
-    kills = [(r["fault"].split()[1], r["at"]) for r in records
-             if r.get("fault", "").startswith("kill")]
     m = harness.metering(rows, minutes, metered, kills)
     results["metering"] = ([f"{o}" for o in m["off"]],
                            f"{m['equal']} of {m['checked']} key-minutes exact, "

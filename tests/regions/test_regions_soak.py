@@ -40,17 +40,28 @@ class Bans(unittest.TestCase):
 
     def test_an_admission_in_another_region_inside_a_ban_is_caught(self):
         rows = self.banned() + [req("acme", "b", T + 12)]
-        self.assertEqual(len(soak.check_bans(rows, {}, {}, [])[0]), 1)
+        self.assertEqual(len(soak.check_bans(rows, ({}, {}, [], []))[0]), 1)
 
     def test_within_the_bound_or_after_the_end_is_allowed(self):
         rows = self.banned() + [req("acme", "b", T + 10.5), req("acme", "b", T + 19.5)]
-        self.assertEqual(soak.check_bans(rows, {}, {}, [])[0], [])
+        self.assertEqual(soak.check_bans(rows, ({}, {}, [], []))[0], [])
+
+    def test_another_regions_refusal_must_say_banned(self):
+        rows = self.banned() + [req("acme", "b", T + 12, 429, "api_key_banned")]
+        self.assertEqual(soak.check_bans(rows, ({}, {}, [], []))[0], [])
+        rows = self.banned() + [req("acme", "b", T + 12, 429, "rate_limited")]
+        self.assertIn("the ban had not crossed", soak.check_bans(rows, ({}, {}, [], []))[0][0])
+
+    def test_the_banning_region_cut_off_or_its_node_killed_excuses_it(self):
+        rows = self.banned() + [req("acme", "b", T + 12)]
+        self.assertEqual(soak.check_bans(rows, ({"a": [(T + 5, T + 30)]}, {}, [], []))[0], [])
+        self.assertEqual(soak.check_bans(rows, ({}, {}, [], [("a1", T + 10.5)]))[0], [])
 
     def test_a_region_cut_off_or_a_failover_excuses_it(self):
         rows = self.banned() + [req("acme", "b", T + 12)]
-        self.assertEqual(soak.check_bans(rows, {"b": [(T + 5, T + 15)]}, {}, [])[0], [])
-        self.assertEqual(soak.check_bans(rows, {}, {}, [(T + 8, T + 13)])[0], [])
-        self.assertEqual(soak.check_bans(rows, {}, {"b": [T + 5]}, [])[0], [])
+        self.assertEqual(soak.check_bans(rows, ({"b": [(T + 5, T + 15)]}, {}, [], []))[0], [])
+        self.assertEqual(soak.check_bans(rows, ({}, {}, [(T + 8, T + 13)], []))[0], [])
+        self.assertEqual(soak.check_bans(rows, ({}, {"b": [T + 5]}, [], []))[0], [])
 
 
 class Spans(unittest.TestCase):

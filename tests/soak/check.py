@@ -261,7 +261,7 @@ class Run:
             self.timeout_steps[n] = running_sums(steps, 3)
             # Only where every sample counts them (a build that does, throughout).
             if steps and all(s[5] is not None for s in steps):
-                self.local_steps[n] = running_sums(steps, 5)
+                self.local_steps[n] = [(s[0], s[1], s[5]) for s in steps]
 
     def describe(self, req):
         """Hidden fields (`_…`) on each request: class, cost, quota, parsed RateLimit header, and
@@ -356,17 +356,29 @@ class Run:
         """The most units node may have admitted on its own decisions (not the store's) in the
         instance [s, e): its local limiter admits at most the limit alone, and each decision it
         made without the store counted one (`pet_gateway_store_local_decisions_total`, by the
-        samples from `fault_before` before to `fault_after` after) at the quota's highest cost
-        (any quota's decisions count there: a bound, not a share). A node
-        down near the instance (killed or upgraded: its count since the last sample died with
-        the process) or without the count in its samples gets the limit."""
-        m = self.margins
-        lo, hi = s - m["fault_before"], e + m["fault_after"]
-        if node not in self.local_steps or self.down(node, lo - 1, hi + 1):
+        samples whose step touches the instance, 2 s either side) at the quota's highest cost
+        (any quota's decisions count there: a bound, not a share). Where that count cannot be
+        trusted the node gets the limit, or twice it: without the count in its samples, or no
+        sample after the instance (a late or missed one), the limit; killed, started or upgraded
+        near the instance (a count since the last sample dies with the process, a step across
+        the restart reads only the new process's, and an upgrade's old and new processes each
+        have a local limiter of their own), twice the limit."""
+        lo, hi = s - 2, e + 2
+        if self.down(node, lo - 2, hi + 2) or self.upgraded(node, lo - 2, hi + 2):
+            return 2 * limit
+        steps = self.local_steps.get(node)
+        if not steps or steps[-1][1] < e:
             return limit
         cost = max([1] + [int(c) for p in self.quota_plans[quota]
                           for c in self.plans[p].get("cost", {}).values()])
-        return min(limit, between(self.local_steps[node], lo, hi + 1) * cost)
+        local = sum(n for p, t, n in steps if t >= lo and p <= hi)
+        return min(limit, local * cost)
+
+    def upgraded(self, node, a, b):
+        """Whether node was upgraded (its old process deciding for up to STOP_AFTER_UPGRADE
+        beside the new one) at some time in [a, b]."""
+        return any(overlaps(e["t"], e["t"] + STOP_AFTER_UPGRADE, a, b) for e in self.events
+                   if e["kind"] == "upgrade" and e["node"] == node)
 
 
 def running_sums(steps, field):
@@ -396,7 +408,8 @@ def sample_steps(samples):
     steps = []
     for prev, cur in zip(samples, samples[1:]):
         delta = lambda f: cur[f] - prev[f] if cur[f] >= prev[f] else cur[f]  # noqa: E731
-        local = int(delta("local")) if "local" in prev and "local" in cur else None
+        known = prev.get("local") is not None and cur.get("local") is not None
+        local = int(delta("local")) if known else None
         steps.append((prev["t"], cur["t"], int(delta("errors")), int(delta("timeouts")),
                       bool(prev.get("fallback") or cur.get("fallback")), local))
     return steps
@@ -594,7 +607,7 @@ def quota_bounds(run, quota, w, s, e, limit, reqs):
         own = run.own_allowance(n, quota, s, e, limit)
         if mine and units + out_units > limit + own + lost:
             bound = (f"2 x limit {limit}" if own == limit else
-                     f"limit {limit} + {own} by its own decisions counted")
+                     f"limit {limit} + {own} by its own decisions counted or allowed")
             return (f"{n} admitted {units} units inside its store windows + {out_units} "
                     f"outside (decided by the store), more than {bound} + {lost} lost",
                     past(sorted(mine + outside, key=lambda r: r["sent"]), limit + own + lost))
@@ -606,7 +619,7 @@ def allowance(run, quota, w, s, e, limit, inside, lost):
     check_quota), and how it came about."""
     if run.locally_enforced(quota, w):
         troubled = [n for n in run.nodes if run.store_trouble(n, s, e)]
-        own = sum(run.own_allowance(n, quota, s, e, limit) for n in troubled)
+        own = sum(min(limit, run.own_allowance(n, quota, s, e, limit)) for n in troubled)
         if own == limit * len(troubled):
             return own + lost, f"{len(troubled)} node(s) in store fault x {limit} + {lost} lost"
         return own + lost, (f"{len(troubled)} node(s) in store fault, {own} by their own "
