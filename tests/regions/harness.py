@@ -546,7 +546,10 @@ def main(argv):
     a = ap.parse_args(argv)
     if not 0 < a.minutes <= 60:
         ap.error("--minutes: more than 0, at most 60")
-    run = a.out or os.path.join(ROOT, "target", "regions", f"run-{int(time.time())}")
+    # Absolute: the nodes' configs name these paths (read from the config's own folder).
+    run = os.path.abspath(a.out or os.path.join(ROOT, "target", "regions",
+                                                f"run-{int(time.time())}"))
+    a.bin_dir = os.path.abspath(a.bin_dir)
     os.makedirs(run, exist_ok=True)
     history = os.path.join(run, "history.ndjson")
     results = []

@@ -81,8 +81,11 @@ def schedule(seed, seconds):
 
 
 def run(args):
-    out = args.out or os.path.join(harness.ROOT, "target", "regions",
-                                   f"soak-{args.seed}-{int(time.time())}")
+    # Absolute: the nodes' configs name these paths, and a config's relative path is read
+    # from the config's own folder.
+    out = os.path.abspath(args.out or os.path.join(harness.ROOT, "target", "regions",
+                                                   f"soak-{args.seed}-{int(time.time())}"))
+    args.bin_dir = os.path.abspath(args.bin_dir)
     os.makedirs(out, exist_ok=True)
     history = os.path.join(out, "history.ndjson")
     fl = harness.Fleet(os.path.join(out, "leased"), "leased", args.bin_dir, args.delay_ms)
