@@ -406,13 +406,21 @@ fn regional(
         Arc::clone(&feed),
         &region.name,
     );
+    let r = Arc::clone(&regional);
     server.add_service(background_service(
         "region give-backs",
-        RegionSweep(Arc::clone(&regional)),
+        every(crate::quota::regions::sweep::EVERY, move || {
+            let r = Arc::clone(&r);
+            async move { r.sweep().await }
+        }),
     ));
+    let r = Arc::clone(&regional);
     server.add_service(background_service(
         "region bans",
-        RegionBans(Arc::clone(&regional)),
+        every(crate::quota::regions::bans::EVERY, move || {
+            let r = Arc::clone(&r);
+            async move { r.follow_bans().await }
+        }),
     ));
     let admin = RegionalStore::for_admin(Arc::clone(local_admin), ledger, feed, &region.name);
     Ok((
@@ -425,30 +433,26 @@ fn regional(
 /// its replicas' acknowledgement (`WAIT` is given half of it).
 const GLOBAL_TIMEOUT: Duration = Duration::from_millis(800);
 
-/// Gives back what the region holds of quotas whose traffic left it, every second.
-struct RegionSweep(Arc<RegionalStore>);
+/// One task of the node's, run every interval until shutdown: a region's give-backs of what it
+/// holds of quotas whose traffic left it, its reading of the ban feed (`quota::regions`).
+struct Every(Duration, Box<dyn Fn() -> Task + Send + Sync>);
 
-#[async_trait]
-impl BackgroundService for RegionSweep {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(crate::quota::regions::sweep::EVERY) => self.0.sweep().await,
-                _ = shutdown.changed() => return,
-            }
-        }
-    }
+type Task = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+fn every<F, T>(interval: Duration, task: F) -> Every
+where
+    F: Fn() -> T + Send + Sync + 'static,
+    T: std::future::Future<Output = ()> + Send + 'static,
+{
+    Every(interval, Box::new(move || Box::pin(task())))
 }
 
-/// Reads the feed of bans across regions a few times a second (`quota::regions::bans`).
-struct RegionBans(Arc<RegionalStore>);
-
 #[async_trait]
-impl BackgroundService for RegionBans {
+impl BackgroundService for Every {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         loop {
             tokio::select! {
-                _ = tokio::time::sleep(crate::quota::regions::bans::EVERY) => self.0.follow_bans().await,
+                _ = tokio::time::sleep(self.0) => (self.1)().await,
                 _ = shutdown.changed() => return,
             }
         }

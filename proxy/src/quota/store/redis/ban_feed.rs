@@ -171,15 +171,10 @@ impl BanFeed {
             .arg(&self.keys[0])
             .arg(&self.keys[1]);
         call.arg(args);
-        let result = match self.change_once(&call).await {
-            Err(StoreError::Unavailable(e)) if e.contains("NoScript") => {
-                let load = redis::cmd("SCRIPT").arg("LOAD").arg(source).clone();
-                self.link.query::<String>(&load).await?;
-                self.change_once(&call).await
-            }
-            other => other,
-        };
-        let (changed, acked) = result?;
+        let (changed, acked) = self
+            .link
+            .eval_waited::<i64>(&call, source, self.replicas)
+            .await?;
         if acked < self.replicas {
             return Err(StoreError::Unavailable(format!(
                 "the ban feed's change was acknowledged by {acked} of {} replicas",
@@ -187,19 +182,6 @@ impl BanFeed {
             )));
         }
         Ok(changed)
-    }
-
-    async fn change_once(&self, call: &redis::Cmd) -> Result<(i64, u32), StoreError> {
-        if self.replicas == 0 {
-            return Ok((self.link.query::<i64>(call).await?, 0));
-        }
-        let wait_ms = u64::try_from(self.link.timeout().as_millis() / 2).unwrap_or(u64::MAX);
-        let mut pipe = redis::pipe();
-        pipe.add_command(call.clone())
-            .cmd("WAIT")
-            .arg(self.replicas)
-            .arg(wait_ms.max(1));
-        self.link.pipe(&pipe).await
     }
 
     /// Publishes that `quota`'s ban started at `started` and ends at `until`, both by the

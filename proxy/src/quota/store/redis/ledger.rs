@@ -248,41 +248,19 @@ impl Ledger {
                 "NOREPLICAS: the global store had too few replicas online a moment ago".into(),
             ));
         }
-        let answer = match self.grant_once(&call).await {
-            // Not run: a server without the script (restarted, flushed, promoted). Loaded,
-            // then sent again.
-            Err(StoreError::Unavailable(e)) if e.contains("NoScript") => {
-                let load = redis::cmd("SCRIPT").arg("LOAD").arg(GRANT).clone();
-                self.link.query::<String>(&load).await?;
-                self.grant_once(&call).await
-            }
-            other => other,
-        };
+        let answer = self
+            .link
+            .eval_waited::<Vec<u64>>(&call, GRANT, self.replicas)
+            .await;
         if matches!(&answer, Err(StoreError::Unavailable(e)) if e.contains("NOREPLICAS")) {
             let until = crate::base::clock::unix_now_ms() + NO_REPLICAS_FOR_MS;
             self.refused_until.store(until, Ordering::Relaxed);
         }
-        let (units, durable) = answer?;
+        let (units, acked) = answer?;
         Ok(Grant {
             units: check_len(units, asks.len())?,
-            durable,
+            durable: acked >= self.replicas,
         })
-    }
-
-    /// One grant call, and its `WAIT` on the same connection (in one pipeline) when replicas
-    /// must acknowledge it.
-    async fn grant_once(&self, call: &redis::Cmd) -> Result<(Vec<u64>, bool), StoreError> {
-        if self.replicas == 0 {
-            return Ok((self.link.query::<Vec<u64>>(call).await?, true));
-        }
-        let mut pipe = redis::pipe();
-        let wait_ms = u64::try_from(self.link.timeout().as_millis() / 2).unwrap_or(u64::MAX);
-        pipe.add_command(call.clone())
-            .cmd("WAIT")
-            .arg(self.replicas)
-            .arg(wait_ms.max(1));
-        let (units, acked): (Vec<u64>, u32) = self.link.pipe(&pipe).await?;
-        Ok((units, acked >= self.replicas))
     }
 
     /// Gives back `region`'s unspent units of each instance (the instance, the units), as

@@ -227,6 +227,45 @@ impl Link {
         self.settle(tokio::time::timeout(self.inner.timeout, call).await)
     }
 
+    /// Runs `call`, an `EVALSHA` of the script `source`, and with `replicas` above 0 `WAIT`s
+    /// in the same round trip for that many replicas to hold it (for up to half the deadline);
+    /// the answer and the replicas that acknowledged (0 without a `WAIT`). A server without the
+    /// script (restarted, flushed, promoted) has it loaded, then the call sent again. The
+    /// global store's writes (`Ledger`, `BanFeed`) go this way: a write no replica holds can be
+    /// lost with a failover, and the caller decides what that means.
+    pub(super) async fn eval_waited<T: redis::FromRedisValue>(
+        &self,
+        call: &redis::Cmd,
+        source: &str,
+        replicas: u32,
+    ) -> Result<(T, u32), StoreError> {
+        match self.eval_waited_once(call, replicas).await {
+            Err(StoreError::Unavailable(e)) if e.contains("NoScript") => {
+                self.query::<String>(redis::cmd("SCRIPT").arg("LOAD").arg(source))
+                    .await?;
+                self.eval_waited_once(call, replicas).await
+            }
+            other => other,
+        }
+    }
+
+    async fn eval_waited_once<T: redis::FromRedisValue>(
+        &self,
+        call: &redis::Cmd,
+        replicas: u32,
+    ) -> Result<(T, u32), StoreError> {
+        if replicas == 0 {
+            return Ok((self.query::<T>(call).await?, 0));
+        }
+        let wait_ms = u64::try_from(self.inner.timeout.as_millis() / 2).unwrap_or(u64::MAX);
+        let mut pipe = redis::pipe();
+        pipe.add_command(call.clone())
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(wait_ms.max(1));
+        self.pipe(&pipe).await
+    }
+
     /// Runs one script invocation under the deadline.
     pub(super) async fn run<T: redis::FromRedisValue>(
         &self,
