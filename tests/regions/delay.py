@@ -6,11 +6,16 @@ proxy can be cut (new connections refused, open ones dropped: a partition) and h
 
     python3 tests/regions/delay.py LISTEN_PORT TARGET_PORT DELAY_MS   (runs until killed)
 
-or, from Python, `Delay(target_port, delay_ms).start()` on a thread of its own.
+or, from Python, `Delay(target_port, delay_ms).start()` on a thread of its own, or
+`Group([target_port, ...], delay_ms)`: a region's proxies in a process of their own, so that
+their work does not share a global interpreter lock with the load generator that times the
+requests (a harness measuring latency must not slow its own clocks).
 """
 
 import asyncio
+import json
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -110,7 +115,71 @@ class Delay:
             sender.cancel()
 
 
+class Group:
+    """Delaying proxies to `targets`, in a child process (`delay.py --group`) steered by lines
+    on its standard input: `cut`, `heal`, `carried` (answered with the connections carried, a
+    JSON number). The child ends when its standard input closes, so a harness that dies takes
+    its proxies with it."""
+
+    def __init__(self, targets, delay_ms):
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--group", str(delay_ms)] + [str(t) for t in targets],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the delaying proxies' process did not start")
+        self.ports = json.loads(line)
+
+    def ask(self, command):
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def cut(self):
+        self.ask("cut")
+
+    def heal(self):
+        self.ask("heal")
+
+    def carried(self):
+        return self.ask("carried")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def serve_group(delay_ms, targets):
+    """The child of `Group`: one proxy per target, then commands until standard input ends."""
+    proxies = [Delay(t, delay_ms).start() for t in targets]
+    print(json.dumps([p.port for p in proxies]), flush=True)
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "carried":
+            print(json.dumps(sum(p.carried for p in proxies)), flush=True)
+            continue
+        if command not in ("cut", "heal"):
+            print(json.dumps(f"unknown: {command}"), flush=True)
+            continue
+        for p in proxies:
+            getattr(p, command)()
+        # Answered once every proxy's loop has done it: a cut is in force when `cut` returns.
+        for p in proxies:
+            done = threading.Event()
+            p.loop.call_soon_threadsafe(done.set)
+            done.wait(5)
+        print(json.dumps(command), flush=True)
+
+
 def main(argv):
+    if argv[:1] == ["--group"]:
+        serve_group(float(argv[1]), [int(t) for t in argv[2:]])
+        return
     listen, target, delay_ms = int(argv[0]), int(argv[1]), float(argv[2])
     d = Delay(target, delay_ms, listen_port=listen).start()
     print(f"127.0.0.1:{d.port} -> 127.0.0.1:{target}, {delay_ms} ms each way", flush=True)

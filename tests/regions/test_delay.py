@@ -94,6 +94,28 @@ class DelayTest(unittest.TestCase):
             again.sendall(b"d")
             self.assertEqual(recv_exactly(again, 1), b"d")
 
+    def test_a_group_in_its_own_process_proxies_cuts_heals_and_counts(self):
+        group = delay.Group([self.echo, self.echo], 1)
+        self.addCleanup(group.stop)
+        for port in group.ports:
+            with socket.create_connection(("127.0.0.1", port)) as c:
+                c.sendall(b"a")
+                self.assertEqual(recv_exactly(c, 1), b"a")
+        self.assertEqual(group.carried(), 2)
+        kept = socket.create_connection(("127.0.0.1", group.ports[1]))
+        kept.settimeout(5)
+        group.cut()
+        with self.assertRaises((ConnectionError, OSError)):
+            kept.sendall(b"b")
+            recv_exactly(kept, 1)
+        kept.close()
+        group.heal()
+        with socket.create_connection(("127.0.0.1", group.ports[0])) as again:
+            again.sendall(b"c")
+            self.assertEqual(recv_exactly(again, 1), b"c")
+        group.stop()
+        self.assertIsNotNone(group.proc.poll(), "standard input closed ends the process")
+
 
 if __name__ == "__main__":
     unittest.main()
