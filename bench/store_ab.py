@@ -9,7 +9,9 @@ a worktree of its own (`git worktree add ../old 76f7c5f && cargo build --release
 
 On two shared cores the timings move 10-20 % from turn to turn; the rounds alternate (and the
 order flips each round) so both builds see the same machine, and the ratio of the medians is
-the figure. `bench/script_cost.py --callgrind` gives the same comparison in instructions.
+the figure, and each round's paired ratio (its two turns back to back) shows the spread. Run
+it with the same binary as `--old` and `--new` (an A/A run) to see the noise alone.
+`bench/script_cost.py --callgrind` gives the same comparison in instructions.
 
 Usage: bench/store_ab.py --old ../old-target/release/store-load \\
            --new target/release/store-load [--at 1:16,16:256,128:1024] [--rounds 5] [--seconds 3]
@@ -91,6 +93,12 @@ def main():
                     print(f"{batch_max:>9} {build:>5} {runs:>8.1f} {script:>14.3f} {cpu:>17.3f}")
                 print(f"{'':>9} {'new/old':>14} {medians['new'][0] / medians['old'][0]:>14.2f} "
                       f"{medians['new'][1] / medians['old'][1]:>17.2f}")
+                # Each round's two turns ran back to back: their ratio is paired, and the spread
+                # of the rounds' ratios is the method's noise on this machine (an A/A run, the
+                # same binary as --old and --new, shows it alone).
+                paired = sorted(n[2] / o[2] for o, n in zip(figures["old"], figures["new"]))
+                print(f"{'':>9} paired Redis CPU new/old by round: median "
+                      f"{statistics.median(paired):.2f}, from {paired[0]:.2f} to {paired[-1]:.2f}")
         finally:
             redis.terminate()
             redis.wait()

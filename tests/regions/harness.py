@@ -3,6 +3,9 @@ from every region without delay (so the latency measured is the gateway's), and 
 delay (`--delay-ms`, each way) made by a delaying TCP proxy (`delay.py`; this kernel has no
 `netem`). A load generator of its own records every request (region, node, key, status, headers,
 send and receive time) to `history.ndjson`, then the run is judged per window from those records.
+Each region's clients run in a process of their own, and each region's delaying proxies in
+another (`delay.Group`): Python threads share one interpreter lock, and a latency measured in
+region a must not grow with the work of the other regions' clients or of the proxies.
 
 The set-ups it runs (`--setup`, several in one run, side by side):
 
@@ -41,6 +44,7 @@ import argparse
 import datetime
 import http.client
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -87,8 +91,8 @@ class Fleet:
         self.procs, self.proxies, self.nodes = [], [], {}
         self.global_store, self.ids = None, {}
         # For the faults: each region's Redis process and port, each region's path to the
-        # global store, and when acme's traffic moved.
-        self.redis_procs, self.global_paths, self.moved_at = {}, {}, None
+        # global store (its delaying proxies' group).
+        self.redis_procs, self.global_paths = {}, {}
         # The global store: its data nodes' processes by port, the Sentinels' ports, the
         # primary killed by the failover fault.
         self.global_data, self.sentinels, self.killed_primary = {}, [], None
@@ -97,7 +101,15 @@ class Fleet:
         # planted violation).
         self.faults, self.ban = FAULTS, ["[ban]", "strikes = 1000000"]
         self.region_plans = {}
-        for d in ("logs", "plans", "nodes"):
+        # Keys the run issues while it runs (the soak's registry steps): their names and rate a
+        # second in every region; each one's token is written to `tokens_dir` once issued.
+        self.issued_later, self.tokens_dir = [], os.path.join(run, "tokens")
+        # The soak's registry steps: keys in the key registry, which lives in the global store
+        # (`keys_source = "store"`), rather than in a keys file every node copies.
+        self.registry = False
+        # Set when acme's traffic moves (`move acme`): read by every region's load process.
+        self.moved = None
+        for d in ("logs", "plans", "nodes", "tokens"):
             os.makedirs(os.path.join(run, d), exist_ok=True)
 
     def start(self):
@@ -118,12 +130,14 @@ class Fleet:
                 self.nodes[f"{r}{i}"] = self.node(f"{r}{i}", r, port, backend, keys, far)
         self.tokens = self.issue(keys)
         for name, n in self.nodes.items():
-            shutil.copy(keys, n["keys"])
+            if not self.registry:
+                shutil.copy(keys, n["keys"])
             user = self.far_user(n["region"]) if far else None
             if user:
                 node_dir = os.path.dirname(n["keys"])
                 for path in (node_dir, os.path.join(node_dir, "metering"), n["keys"], n["config"]):
-                    os.chown(path, user.pw_uid, user.pw_gid)
+                    if os.path.exists(path):
+                        os.chown(path, user.pw_uid, user.pw_gid)
             n["proc"] = fleet.Proc(name, [os.path.join(self.bin_dir, "pet-gateway"), "serve",
                                           "--config", n["config"]],
                                    os.path.join(self.run, f"logs/{name}.log"), user=user,
@@ -163,13 +177,13 @@ class Fleet:
         nft(f"add chain inet {NFT_TABLE} out {{ type nat hook output priority -100 ; }}")
         for r, name in FAR_USERS.items():
             uid = fleet.ensure_user(name).pw_uid
-            self.global_paths[r] = []
-            for port in [primary, replica] + self.sentinels:
-                proxy = delay.Delay(port, self.delay_ms).start()
-                self.proxies.append(proxy)
-                self.global_paths[r].append(proxy)
+            ports = [primary, replica] + self.sentinels
+            group = delay.Group(ports, self.delay_ms)
+            self.proxies.append(group)
+            self.global_paths[r] = group
+            for port, via in zip(ports, group.ports):
                 nft(f"add rule inet {NFT_TABLE} out meta skuid {uid} tcp dport {port} "
-                    f"redirect to :{proxy.port}")
+                    f"redirect to :{via}")
         hosts = ",".join(f"127.0.0.1:{p}" for p in self.sentinels)
         return f"redis+sentinel://{hosts}/{MASTER}"
 
@@ -204,9 +218,9 @@ class Fleet:
         return fleet.ensure_user(name) if name else None
 
     def delayed(self, port):
-        d = delay.Delay(port, self.delay_ms).start()
-        self.proxies.append(d)
-        return d.port
+        group = delay.Group([port], self.delay_ms)
+        self.proxies.append(group)
+        return group.ports[0]
 
     def backend(self):
         port = fleet.free_port()
@@ -238,6 +252,8 @@ class Fleet:
         if global_url:
             lines += [f'region = "{region}"', 'on_store_error = "closed"',
                       f'global_store_url = "{global_url}"', "global_store_replicas = 1"]
+            if self.registry:
+                lines.append('keys_source = "store"')
         else:
             lines.append('on_store_error = "local"')
         # acme sends twice its limit on purpose: its refusals must not ban it, or the minutes
@@ -269,6 +285,30 @@ class Fleet:
             tokens[name] = r.stdout.strip().splitlines()[-1]
             self.ids[name] = r.stdout.split()[1]
         return tokens
+
+    def registry_step(self, verb, name, region):
+        """`keys issue` (plan small) or `keys revoke` of the key `name` in `region` (its first
+        node's config, the registry in the global store), tried again for up to 30 s while the
+        global store fails over; an issued key's token goes to `tokens_dir` for the clients. The
+        change is in the registry when this returns: the step's record is dated then."""
+        config = self.nodes[f"{region}1"]["config"]
+        args = (["issue", "--plan", "small", "--name", name] if verb == "issue"
+                else ["revoke", self.ids[name]])
+        deadline = time.time() + 30
+        while True:
+            r = subprocess.run([os.path.join(self.bin_dir, "pet-gateway"), "keys", *args,
+                                "--config", config], capture_output=True, text=True, timeout=20)
+            if r.returncode == 0:
+                break
+            if time.time() > deadline:
+                raise RuntimeError(f"keys {verb} {name} in region {region}: {r.stderr.strip()}")
+            time.sleep(0.5)
+        if verb == "issue":
+            self.ids[name] = r.stdout.split()[1]
+            path = os.path.join(self.tokens_dir, name)
+            with open(path + ".new", "w") as f:
+                f.write(r.stdout.strip().splitlines()[-1])
+            os.replace(path + ".new", path)
 
     def global_calls(self):
         """Per key name, the global store's calls its regions made (`leased` only), read from
@@ -317,11 +357,9 @@ class Fleet:
         """One step of `FAULTS`."""
         verb, _, target = what.partition(" ")
         if verb == "cut":
-            for proxy in self.global_paths[target]:
-                proxy.cut()
+            self.global_paths[target].cut()
         elif verb == "heal":
-            for proxy in self.global_paths[target]:
-                proxy.heal()
+            self.global_paths[target].heal()
         elif verb == "failover":
             # The primary killed: the Sentinels promote the replica.
             port = self.global_primary()
@@ -348,12 +386,21 @@ class Fleet:
             n["proc"] = fleet.Proc(target, n["proc"].argv, n["proc"].log, user=n["proc"].user,
                                    env=n["proc"].env).start()
             self.procs.append(n["proc"])
+        elif verb in ("issue", "revoke"):
+            name, region = target.split()
+            self.registry_step(verb, name, region)
+        elif verb == "forget":
+            # The run's clients stop sending the key (a revoked key's requests would soon meet
+            # the per-address limit on invalid keys).
+            os.remove(os.path.join(self.tokens_dir, target))
         elif verb == "move":
-            self.moved_at = time.time()
+            self.moved.set()
 
     def stop(self):
         for p in reversed(self.procs):
             p.stop(grace=5)
+        for group in self.proxies:
+            group.stop()
         if self.sentinels:
             drop_nft()
 
@@ -382,26 +429,27 @@ def minute_of(headers, recv):
     return int(recv) // 60
 
 
-def client(fl, region, key, rate, until, out, lock):
-    """One key's requests from one region at `rate` a second, alternating its region's nodes,
-    each on a kept-alive connection; every request recorded."""
-    nodes = [(name, n) for name, n in sorted(fl.nodes.items()) if n["region"] == region]
-    conns = {name: http.client.HTTPConnection("127.0.0.1", n["port"], timeout=TIMEOUT)
-             for name, n in nodes}
-    token, due, i = fl.tokens[key], time.time(), 0
+def client(setup, region, nodes, key, token, rate, until, out, lock):
+    """One key's requests from one region at `rate()` a second, alternating its region's nodes
+    (`nodes`: name and port), each on a kept-alive connection; every request recorded. `token()`
+    is the key's token, or None while it has none yet (a key the run issues later)."""
+    conns = {name: http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT)
+             for name, port in nodes}
+    due, i = time.time(), 0
     while due < until:
-        now_rate = rate(time.time()) if callable(rate) else rate
-        if now_rate <= 0:
+        now_rate, bearer = rate(), token()
+        if now_rate <= 0 or bearer is None:
             time.sleep(0.2)
             due = time.time()
             continue
         time.sleep(max(0.0, due - time.time()))
-        name = nodes[i % len(nodes)][0]
+        name, port = nodes[i % len(nodes)]
         i += 1
         sent = time.time()
-        rec = {"setup": fl.setup, "region": region, "node": name, "key": key, "sent": sent}
+        rec = {"setup": setup, "region": region, "node": name, "key": key, "sent": sent}
         try:
-            conns[name].request("GET", "/v1/pets?limit=1", headers={"Authorization": f"Bearer {token}"})
+            conns[name].request("GET", "/v1/pets?limit=1",
+                                headers={"Authorization": f"Bearer {bearer}"})
             resp = conns[name].getresponse()
             body = resp.read()
             rec["recv"] = time.time()
@@ -417,35 +465,77 @@ def client(fl, region, key, rate, until, out, lock):
         except (OSError, http.client.HTTPException) as e:
             rec["recv"], rec["status"], rec["error"] = time.time(), None, str(e)
             conns[name].close()
-            conns[name] = http.client.HTTPConnection("127.0.0.1", fl.nodes[name]["port"],
-                                                     timeout=TIMEOUT)
+            conns[name] = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT)
         with lock:
             out.write(json.dumps(rec) + "\n")
         due += 1.0 / now_rate
 
 
-def load(fl, seconds, history, faults=False):
-    start = time.time()
-    until = start + seconds
+def region_load(setup, region, nodes, keys, until, part, moved, tokens_dir):
+    """A region's clients, in a process of their own (as a region's clients are near it): the
+    load generator's threads share one interpreter lock, and a region's measured latency must
+    not depend on how many other regions' clients the run has. `keys`: per key its name, its
+    token (None: read from `tokens_dir` once the run issued it), its rate before and after
+    `moved` is set. Records go to `part`, merged into the history once every region is done."""
     lock, threads = threading.Lock(), []
-    regions = sorted({n["region"] for n in fl.nodes.values()})
-    acme_rate = ACME_LOAD * ACME_PER_MINUTE / 60.0
-    share = {r: ACME_SHARE[r] / sum(ACME_SHARE[x] for x in regions) for r in regions}
 
-    def acme(region):
-        return lambda t: acme_rate * (ACME_MOVED if fl.moved_at else share)[region]
-    with open(history, "a") as out:
-        if faults:
-            threads.append(threading.Thread(target=schedule, args=(fl, start, until, out, lock)))
-        for r in regions:
+    def token_of(name, token):
+        if token is not None:
+            return lambda: token
+        path = os.path.join(tokens_dir, name)
+        return lambda: read_token(path)
+
+    with open(part, "w") as out:
+        for name, token, before, after in keys:
+            rate = (lambda b, a: lambda: a if moved.is_set() else b)(before, after)
             threads.append(threading.Thread(target=client, args=(
-                fl, r, "acme", acme(r), until, out, lock)))
-            threads.append(threading.Thread(target=client, args=(
-                fl, r, f"small-{r}", SMALL_RATE, until, out, lock)))
+                setup, region, nodes, name, token_of(name, token), rate, until, out, lock)))
         for t in threads:
             t.start()
         for t in threads:
-            t.join(seconds + 60)
+            t.join(until - time.time() + 60)
+
+
+def read_token(path):
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def load(fl, seconds, history, faults=False):
+    """Every region's load, each in a process of its own (`region_load`), and the fault
+    schedule here; returns once all of them are done, the records in `history`."""
+    start = time.time()
+    until = start + seconds
+    regions = sorted({n["region"] for n in fl.nodes.values()})
+    acme_rate = ACME_LOAD * ACME_PER_MINUTE / 60.0
+    share = {r: ACME_SHARE[r] / sum(ACME_SHARE[x] for x in regions) for r in regions}
+    ctx = multiprocessing.get_context("spawn")
+    fl.moved = ctx.Event()
+    procs = []
+    for r in regions:
+        nodes = [(name, n["port"]) for name, n in sorted(fl.nodes.items()) if n["region"] == r]
+        keys = [("acme", fl.tokens["acme"], acme_rate * share[r], acme_rate * ACME_MOVED[r]),
+                (f"small-{r}", fl.tokens[f"small-{r}"], SMALL_RATE, SMALL_RATE)]
+        keys += [(name, None, rate, rate) for name, rate in fl.issued_later]
+        p = ctx.Process(target=region_load, name=f"load-{r}", daemon=True, args=(
+            fl.setup, r, nodes, keys, until, f"{history}.{r}", fl.moved, fl.tokens_dir))
+        p.start()
+        procs.append(p)
+    with open(history, "a") as out:
+        if faults:
+            schedule(fl, start, until, out, threading.Lock())
+        for p in procs:
+            p.join(max(0.0, until - time.time()) + 60)
+            if p.is_alive():
+                p.kill()
+                raise RuntimeError(f"{p.name} did not end by itself")
+        for r in regions:
+            with open(f"{history}.{r}") as part:
+                shutil.copyfileobj(part, out)
+            os.remove(f"{history}.{r}")
 
 
 def schedule(fl, start, until, out, lock):
@@ -561,7 +651,7 @@ def main(argv):
             time.sleep(60 - time.time() % 60 + 0.5)
             load(fl, a.minutes * 60, history, a.faults and setup == "leased")
             calls = fl.global_calls()
-            delayed = {r: sum(p.carried for p in ps) for r, ps in fl.global_paths.items()}
+            delayed = {r: group.carried() for r, group in fl.global_paths.items()}
         finally:
             fl.stop()
         with open(history) as f:

@@ -28,9 +28,17 @@ itself:
 - **metering**: the units every node of every region metered, per key and minute, equal the
   admissions (a node killed excuses the minutes it had not written).
 
-Not judged here: the registry across regions (the harness's keys are a file;
-`tests/tests/gateway_regions.rs` times issues and revocations across regions), and the day
-window (never near its limit in this load).
+- **registry**: the keys live in the key registry in the global store. Each cycle issues a key
+  in one region and revokes it 30-60 s later in another, and every region sends it a request a
+  second meanwhile: from 1 s after the issue (dated when `keys issue` returned) no region refuses
+  it as unknown, and from 1 s after the revocation none admits it, unless the answering region
+  was cut off from the global store between the change and the answer (or healed less than 5 s
+  before: a node keeps the records it holds through a partition), the global store was failing
+  over then, or the answering node had started less than 3 s before (it serves its snapshot
+  until the registry answers).
+
+Not judged here: rotation (`tests/tests/gateway_regions.rs` and the registry's own tests), and the
+day window (never near its limit in this load).
 
 `--plant doubled-limit` gives region c's nodes acme's plan at twice its minute limit: a region
 asking the global store with a wrong limit is granted past the true one, and `quota` must catch
@@ -58,6 +66,10 @@ SMALL_LIMIT = 10000
 BAN_BOUND = 1.0  # seconds: a ban holds in every region this long after it is first seen
 RESTART_REIMPORT = 12.0  # a region's Redis restarted: its bans written again within this
 FAILOVER_AFTER = 10.0  # the global store's failover excuses bans until this long after it is back
+REGISTRY_BOUND = 1.0  # seconds: a key issued or revoked is in force in every region this long after
+REGISTRY_RATE = 1.0  # each registry key's requests a second, in every region
+HEALED_AFTER = 5.0  # a region cut off reads the registry again within this long after the heal
+STARTED_AFTER = 3.0  # a node started serves its snapshot until the registry answers, this long
 
 
 def schedule(seed, seconds):
@@ -77,7 +89,24 @@ def schedule(seed, seconds):
         out += [(base + kill, f"kill {node}"), (base + kill + 10, f"start {node}")]
         if cycle == 0:
             out.append((base + rng.randint(40, 100), "move acme"))
+        out += registry_steps(seed, cycle)
     return sorted(f for f in out if f[0] < seconds - 5)
+
+
+def registry_steps(seed, cycle):
+    """A cycle's key: issued in one region, revoked 30-60 s later in another, forgotten by the
+    clients 5 s after (drawn apart from the faults, so a seed's faults stay as they were)."""
+    rng = random.Random(f"registry {seed} {cycle}")
+    base, name = cycle * CYCLE, registry_key(cycle)
+    issued, revoked = rng.sample(harness.REGIONS, 2)
+    at = base + rng.randint(10, 90)
+    gone = at + rng.randint(30, 60)
+    return [(at, f"issue {name} {issued}"), (gone, f"revoke {name} {revoked}"),
+            (gone + 5, f"forget {name}")]
+
+
+def registry_key(cycle):
+    return f"reg-{cycle}"
 
 
 def run(args):
@@ -90,6 +119,9 @@ def run(args):
     history = os.path.join(out, "history.ndjson")
     fl = harness.Fleet(os.path.join(out, "leased"), "leased", args.bin_dir, args.delay_ms)
     fl.faults, fl.ban = schedule(args.seed, args.minutes * 60), BAN
+    fl.registry = True
+    fl.issued_later = [(what.split()[1], REGISTRY_RATE) for _, what in fl.faults
+                       if what.startswith("issue")]
     if args.plant == "doubled-limit":
         fl.region_plans["c"] = dict(harness.PLANS, acme="requests_per_minute = 120\n"
                                     "requests_per_day = 100000\n")
@@ -215,6 +247,59 @@ def check_bans(rows, faults):
                         f"banned, {admitted} admissions inside one")
 
 
+def registry_excused(r, at, faults, starts):
+    """Whether answer `r` may miss a registry change made at `at`: its region was cut off from
+    the global store (or healed less than `HEALED_AFTER` before) between the change and the
+    answer, the global store was failing over then, or its node had just started."""
+    cut, _, failovers, _ = faults
+    if any(overlaps(lo - 1, hi + HEALED_AFTER, at, r["sent"]) for lo, hi in cut.get(r["region"], [])):
+        return True
+    if any(overlaps(lo - 1, hi, at, r["sent"]) for lo, hi in failovers):
+        return True
+    return any(n == r["node"] and s - 1 <= r["sent"] <= s + STARTED_AFTER for n, s in starts)
+
+
+def check_registry(records, faults):
+    """Per key the run issued in one region and revoked in another (`issue`/`revoke` steps,
+    dated when the change was in the registry): from `REGISTRY_BOUND` after the issue until the
+    revocation, no region refuses it as unknown (401); from `REGISTRY_BOUND` after the
+    revocation, no region admits it; unless excused (`registry_excused`). Also the slowest
+    region, per change, among the answers judged."""
+    steps, starts = defaultdict(dict), []
+    for r in records:
+        verb, _, target = r.get("fault", "").partition(" ")
+        if verb in ("issue", "revoke"):
+            name, region = target.split()
+            steps[name][verb] = (r["at"], region)
+        elif verb == "start" and target != "global":
+            starts.append((target, r["at"]))
+    violations, judged, slowest = [], 0, {"issue": 0.0, "revoke": 0.0}
+    for r in records:
+        step = steps.get(r.get("key"))
+        if "fault" in r or not step or "issue" not in step:
+            continue
+        revoke = step.get("revoke")
+        if revoke and r["sent"] >= revoke[0]:
+            verb, at, wrong = "revoke", revoke[0], r["status"] == 200
+        else:
+            verb, at, wrong = "issue", step["issue"][0], r["status"] == 401
+        if wrong and r["sent"] < at + REGISTRY_BOUND:
+            slowest[verb] = max(slowest[verb], r["sent"] - at)
+            continue
+        if r["sent"] < at + REGISTRY_BOUND or registry_excused(r, at, faults, starts):
+            continue
+        judged += 1
+        if wrong:
+            what = "admitted" if verb == "revoke" else "refused as unknown"
+            violations.append(f"{r['key']} {what} in region {r['region']} ({r['node']}) "
+                              f"{r['sent'] - at:.2f} s after its {verb} in region "
+                              f"{step[verb][1]}")
+    return violations, (f"{len(steps)} keys issued and revoked across regions; {judged} answers "
+                        f"judged; the latest wrong answer inside the bound came "
+                        f"{slowest['issue']:.2f} s after an issue, {slowest['revoke']:.2f} s "
+                        f"after a revocation")
+
+
 def check(out, metered):
     records = [json.loads(line) for line in open(os.path.join(out, "history.ndjson"))]
     rows = [r for r in records if "fault" not in r]
@@ -224,6 +309,7 @@ def check(out, metered):
     results = {}
     results["quota"] = check_quota(rows)
     results["bans"] = check_bans(rows, (cut, restarts, failovers, kills))
+    results["registry"] = check_registry(records, (cut, restarts, failovers, kills))
     first, last = min(r["sent"] for r in rows), max(r["sent"] for r in rows)
     minutes = sorted(m for m in {r.get("minute") for r in rows} if m is not None
                      and m * 60 >= first - 1 and (m + 1) * 60 <= last + 1)

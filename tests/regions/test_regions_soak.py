@@ -64,6 +64,34 @@ class Bans(unittest.TestCase):
         self.assertEqual(soak.check_bans(rows, ({}, {"b": [T + 5]}, [], []))[0], [])
 
 
+class Registry(unittest.TestCase):
+    NONE = ({}, {}, [], [])
+
+    def steps(self):
+        return [{"fault": "issue reg-0 a", "at": T + 10}, {"fault": "revoke reg-0 b", "at": T + 40}]
+
+    def test_an_issued_key_refused_as_unknown_past_the_bound_is_caught(self):
+        records = self.steps() + [req("reg-0", "c", T + 10.5, 401, "unauthorized"),
+                                  req("reg-0", "c", T + 11.5)]
+        self.assertEqual(soak.check_registry(records, self.NONE)[0], [])
+        records.append(req("reg-0", "b", T + 12, 401, "unauthorized"))
+        self.assertIn("refused as unknown in region b", soak.check_registry(records, self.NONE)[0][0])
+
+    def test_a_revoked_key_admitted_past_the_bound_is_caught(self):
+        records = self.steps() + [req("reg-0", "c", T + 40.5), req("reg-0", "a", T + 42, 401)]
+        self.assertEqual(soak.check_registry(records, self.NONE)[0], [])
+        records.append(req("reg-0", "c", T + 41.5))
+        self.assertIn("admitted in region c", soak.check_registry(records, self.NONE)[0][0])
+
+    def test_a_cut_a_failover_or_a_node_started_excuses_it(self):
+        records = self.steps() + [req("reg-0", "c", T + 43)]
+        self.assertEqual(soak.check_registry(records, ({"c": [(T + 30, T + 39)]}, {}, [], []))[0], [])
+        self.assertEqual(len(soak.check_registry(records, ({"c": [(T + 20, T + 30)]}, {}, [], []))[0]), 1)
+        self.assertEqual(soak.check_registry(records, ({}, {}, [(T + 41, T + 50)], []))[0], [])
+        started = records + [{"fault": "start c1", "at": T + 41}]
+        self.assertEqual(soak.check_registry(started, self.NONE)[0], [])
+
+
 class Spans(unittest.TestCase):
     def test_faults_become_spans(self):
         records = [{"fault": "cut c", "at": T}, {"fault": "heal c", "at": T + 20},
@@ -96,6 +124,11 @@ class Schedule(unittest.TestCase):
             self.assertEqual(sum(s.startswith("cut") for s in steps),
                              sum(s.startswith("heal") for s in steps))
             self.assertEqual(steps.count("failover global"), steps.count("start global"))
+            issued = {s.split()[1]: s.split()[2] for s in steps if s.startswith("issue")}
+            revoked = {s.split()[1]: s.split()[2] for s in steps if s.startswith("revoke")}
+            self.assertTrue(issued)
+            for name, region in revoked.items():
+                self.assertNotEqual(region, issued[name], "revoked in another region")
 
 
 if __name__ == "__main__":
