@@ -76,6 +76,11 @@ class Delay:
         except OSError:
             writer.transport.abort()
             return
+        if self.cut_now:
+            # Cut while this connection was being opened: `_cut` could not see it yet.
+            for w in (writer, up_writer):
+                w.transport.abort()
+            return
         self.carried += 1
         for w in (writer, up_writer):
             w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -136,10 +141,15 @@ class Group:
         return json.loads(self.proc.stdout.readline())
 
     def cut(self):
-        self.ask("cut")
+        self.must("cut")
 
     def heal(self):
-        self.ask("heal")
+        self.must("heal")
+
+    def must(self, command):
+        answer = self.ask(command)
+        if answer != command:
+            raise RuntimeError(f"the delaying proxies' process: {answer}")
 
     def carried(self):
         return self.ask("carried")
@@ -169,11 +179,13 @@ def serve_group(delay_ms, targets):
         for p in proxies:
             getattr(p, command)()
         # Answered once every proxy's loop has done it: a cut is in force when `cut` returns.
+        done = []
         for p in proxies:
-            done = threading.Event()
-            p.loop.call_soon_threadsafe(done.set)
-            done.wait(5)
-        print(json.dumps(command), flush=True)
+            ran = threading.Event()
+            p.loop.call_soon_threadsafe(ran.set)
+            done.append(ran.wait(5))
+        print(json.dumps(command if all(done) else f"{command}: not done within 5 s"),
+              flush=True)
 
 
 def main(argv):

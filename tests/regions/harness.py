@@ -104,6 +104,9 @@ class Fleet:
         # Keys the run issues while it runs (the soak's registry steps): their names and rate a
         # second in every region; each one's token is written to `tokens_dir` once issued.
         self.issued_later, self.tokens_dir = [], os.path.join(run, "tokens")
+        self.revoked_at = {}
+        # A token left by an earlier run in this folder would be sent as this run's.
+        shutil.rmtree(self.tokens_dir, ignore_errors=True)
         # The soak's registry steps: keys in the key registry, which lives in the global store
         # (`keys_source = "store"`), rather than in a keys file every node copies.
         self.registry = False
@@ -287,21 +290,29 @@ class Fleet:
         return tokens
 
     def registry_step(self, verb, name, region):
-        """`keys issue` (plan small) or `keys revoke` of the key `name` in `region` (its first
-        node's config, the registry in the global store), tried again for up to 30 s while the
-        global store fails over; an issued key's token goes to `tokens_dir` for the clients. The
-        change is in the registry when this returns: the step's record is dated then."""
-        config = self.nodes[f"{region}1"]["config"]
+        """`keys issue` (plan small) or `keys revoke` of the key `name` in `region`, run as that
+        region's nodes run (its first node's config and user: a cut region reaches the global
+        store only once healed), tried again for up to 60 s (a cut, a failover); an issued key's
+        token goes to `tokens_dir` for the clients. The change is in the registry when this
+        returns: its record is dated then, with when the first attempt began (`from`: the
+        change may be in force from then) and the attempts it took."""
+        n = self.nodes[f"{region}1"]
         args = (["issue", "--plan", "small", "--name", name] if verb == "issue"
                 else ["revoke", self.ids[name]])
-        deadline = time.time() + 30
+        argv = [os.path.join(self.bin_dir, "pet-gateway"), "keys", *args, "--config", n["config"]]
+        began = time.time()
+        deadline, attempts = began + 60, 0
         while True:
-            r = subprocess.run([os.path.join(self.bin_dir, "pet-gateway"), "keys", *args,
-                                "--config", config], capture_output=True, text=True, timeout=20)
-            if r.returncode == 0:
-                break
+            attempts += 1
+            try:
+                r = run_as(self.far_user(region), argv, timeout=20)
+                if r.returncode == 0:
+                    break
+                why = r.stderr.strip()
+            except subprocess.TimeoutExpired:
+                why = "no answer within 20 s"
             if time.time() > deadline:
-                raise RuntimeError(f"keys {verb} {name} in region {region}: {r.stderr.strip()}")
+                raise RuntimeError(f"keys {verb} {name} in region {region}: {why}")
             time.sleep(0.5)
         if verb == "issue":
             self.ids[name] = r.stdout.split()[1]
@@ -309,6 +320,9 @@ class Fleet:
             with open(path + ".new", "w") as f:
                 f.write(r.stdout.strip().splitlines()[-1])
             os.replace(path + ".new", path)
+        else:
+            self.revoked_at[name] = time.time()
+        return {"attempts": attempts, "from": began}
 
     def global_calls(self):
         """Per key name, the global store's calls its regions made (`leased` only), read from
@@ -388,10 +402,11 @@ class Fleet:
             self.procs.append(n["proc"])
         elif verb in ("issue", "revoke"):
             name, region = target.split()
-            self.registry_step(verb, name, region)
+            return self.registry_step(verb, name, region)
         elif verb == "forget":
-            # The run's clients stop sending the key (a revoked key's requests would soon meet
-            # the per-address limit on invalid keys).
+            # The run's clients stop sending the key, 15 s after its revocation returned (a
+            # revoked key's requests would soon meet the per-address limit on invalid keys).
+            time.sleep(max(0.0, self.revoked_at.get(target, 0) + 15 - time.time()))
             os.remove(os.path.join(self.tokens_dir, target))
         elif verb == "move":
             self.moved.set()
@@ -403,6 +418,13 @@ class Fleet:
             group.stop()
         if self.sentinels:
             drop_nft()
+
+
+def run_as(user, argv, timeout):
+    """`argv` run to its end as `user` (None: as this process), its output captured."""
+    kw = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []} if user else {}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, **kw)
 
 
 def nft(rule):
@@ -429,14 +451,14 @@ def minute_of(headers, recv):
     return int(recv) // 60
 
 
-def client(setup, region, nodes, key, token, rate, until, out, lock):
+def client(setup, region, nodes, key, token, rate, until, out, lock, parent):
     """One key's requests from one region at `rate()` a second, alternating its region's nodes
     (`nodes`: name and port), each on a kept-alive connection; every request recorded. `token()`
     is the key's token, or None while it has none yet (a key the run issues later)."""
     conns = {name: http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT)
              for name, port in nodes}
     due, i = time.time(), 0
-    while due < until:
+    while due < until and os.getppid() == parent:
         now_rate, bearer = rate(), token()
         if now_rate <= 0 or bearer is None:
             time.sleep(0.2)
@@ -471,13 +493,17 @@ def client(setup, region, nodes, key, token, rate, until, out, lock):
         due += 1.0 / now_rate
 
 
-def region_load(setup, region, nodes, keys, until, part, moved, tokens_dir):
+def region_load(setup, region, nodes, keys, until, part, moved, tokens_dir, parent):
     """A region's clients, in a process of their own (as a region's clients are near it): the
     load generator's threads share one interpreter lock, and a region's measured latency must
     not depend on how many other regions' clients the run has. `keys`: per key its name, its
     token (None: read from `tokens_dir` once the run issued it), its rate before and after
-    `moved` is set. Records go to `part`, merged into the history once every region is done."""
-    lock, threads = threading.Lock(), []
+    `moved` is set. Records go to `part`, merged into the history once every region is done.
+    The clients stop early if the harness (`parent`) is gone."""
+    lock, threads, failed = threading.Lock(), [], []
+    # A client that dies fails the region's load (its records would be missing, and every
+    # check would pass on fewer of them).
+    threading.excepthook = lambda args: failed.append(f"{args.thread.name}: {args.exc_value!r}")
 
     def token_of(name, token):
         if token is not None:
@@ -488,12 +514,16 @@ def region_load(setup, region, nodes, keys, until, part, moved, tokens_dir):
     with open(part, "w") as out:
         for name, token, before, after in keys:
             rate = (lambda b, a: lambda: a if moved.is_set() else b)(before, after)
-            threads.append(threading.Thread(target=client, args=(
-                setup, region, nodes, name, token_of(name, token), rate, until, out, lock)))
+            threads.append(threading.Thread(target=client, name=name, daemon=True, args=(
+                setup, region, nodes, name, token_of(name, token), rate, until, out, lock,
+                parent)))
         for t in threads:
             t.start()
         for t in threads:
-            t.join(until - time.time() + 60)
+            t.join(max(0.0, until - time.time()) + 60)
+        failed += [f"{t.name}: still running" for t in threads if t.is_alive()]
+    if failed:
+        raise SystemExit(f"region {region}'s load failed: {'; '.join(failed)}")
 
 
 def read_token(path):
@@ -521,21 +551,27 @@ def load(fl, seconds, history, faults=False):
                 (f"small-{r}", fl.tokens[f"small-{r}"], SMALL_RATE, SMALL_RATE)]
         keys += [(name, None, rate, rate) for name, rate in fl.issued_later]
         p = ctx.Process(target=region_load, name=f"load-{r}", daemon=True, args=(
-            fl.setup, r, nodes, keys, until, f"{history}.{r}", fl.moved, fl.tokens_dir))
+            fl.setup, r, nodes, keys, until, f"{history}.{r}", fl.moved, fl.tokens_dir,
+            os.getpid()))
         p.start()
         procs.append(p)
-    with open(history, "a") as out:
-        if faults:
-            schedule(fl, start, until, out, threading.Lock())
+    try:
+        with open(history, "a") as out:
+            if faults:
+                schedule(fl, start, until, out, threading.Lock())
+            for p in procs:
+                p.join(max(0.0, until - time.time()) + 60)
+                if p.exitcode != 0:
+                    raise RuntimeError(f"{p.name} ended with {p.exitcode} (its records are "
+                                       "not whole)")
+            for r in regions:
+                with open(f"{history}.{r}") as part:
+                    shutil.copyfileobj(part, out)
+                os.remove(f"{history}.{r}")
+    finally:
         for p in procs:
-            p.join(max(0.0, until - time.time()) + 60)
             if p.is_alive():
                 p.kill()
-                raise RuntimeError(f"{p.name} did not end by itself")
-        for r in regions:
-            with open(f"{history}.{r}") as part:
-                shutil.copyfileobj(part, out)
-            os.remove(f"{history}.{r}")
 
 
 def schedule(fl, start, until, out, lock):
@@ -545,9 +581,10 @@ def schedule(fl, start, until, out, lock):
         if start + at >= until:
             return
         time.sleep(max(0.0, start + at - time.time()))
-        fl.fault(what)
+        extra = fl.fault(what) or {}
         with lock:
-            out.write(json.dumps({"setup": fl.setup, "fault": what, "at": time.time()}) + "\n")
+            out.write(json.dumps({"setup": fl.setup, "fault": what, "at": time.time(),
+                                  **extra}) + "\n")
 
 
 def percentile(values, p):

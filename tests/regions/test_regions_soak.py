@@ -68,7 +68,9 @@ class Registry(unittest.TestCase):
     NONE = ({}, {}, [], [])
 
     def steps(self):
-        return [{"fault": "issue reg-0 a", "at": T + 10}, {"fault": "revoke reg-0 b", "at": T + 40}]
+        """A key issued in a at T+10, revoked in b at T+40, answered right in between and after."""
+        return [{"fault": "issue reg-0 a", "at": T + 10}, {"fault": "revoke reg-0 b", "at": T + 40},
+                req("reg-0", "a", T + 20), req("reg-0", "a", T + 52, 401, "unauthorized")]
 
     def test_an_issued_key_refused_as_unknown_past_the_bound_is_caught(self):
         records = self.steps() + [req("reg-0", "c", T + 10.5, 401, "unauthorized"),
@@ -83,13 +85,32 @@ class Registry(unittest.TestCase):
         records.append(req("reg-0", "c", T + 41.5))
         self.assertIn("admitted in region c", soak.check_registry(records, self.NONE)[0][0])
 
-    def test_a_cut_a_failover_or_a_node_started_excuses_it(self):
+    def test_a_cut_or_failover_by_the_bound_or_a_node_started_excuses_it(self):
         records = self.steps() + [req("reg-0", "c", T + 43)]
         self.assertEqual(soak.check_registry(records, ({"c": [(T + 30, T + 39)]}, {}, [], []))[0], [])
-        self.assertEqual(len(soak.check_registry(records, ({"c": [(T + 20, T + 30)]}, {}, [], []))[0]), 1)
         self.assertEqual(soak.check_registry(records, ({}, {}, [(T + 41, T + 50)], []))[0], [])
         started = records + [{"fault": "start c1", "at": T + 41}]
         self.assertEqual(soak.check_registry(started, self.NONE)[0], [])
+
+    def test_a_cut_ended_long_before_or_begun_after_the_bound_excuses_nothing(self):
+        records = self.steps() + [req("reg-0", "c", T + 43)]
+        # Healed 8 s before the answer: the region has read the registry again by then.
+        self.assertEqual(len(soak.check_registry(records, ({"c": [(T + 30, T + 35)]}, {}, [], []))[0]), 1)
+        # Cut after the region had the revocation: a node keeps what it holds.
+        self.assertEqual(len(soak.check_registry(records, ({"c": [(T + 42.5, T + 60)]}, {}, [], []))[0]), 1)
+        late = self.steps() + [req("reg-0", "c", T + 30, 401, "unauthorized")]
+        self.assertEqual(len(soak.check_registry(late, ({}, {}, [(T + 20, T + 35)], []))[0]), 1)
+
+    def test_a_revocation_is_in_force_from_its_first_attempt(self):
+        records = self.steps() + [req("reg-0", "c", T + 39, 401, "unauthorized")]
+        self.assertEqual(len(soak.check_registry(records, self.NONE)[0]), 1)
+        records[1] = dict(records[1], **{"from": T + 38.5})
+        self.assertEqual(soak.check_registry(records, self.NONE)[0], [])
+
+    def test_a_change_no_answer_judged_fails(self):
+        records = self.steps()[:3]
+        self.assertEqual(soak.check_registry(records, self.NONE)[0],
+                         ["reg-0: no answer judged after its revoke"])
 
 
 class Spans(unittest.TestCase):
