@@ -18,6 +18,7 @@ use crate::base::metrics::METRICS;
 use crate::http::access_log;
 use crate::http::auth::AuthFailure;
 use crate::http::context::Ctx;
+use crate::http::draining::Draining;
 use crate::http::header_names as names;
 use crate::http::metric_handles;
 use crate::http::pipeline::{self, Pipeline, Stop};
@@ -60,6 +61,8 @@ pub struct Settings {
     /// whether Redis takes them in batches.
     pub store_kind: &'static str,
     pub store_batched: bool,
+    /// Set once a stop or an upgrade begins: every answer then closes its connection.
+    pub draining: Draining,
 }
 
 pub struct Gateway {
@@ -70,6 +73,7 @@ pub struct Gateway {
     rotation: Arc<Rotation>,
     connect_timeout: Duration,
     read_timeout: Duration,
+    draining: Draining,
 }
 
 impl Gateway {
@@ -110,6 +114,7 @@ impl Gateway {
             rotation,
             connect_timeout: settings.upstream_connect_timeout,
             read_timeout: settings.upstream_read_timeout,
+            draining: settings.draining,
         }
     }
 
@@ -174,6 +179,9 @@ impl ProxyHttp for Gateway {
 
     /// Every decision, as the pipeline's steps; a refusal is written here, the one exit.
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        if self.draining.is_on() {
+            session.set_keepalive(None);
+        }
         match self.pipeline.run(session, ctx).await {
             Ok(()) => Ok(false),
             Err(Stop::Answered) => Ok(true),

@@ -61,9 +61,13 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for HeadDeadline<A> {
         self.inner.process_new(guarded, shutdown).await
     }
 
-    async fn cleanup(&self) {
-        self.inner.cleanup().await
-    }
+    /// pingora's cleanup, when its shutdown begins, closes every kept-alive connection that is
+    /// idle: a request already on its way over one meets a closed socket, and a `POST` is lost
+    /// (`http::draining`). It is not passed on: an idle connection stays open until the grace
+    /// period ends, and a request on it is answered, with `Connection: close` (the shutdown and
+    /// the drain both say so); then the runtime's end closes what is still idle. HTTP/2 is
+    /// unaffected: its connections end by GOAWAY on the shutdown watch itself.
+    async fn cleanup(&self) {}
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,6 +8,7 @@
 //! | [`context`] | a request's state from phase to phase |
 //! | [`request`] | a request's shape limits, its request id, an HTTP/2 body under a deadline |
 //! | [`head_deadline`] | the deadline on a whole HTTP/1.x request head (slow clients) |
+//! | [`draining`] | once a stop or an upgrade begins, every answer closes its connection |
 //! | [`routes`] | the operation a request is for (the route label) |
 //! | [`auth`] | the bearer token |
 //! | [`responses`] | every response the gateway writes itself (one [`responses::Refusal`] exit) |
@@ -20,6 +21,7 @@
 pub mod access_log;
 pub mod auth;
 pub mod context;
+pub mod draining;
 pub mod gateway;
 pub mod head_deadline;
 pub mod header_names;

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use pingora::listeners::tls::TlsSettings;
 use pingora::proxy::HttpProxy;
 use pingora::server::configuration::{Opt, ServerConf};
-use pingora::server::{RunArgs, Server, ShutdownSignalWatch, ShutdownWatch};
+use pingora::server::{RunArgs, Server, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 
@@ -23,6 +23,7 @@ use crate::events::queue::{FileOutput, Queue, SpoolOutput};
 use crate::events::usage::Meter;
 use crate::events::webhook::deliver::{self, DeliveryHandle};
 use crate::events::webhook::spool::Spool;
+use crate::http::draining::Draining;
 use crate::http::gateway::{self, Gateway};
 use crate::http::head_deadline::HeadDeadline;
 use crate::http::tls::{CertResolver, TlsError};
@@ -30,6 +31,7 @@ use crate::keys::catalog::{Catalog, CatalogError};
 use crate::keys::replica::SyncState;
 use crate::keys::service::KeyStore;
 use crate::ops::admin::Admin;
+use crate::ops::stop_signals::StopSignals;
 use crate::ops::wiring::{key_changes, open_registry, REDIS_CHECK_TIMEOUT};
 use crate::quota::admission::OnStoreError;
 use crate::quota::regions::{RegionalStore, RegionalStoreHandle};
@@ -78,12 +80,9 @@ fn probe_listen(addr: SocketAddr, what: &'static str) -> Result<(), ServeError> 
 
 /// Runs the gateway until `shutdown` asks it to stop. SIGTERM: stop accepting after the grace
 /// period and let in-flight requests finish. SIGQUIT: hand the listening sockets to a new
-/// process started with `upgrade = true` (`serve --upgrade`), then drain and exit.
-pub fn run(
-    config: Config,
-    upgrade: bool,
-    shutdown: Box<dyn ShutdownSignalWatch>,
-) -> Result<(), ServeError> {
+/// process started with `upgrade = true` (`serve --upgrade`), then drain and exit. Either begins
+/// the drain (`http::draining`) the moment pingora takes the signal.
+pub fn run(config: Config, upgrade: bool, shutdown: StopSignals) -> Result<(), ServeError> {
     if !upgrade {
         probe_listen(config.listen, "listen")?;
         probe_listen(config.admin_listen, "admin_listen")?;
@@ -105,7 +104,7 @@ pub fn run(
     let top = Arc::new(TopTally::default());
     add_usage_upkeep(&mut server, &config, &catalog, &admin_store, &meter, &top)?;
     let gateway = Gateway::new(
-        gateway_settings(&config, meter, top, tracing),
+        gateway_settings(&config, meter, top, tracing, shutdown.draining()),
         Arc::clone(&catalog),
         store,
         Arc::clone(&unauth),
@@ -145,7 +144,7 @@ pub fn run(
     ));
 
     server.run(RunArgs {
-        shutdown_signal: shutdown,
+        shutdown_signal: Box::new(shutdown),
     });
     // Every request has finished: the pump writes the minutes still open, then stops; the
     // leases go back; then the last spans get a moment to go out.
@@ -803,6 +802,7 @@ fn gateway_settings(
     meter: Option<Arc<Meter>>,
     top: Arc<TopTally>,
     tracing: Option<Arc<Tracing>>,
+    draining: Draining,
 ) -> gateway::Settings {
     gateway::Settings {
         environment: config.environment.clone(),
@@ -825,6 +825,7 @@ fn gateway_settings(
             "memory"
         },
         store_batched: config.redis.is_some() && config.store_batch_max > 1,
+        draining,
     }
 }
 

@@ -7,16 +7,20 @@
 //! waits in a channel until the main loop asks for it. SIGHUP (the reloader's, registered when its
 //! service starts) is taken here too, so that one sent while the gateway starts (a deploy tool's
 //! reload right after its start) is ignored instead of ending it: the files it would reload are
-//! being read then anyway.
+//! being read then anyway. A stop or an upgrade also begins the drain ([`Draining`]) the moment
+//! pingora's main loop takes its signal.
 
 use async_trait::async_trait;
 use pingora::server::{ShutdownSignal, ShutdownSignalWatch};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::{mpsc, Mutex};
 
+use crate::http::draining::Draining;
+
 /// The stop signals as pingora's main loop asks for them; see the module's doc.
 pub struct StopSignals {
     received: Mutex<mpsc::UnboundedReceiver<ShutdownSignal>>,
+    draining: Draining,
 }
 
 impl StopSignals {
@@ -33,7 +37,13 @@ impl StopSignals {
             .map_err(|_| std::io::Error::other("the stop signals' thread ended"))??;
         Ok(StopSignals {
             received: Mutex::new(received),
+            draining: Draining::default(),
         })
+    }
+
+    /// The drain these signals begin, for the request path.
+    pub fn draining(&self) -> Draining {
+        self.draining.clone()
     }
 }
 
@@ -85,7 +95,7 @@ fn handlers() -> std::io::Result<[Signal; 3]> {
 #[async_trait]
 impl ShutdownSignalWatch for StopSignals {
     async fn recv(&self) -> ShutdownSignal {
-        match self.received.lock().await.recv().await {
+        let signal = match self.received.lock().await.recv().await {
             Some(received) => received,
             // The thread cannot end while this end is held but by a panic; should it, stop
             // rather than run on deaf to every signal.
@@ -93,6 +103,11 @@ impl ShutdownSignalWatch for StopSignals {
                 tracing::error!("the stop signals' thread ended; stopping the gateway");
                 ShutdownSignal::GracefulTerminate
             }
+        };
+        if self.draining.begin() {
+            tracing::info!(signal = ?signal,
+                "draining: every answer from now on closes its connection");
         }
+        signal
     }
 }

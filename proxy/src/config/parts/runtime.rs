@@ -48,8 +48,8 @@ const GRACE_PERIOD_SECS: Setting<u64> = Setting::new(
     "grace_period_secs",
     Kind::Int,
     Preset::Value("10"),
-    "after SIGTERM or SIGQUIT: the listeners close at once and in-flight requests get this long \
-     to finish",
+    "after SIGTERM or SIGQUIT: the listeners close at once, in-flight requests get this long to \
+     finish, and kept-alive connections are answered with Connection: close until it ends",
     Value::int,
 );
 const SHUTDOWN_TIMEOUT_SECS: Setting<u64> = Setting::new(

@@ -47,5 +47,5 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     // Before anything listens: a stop signal from here on is a graceful stop.
     let signals = crate::ops::stop_signals::StopSignals::register()
         .map_err(|e| format!("cannot register the stop signals' handlers: {e}"))?;
-    crate::ops::server::run(config, args.upgrade, Box::new(signals)).map_err(|e| e.to_string())
+    crate::ops::server::run(config, args.upgrade, signals).map_err(|e| e.to_string())
 }
