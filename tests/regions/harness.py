@@ -89,10 +89,9 @@ class Fleet:
     def __init__(self, run, setup, bin_dir, delay_ms):
         self.run, self.setup, self.bin_dir, self.delay_ms = run, setup, bin_dir, delay_ms
         self.procs, self.proxies, self.nodes = [], [], {}
-        self.global_store, self.ids = None, {}
-        # For the faults: each region's Redis process and port, each region's path to the
-        # global store (its delaying proxies' group).
-        self.redis_procs, self.global_paths = {}, {}
+        self.ids = {}
+        # For the faults: each region's path to the global store (its delaying proxies' group).
+        self.global_paths = {}
         # The global store: its data nodes' processes by port, the Sentinels' ports, the
         # primary killed by the failover fault.
         self.global_data, self.sentinels, self.killed_primary = {}, [], None
@@ -285,8 +284,7 @@ class Fleet:
             r = subprocess.run(
                 [os.path.join(self.bin_dir, "pet-gateway"), "keys", "issue", "--plan", plan,
                  "--name", name, "--config", config], capture_output=True, text=True, check=True)
-            tokens[name] = r.stdout.strip().splitlines()[-1]
-            self.ids[name] = r.stdout.split()[1]
+            self.ids[name], tokens[name] = issued(r.stdout)
         return tokens
 
     def registry_step(self, verb, name, region):
@@ -315,10 +313,10 @@ class Fleet:
                 raise RuntimeError(f"keys {verb} {name} in region {region}: {why}")
             time.sleep(0.5)
         if verb == "issue":
-            self.ids[name] = r.stdout.split()[1]
+            self.ids[name], token = issued(r.stdout)
             path = os.path.join(self.tokens_dir, name)
             with open(path + ".new", "w") as f:
-                f.write(r.stdout.strip().splitlines()[-1])
+                f.write(token)
             os.replace(path + ".new", path)
         else:
             self.revoked_at[name] = time.time()
@@ -418,6 +416,11 @@ class Fleet:
             group.stop()
         if self.sentinels:
             drop_nft()
+
+
+def issued(stdout):
+    """The key id and the token that `keys issue` printed."""
+    return stdout.split()[1], stdout.strip().splitlines()[-1]
 
 
 def run_as(user, argv, timeout):
@@ -558,7 +561,7 @@ def load(fl, seconds, history, faults=False):
     try:
         with open(history, "a") as out:
             if faults:
-                schedule(fl, start, until, out, threading.Lock())
+                schedule(fl, start, until, out)
             for p in procs:
                 p.join(max(0.0, until - time.time()) + 60)
                 if p.exitcode != 0:
@@ -574,7 +577,7 @@ def load(fl, seconds, history, faults=False):
                 p.kill()
 
 
-def schedule(fl, start, until, out, lock):
+def schedule(fl, start, until, out):
     """Runs the fleet's fault schedule (`FAULTS`, or the soak's) at its times, each recorded
     in the history."""
     for at, what in fl.faults:
@@ -582,9 +585,8 @@ def schedule(fl, start, until, out, lock):
             return
         time.sleep(max(0.0, start + at - time.time()))
         extra = fl.fault(what) or {}
-        with lock:
-            out.write(json.dumps({"setup": fl.setup, "fault": what, "at": time.time(),
-                                  **extra}) + "\n")
+        out.write(json.dumps({"setup": fl.setup, "fault": what, "at": time.time(),
+                              **extra}) + "\n")
 
 
 def percentile(values, p):
