@@ -9,11 +9,21 @@ use std::time::{Duration, Instant};
 use e2e::RedisServer;
 use proxy::base::redis::RedisAccess;
 use proxy::keys::limits::Every;
-use proxy::quota::store::redis::ledger::{Instance, Ledger, KEEP_AFTER_END};
+use proxy::quota::store::redis::ledger::{Ask, Instance, Ledger, KEEP_AFTER_END};
 
 fn ledger(redis: &RedisServer, replicas: u32) -> Ledger {
     let access = RedisAccess::from_url(&redis.url()).unwrap();
     Ledger::new(access, "pet:test", Duration::from_millis(500), replicas).unwrap()
+}
+
+/// An ask of `want` units, none of them headroom (`need` the same).
+fn ask(at: Instance, limit: u64, want: u64) -> Ask {
+    Ask {
+        at,
+        limit,
+        want,
+        need: want,
+    }
 }
 
 /// This minute and this day (the ledger keeps no clock of its own: an instance is whatever the
@@ -46,7 +56,7 @@ async fn regions_asking_at_once_never_get_more_than_the_limit_between_them() {
                         "key_a",
                         region,
                         &format!("{region}-{i}"),
-                        &[(minute, 60, want), (day, 10_000, want * 3)],
+                        &[ask(minute, 60, want), ask(day, 10_000, want * 3)],
                     )
                     .await
                     .unwrap();
@@ -90,8 +100,12 @@ async fn a_retry_after_a_lost_answer_is_counted_once() {
     let redis = RedisServer::start();
     let l = ledger(&redis, 0);
     let (minute, _) = minute_and_day();
-    let first = l.grant("key_a", "eu", "req-1", &[(minute, 60, 25)]).await;
-    let again = l.grant("key_a", "eu", "req-1", &[(minute, 60, 25)]).await;
+    let first = l
+        .grant("key_a", "eu", "req-1", &[ask(minute, 60, 25)])
+        .await;
+    let again = l
+        .grant("key_a", "eu", "req-1", &[ask(minute, 60, 25)])
+        .await;
     assert_eq!(first.unwrap().units, vec![25]);
     assert_eq!(again.unwrap().units, vec![25], "the same answer");
     assert_eq!(
@@ -99,9 +113,13 @@ async fn a_retry_after_a_lost_answer_is_counted_once() {
         25,
         "counted once"
     );
-    let next = l.grant("key_a", "eu", "req-2", &[(minute, 60, 25)]).await;
+    let next = l
+        .grant("key_a", "eu", "req-2", &[ask(minute, 60, 25)])
+        .await;
     assert_eq!(next.unwrap().units, vec![25]);
-    let last = l.grant("key_a", "us", "req-1", &[(minute, 60, 25)]).await;
+    let last = l
+        .grant("key_a", "us", "req-1", &[ask(minute, 60, 25)])
+        .await;
     assert_eq!(
         last.unwrap().units,
         vec![10],
@@ -115,10 +133,10 @@ async fn units_given_back_go_back_once_and_never_more_than_granted() {
     let redis = RedisServer::start();
     let l = ledger(&redis, 0);
     let (minute, _) = minute_and_day();
-    l.grant("key_a", "eu", "g1", &[(minute, 60, 40)])
+    l.grant("key_a", "eu", "g1", &[ask(minute, 60, 40)])
         .await
         .unwrap();
-    l.grant("key_a", "us", "g1", &[(minute, 60, 40)])
+    l.grant("key_a", "us", "g1", &[ask(minute, 60, 40)])
         .await
         .unwrap();
     assert_eq!(l.granted("key_a", &minute).await.unwrap().0, 60);
@@ -147,13 +165,13 @@ async fn units_given_back_go_back_once_and_never_more_than_granted() {
         vec![15],
         "a retry after another give-back takes nothing again either"
     );
-    l.grant("key_a", "eu", "g1b", &[(minute, 60, 1)])
+    l.grant("key_a", "eu", "g1b", &[ask(minute, 60, 1)])
         .await
         .unwrap();
     assert_eq!(l.granted("key_a", &minute).await.unwrap().0, 45);
     // The units given back go to whoever asks next.
     let more = l
-        .grant("key_a", "us", "g2", &[(minute, 60, 40)])
+        .grant("key_a", "us", "g2", &[ask(minute, 60, 40)])
         .await
         .unwrap();
     assert_eq!(more.units, vec![15]);
@@ -169,7 +187,7 @@ async fn units_given_back_go_back_once_and_never_more_than_granted() {
     // Nothing granted for, nor given back to, an instance past its keeping.
     let gone = Instance::at(Every::MINUTE, 1_000);
     let past = l
-        .grant("key_a", "eu", "g9", &[(gone, 60, 5)])
+        .grant("key_a", "eu", "g9", &[ask(gone, 60, 5)])
         .await
         .unwrap();
     assert_eq!(past.units, vec![0], "its grants would be forgotten at once");
@@ -181,16 +199,60 @@ async fn units_given_back_go_back_once_and_never_more_than_granted() {
     assert_eq!(redis.cli(&["EXISTS", "pet:test:grants:{key_a}:60:16"]), "0");
 }
 
+/// An instance whose budget fell short of an ask is contested, and so is the one after it:
+/// there a region gets what it needs, not the quarter more it wants, which would stay unspent
+/// with it while another region is refused (the harness's 53 of 60). An instance that was never
+/// short, and whose predecessor was not, grants what is wanted.
+#[tokio::test]
+async fn a_contested_instance_and_its_successor_grant_what_is_needed_not_the_headroom() {
+    let redis = RedisServer::start();
+    let l = ledger(&redis, 0);
+    let (minute, _) = minute_and_day();
+    let next = Instance::new(Every::MINUTE, minute.index + 1);
+    let after = Instance::new(Every::MINUTE, minute.index + 2);
+    let asked = |at, want, need| Ask {
+        at,
+        limit: 60,
+        want,
+        need,
+    };
+    let units = |g: proxy::quota::store::redis::ledger::Grant| g.units;
+    let g = l.grant("key_a", "eu", "g1", &[asked(minute, 31, 25)]).await;
+    assert_eq!(units(g.unwrap()), [31], "never short: what is wanted");
+    let g = l.grant("key_a", "us", "g1", &[asked(minute, 40, 32)]).await;
+    assert_eq!(
+        units(g.unwrap()),
+        [29],
+        "short: the minute is contested now"
+    );
+    let g = l.grant("key_a", "eu", "g2", &[asked(next, 31, 25)]).await;
+    assert_eq!(
+        units(g.unwrap()),
+        [25],
+        "the successor of a contested minute"
+    );
+    let g = l.grant("key_a", "us", "g2", &[asked(after, 31, 25)]).await;
+    assert_eq!(units(g.unwrap()), [31], "its predecessor was never short");
+    // Units given back in the contested minute go out without the headroom too.
+    let back = l.give_back("key_a", "eu", "b1", &[(minute, 10)]).await;
+    assert_eq!(back.unwrap(), [10]);
+    let g = l.grant("key_a", "ap", "g1", &[asked(minute, 9, 6)]).await;
+    assert_eq!(units(g.unwrap()), [6]);
+    // Another quota in the same minute is not contested by this one.
+    let g = l.grant("key_b", "eu", "g1", &[asked(minute, 31, 25)]).await;
+    assert_eq!(units(g.unwrap()), [31]);
+}
+
 #[tokio::test]
 async fn a_lowered_limit_grants_nothing_past_it_and_a_raised_one_grants_the_rest() {
     let redis = RedisServer::start();
     let l = ledger(&redis, 0);
     let (minute, _) = minute_and_day();
-    l.grant("key_a", "eu", "g1", &[(minute, 60, 50)])
+    l.grant("key_a", "eu", "g1", &[ask(minute, 60, 50)])
         .await
         .unwrap();
     let lowered = l
-        .grant("key_a", "us", "g1", &[(minute, 30, 10)])
+        .grant("key_a", "us", "g1", &[ask(minute, 30, 10)])
         .await
         .unwrap();
     assert_eq!(
@@ -199,7 +261,7 @@ async fn a_lowered_limit_grants_nothing_past_it_and_a_raised_one_grants_the_rest
         "50 granted already, the limit now 30"
     );
     let raised = l
-        .grant("key_a", "us", "g2", &[(minute, 100, 80)])
+        .grant("key_a", "us", "g2", &[ask(minute, 100, 80)])
         .await
         .unwrap();
     assert_eq!(raised.units, vec![50]);
@@ -213,16 +275,16 @@ async fn each_instance_is_counted_apart_and_kept_past_its_end() {
     let (minute, _) = minute_and_day();
     let next = Instance::at(Every::MINUTE, minute.end);
     assert_eq!(next.index, minute.index + 1);
-    l.grant("key_a", "eu", "g1", &[(minute, 60, 60)])
+    l.grant("key_a", "eu", "g1", &[ask(minute, 60, 60)])
         .await
         .unwrap();
     let g = l
-        .grant("key_a", "eu", "g2", &[(next, 60, 60)])
+        .grant("key_a", "eu", "g2", &[ask(next, 60, 60)])
         .await
         .unwrap();
     assert_eq!(g.units, vec![60], "the next minute starts whole");
     let other = l
-        .grant("key_b", "eu", "g1", &[(minute, 60, 60)])
+        .grant("key_b", "eu", "g1", &[ask(minute, 60, 60)])
         .await
         .unwrap();
     assert_eq!(other.units, vec![60], "another quota is its own");
@@ -242,7 +304,7 @@ async fn a_grant_is_durable_only_once_the_replica_has_it() {
     let key = format!("pet:test:grants:{{key_a}}:60:{}", minute.index);
     // No replica online (as after a failover): nothing granted, nothing counted, rather than
     // units counted as granted that nobody may spend.
-    let lonely = l.grant("key_a", "eu", "g1", &[(minute, 60, 20)]).await;
+    let lonely = l.grant("key_a", "eu", "g1", &[ask(minute, 60, 20)]).await;
     assert!(
         matches!(&lonely, Err(proxy::quota::store::StoreError::Unavailable(e)) if e.contains("NOREPLICAS")),
         "{lonely:?}"
@@ -259,7 +321,7 @@ async fn a_grant_is_durable_only_once_the_replica_has_it() {
     // Asked again with the same id until the replica acknowledges it (refused while it loads
     // its copy of the primary): the same units every time, counted once.
     loop {
-        if let Ok(g) = l.grant("key_a", "eu", "g2", &[(minute, 60, 20)]).await {
+        if let Ok(g) = l.grant("key_a", "eu", "g2", &[ask(minute, 60, 20)]).await {
             assert_eq!(g.units, vec![20]);
             if g.durable {
                 break;
@@ -297,7 +359,7 @@ async fn a_retry_on_a_new_connection_is_not_durable_before_the_replica_has_it() 
     let first = ledger(&primary, 1);
     let started = Instant::now();
     while !first
-        .grant("key_a", "eu", "warm", &[(minute, 60, 1)])
+        .grant("key_a", "eu", "warm", &[ask(minute, 60, 1)])
         .await
         .unwrap()
         .durable
@@ -316,13 +378,13 @@ async fn a_retry_on_a_new_connection_is_not_durable_before_the_replica_has_it() 
     });
     std::thread::sleep(Duration::from_millis(200));
     let g = first
-        .grant("key_a", "eu", "g1", &[(minute, 60, 10)])
+        .grant("key_a", "eu", "g1", &[ask(minute, 60, 10)])
         .await
         .unwrap();
     assert_eq!(g.units, vec![10]);
     assert!(!g.durable, "the replica is asleep");
     let retry = ledger(&primary, 1)
-        .grant("key_a", "eu", "g1", &[(minute, 60, 10)])
+        .grant("key_a", "eu", "g1", &[ask(minute, 60, 10)])
         .await
         .unwrap();
     assert_eq!(retry.units, vec![10], "the same answer");

@@ -35,13 +35,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use self::sizing::{Ask, Seen};
+use self::sizing::Seen;
 use crate::base::clock::unix_now_ms;
 use crate::base::metrics::METRICS;
 use crate::keys::limits::{Limits, MAX_WINDOWS};
 use crate::quota::rules::{BanPolicy, Lease, Outcome, Verdict};
 use crate::quota::store::redis::ban_feed::BanFeed;
-use crate::quota::store::redis::ledger::{Instance, Ledger};
+use crate::quota::store::redis::ledger::{Ask, Instance, Ledger};
 use crate::quota::store::redis::{Held, RedisStore};
 use crate::quota::store::{Ban, QuotaStore, StoreError, TopWindow, Usage};
 
@@ -184,9 +184,9 @@ impl RegionalStore {
         let held: Vec<Held> = asks
             .iter()
             .zip(&grant.units)
-            .map(|(&(at, _, _), &units)| Held {
-                code: at.every.code(),
-                index: at.index,
+            .map(|(ask, &units)| Held {
+                code: ask.at.every.code(),
+                index: ask.at.index,
                 units,
                 none_left_until: if units == 0 { now + NONE_LEFT_SECS } else { 0 },
             })
@@ -281,7 +281,7 @@ impl RegionalStore {
         tokio::spawn(async move {
             let mut claimed = Vec::with_capacity(asks.len());
             for ask in asks {
-                let at = ask.0;
+                let at = ask.at;
                 let (name, until) = if is_current(&at, now) {
                     (format!("lease:{}:{quota}", me.region), now + 1)
                 } else {
@@ -304,8 +304,8 @@ impl RegionalStore {
     /// Forgets that this node looked at the next instances of `asks`.
     fn unlook(&self, quota: &Arc<str>, asks: &[Ask]) {
         let mut looked = lock(&self.looked);
-        for (at, _, _) in asks {
-            looked.remove(&(Arc::clone(quota), at.every.code(), at.index));
+        for ask in asks {
+            looked.remove(&(Arc::clone(quota), ask.at.every.code(), ask.at.index));
         }
     }
 

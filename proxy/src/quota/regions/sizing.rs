@@ -11,10 +11,13 @@
 //! requests of a new minute or day find units already held; at most half its limit before it
 //! starts (a region whose traffic alone would spend a window can still take the rest once it
 //! runs, by its top-ups: the budget goes to who asks, not in shares). The global store grants at most
-//! what is left (`ledger`), so asks shrink by themselves near the end of a budget.
+//! what is left (`ledger`), so asks shrink by themselves near the end of a budget. Each ask also
+//! names what it needs without the quarter: an instance the global store found contested (its
+//! budget, or its predecessor's, fell short of an ask) grants only that, since the quarter
+//! would stay unspent in a region while another is refused.
 
 use crate::keys::limits::{Limits, MAX_WINDOWS};
-use crate::quota::store::redis::ledger::Instance;
+use crate::quota::store::redis::ledger::{Ask, Instance};
 
 /// How far ahead an ask covers at the region's rate.
 pub const HORIZON: u64 = 60;
@@ -22,9 +25,10 @@ pub const HORIZON: u64 = 60;
 pub const LOW_SECS: u64 = 15;
 /// How long before an instance's end its successor is asked.
 pub const LOOKAHEAD: u64 = 10;
-
-/// One instance to ask units of: the instance, the limit in force, the units wanted.
-pub type Ask = (Instance, u64, u64);
+/// What an ask wants over what the region's rate would spend: a quarter more, so that a key
+/// below its limit costs about one call a horizon. An instance the global store found
+/// contested grants without it (`Ask::need`, `ledger`'s `GRANT`).
+pub const HEADROOM: f64 = 1.25;
 
 /// What a decision saw of one quota in its region: the store's clock, and per window of its
 /// limits (their order) the units counted and the units held of the current instance.
@@ -63,12 +67,19 @@ pub fn asks(
         let at = Instance::at(w.every, now);
         let spare = seen.held[i].saturating_sub(seen.counts[i]);
         let left = at.end.saturating_sub(now).max(1);
-        let want = |secs: u64| (rate * secs as f64 * 1.25).ceil() as u64 + cost;
-        let low = (rate * LOW_SECS as f64).ceil() as u64 + cost;
+        let spend = |secs: u64, more: f64| (rate * secs as f64 * more).ceil() as u64 + cost;
+        let low = spend(LOW_SECS, 1.0);
         due |= if short { spare < cost } else { spare < low };
-        let full = want(left.min(HORIZON));
+        let span = left.min(HORIZON);
+        let full = spend(span, HEADROOM);
         if spare.saturating_mul(4) < full.saturating_mul(3) || spare < cost {
-            tops.push((at, w.limit(), full.saturating_sub(spare).max(cost)));
+            let less = |units: u64| units.saturating_sub(spare).max(cost);
+            tops.push(Ask {
+                at,
+                limit: w.limit(),
+                want: less(full),
+                need: less(spend(span, 1.0)),
+            });
         }
         if !short && left <= LOOKAHEAD {
             let next = Instance::at(w.every, at.end);
@@ -76,8 +87,14 @@ pub fn asks(
                 due = true;
                 // At most half the limit ahead of the instance's start: a region whose own
                 // traffic would spend it all leaves the rest to those that ask at the start.
-                let ahead = want((next.end - at.end).min(HORIZON)).min(w.limit() / 2 + cost);
-                out.push((next, w.limit(), ahead));
+                let span = (next.end - at.end).min(HORIZON);
+                let ahead = |more| spend(span, more).min(w.limit() / 2 + cost);
+                out.push(Ask {
+                    at: next,
+                    limit: w.limit(),
+                    want: ahead(HEADROOM),
+                    need: ahead(1.0),
+                });
             }
         }
     }
@@ -138,9 +155,9 @@ mod tests {
             |_| true,
         );
         assert_eq!(asks.len(), 2);
-        assert!(asks.iter().all(|&(_, _, want)| want >= 1));
-        assert_eq!(asks[0].1, 60);
-        assert_eq!(asks[1].1, 1000);
+        assert!(asks.iter().all(|a| a.want >= 1 && a.need >= 1));
+        assert_eq!(asks[0].limit, 60);
+        assert_eq!(asks[1].limit, 1000);
     }
 
     #[test]
@@ -154,11 +171,37 @@ mod tests {
         let s = seen(start + 55, [56, 56], [75, 90]);
         let a = asks(&minute_and_day(), &s, 1, false, |_| true);
         assert_eq!(a.len(), 2, "{a:?}");
-        assert_eq!(a[0].0.every, Every::DAY);
-        assert_eq!(a[1].0.index, Every::MINUTE.index(start + 60));
-        assert_eq!(a[1].2, 31, "half the limit at most: {a:?}");
+        assert_eq!(a[0].at.every, Every::DAY);
+        assert_eq!(a[1].at.index, Every::MINUTE.index(start + 60));
+        assert_eq!(a[1].want, 31, "half the limit at most: {a:?}");
         // A next instance asked already (the caller says so): nothing is due.
         assert!(asks(&minute_and_day(), &s, 1, false, |_| false).is_empty());
+    }
+
+    #[test]
+    fn an_ask_names_what_the_rate_would_spend_beside_the_quarter_more_it_wants() {
+        let start = 1_800_000_000 - 1_800_000_000 % 86_400;
+        // 50 s into the minute, 20 counted (24 a minute): the next minute, 10 s ahead.
+        let s = seen(start + 50, [20, 20], [31, 400]);
+        let a = asks(&minute_and_day(), &s, 1, false, |_| true);
+        let next = a
+            .iter()
+            .find(|a| a.at.index == Every::MINUTE.index(start + 60));
+        let next = next.expect("the next minute asked");
+        assert_eq!((next.need, next.want), (25, 31), "{a:?}");
+        // A top-up wants the quarter too, and needs without it, less what is spare either way.
+        let s = seen(start + 30, [30, 30], [36, 400]);
+        let a = asks(&minute_and_day(), &s, 1, false, |_| false);
+        let minute = a
+            .iter()
+            .find(|a| a.at.every == Every::MINUTE)
+            .expect("topped up");
+        assert!(minute.need < minute.want, "{a:?}");
+        assert_eq!(
+            minute.need,
+            31 - 6,
+            "30 s at 1 a second and the cost, less 6 spare"
+        );
     }
 
     #[test]

@@ -31,11 +31,13 @@
 //!   give-back is idempotent by its request id, however many came between: applied twice, it
 //!   would let the ledger grant units a region may still spend.
 //!
-//! Keys: `<prefix>:grants:{<quota id>}:<window code>:<instance>`, a hash with the field `t` (the
-//! total granted), `g:<region>` (granted to the region), `r:<region>` (the region's last grant:
-//! its request id and units), `n:<region>` (the grant calls the region made that named this instance first: summed
-//! over a quota's hashes, its calls, for the harness's figures) and `b:<region>:<id>` (what give-back `id` took; give-backs come once a key leaves
-//! a region), expiring [`KEEP_AFTER_END`] after the instance ends. Every node of every region
+//! Keys: `<prefix>:grants:{<quota id>}:<window code>:<instance>`, a hash with the fields:
+//! `t` (the total granted); `g:<region>` (granted to the region); `r:<region>` (the region's
+//! last grant: its request id and units); `n:<region>` (the grant calls the region made that
+//! named this instance first: summed over a quota's hashes, its calls, for the harness's
+//! figures); `s` (a grant of the instance fell short: it is contested, and so is its successor;
+//! see `GRANT`); `b:<region>:<id>` (what give-back `id` took; give-backs come once a key leaves
+//! a region). Each expires [`KEEP_AFTER_END`] after its instance ends. Every node of every region
 //! must use the same `key_prefix` (the environment's default): the ledger's keys are under it.
 //!
 //! The scripts run by `EVALSHA` (loaded on a server that lacks them), as the quota scripts do,
@@ -81,6 +83,20 @@ impl Instance {
     }
 }
 
+/// One instance a region asks units of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask {
+    pub at: Instance,
+    /// The limit in force.
+    pub limit: u64,
+    /// The units wanted: what the region would spend over the ask's span, a quarter more, so
+    /// that a key below its limit asks about once a horizon (`regions::sizing`).
+    pub want: u64,
+    /// The same without the quarter: what an instance the ledger found contested grants at
+    /// most, where the quarter would be stranded in a region that does not spend it.
+    pub need: u64,
+}
+
 /// What a grant gave: the units for each instance asked, in the order asked, and whether every
 /// replica of the global store acknowledged it in time. Units not acknowledged must not be
 /// spent: they stay counted as granted (see the module's doc).
@@ -109,11 +125,17 @@ const NO_REPLICAS_FOR_MS: u64 = 1_000;
 
 /// Grants units of each instance to a region.
 ///
-/// - `KEYS[i]`: the instances' hashes, each of the quota's hash tag.
+/// - `KEYS[i]`, `i` from 1 to `n`: the instances' hashes, each of the quota's hash tag;
+///   `KEYS[n+i]`: the hash of instance `i`'s predecessor (the minute before), read only.
 /// - `ARGV[1]`: the region; `ARGV[2]`: the request id (a retry sends the same one; no spaces);
-///   `ARGV[3]`: the replicas that must acknowledge it; then per instance `i`: `ARGV[3i+1]` its
-///   limit in force, `ARGV[3i+2]` the units wanted, `ARGV[3i+3]` when its hash expires (Unix
-///   seconds).
+///   `ARGV[3]`: the replicas that must acknowledge it; then per instance `i`: `ARGV[4i]` its
+///   limit in force, `ARGV[4i+1]` the units wanted, `ARGV[4i+2]` the units needed (wanted
+///   without the quarter), `ARGV[4i+3]` when its hash expires (Unix seconds).
+/// - An instance is contested once a grant of it or of its predecessor fell short of what was
+///   wanted (the field `s`): the budget does not cover every region's asks, and a quarter more
+///   than a region spends would be stranded there while another region is refused. A contested
+///   instance grants at most what is needed. A key below its limit is never short, and keeps
+///   the quarter that spares it a call.
 /// - Returns the units granted per instance; an error `NOREPLICAS`, granting nothing, while
 ///   fewer replicas than required are online and heard from within the last second (after a
 ///   failover, until the old primary is back as a replica; a replica cut off or hung, which
@@ -136,10 +158,11 @@ if need > 0 then
 end
 local g, r, n, mine = 'g:' .. region, 'r:' .. region, 'n:' .. region, ARGV[2] .. ' '
 local now = tonumber(redis.call('TIME')[1])
+local n_inst = #KEYS / 2
 local out = {}
-for i = 1, #KEYS do
+for i = 1, n_inst do
   local h = KEYS[i]
-  local limit, want, exat = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2]), tonumber(ARGV[3 * i + 3])
+  local limit, want, need, exat = tonumber(ARGV[4 * i]), tonumber(ARGV[4 * i + 1]), tonumber(ARGV[4 * i + 2]), tonumber(ARGV[4 * i + 3])
   local last = redis.call('HGET', h, r)
   if last and string.sub(last, 1, #mine) == mine then
     redis.call('HSET', h, r, last)
@@ -147,12 +170,16 @@ for i = 1, #KEYS do
   elseif exat <= now then
     out[i] = 0
   else
+    if redis.call('HGET', h, 's') or redis.call('HGET', KEYS[n_inst + i], 's') then
+      want = math.min(want, need)
+    end
     local total = tonumber(redis.call('HGET', h, 't') or '0')
     local units = math.max(0, math.min(want, limit - total))
     if units > 0 then
       redis.call('HINCRBY', h, 't', units)
       redis.call('HINCRBY', h, g, units)
     end
+    if units < want then redis.call('HSET', h, 's', 1) end
     redis.call('HSET', h, r, mine .. units)
     if i == 1 then redis.call('HINCRBY', h, n, 1) end
     redis.call('EXPIREAT', h, exat)
@@ -221,25 +248,30 @@ impl Ledger {
         )
     }
 
-    /// Asks units of each instance of `asks` (the instance, its limit in force, the units
-    /// wanted) for `region`, as request `id` (a retry after a lost answer sends the same id).
+    /// Asks units of each instance of `asks` for `region`, as request `id` (a retry after a
+    /// lost answer sends the same id).
     pub async fn grant(
         &self,
         quota: &str,
         region: &str,
         id: &str,
-        asks: &[(Instance, u64, u64)],
+        asks: &[Ask],
     ) -> Result<Grant, StoreError> {
         let mut call = redis::cmd("EVALSHA");
-        call.arg(self.grant.get_hash()).arg(asks.len());
-        for (at, _, _) in asks {
-            call.arg(self.key(quota, at));
+        call.arg(self.grant.get_hash()).arg(asks.len() * 2);
+        for ask in asks {
+            call.arg(self.key(quota, &ask.at));
+        }
+        for ask in asks {
+            let before = Instance::new(ask.at.every, ask.at.index.saturating_sub(1));
+            call.arg(self.key(quota, &before));
         }
         call.arg(region).arg(id).arg(self.replicas);
-        for (at, limit, want) in asks {
-            call.arg(limit)
-                .arg(want)
-                .arg(at.end.saturating_add(KEEP_AFTER_END));
+        for ask in asks {
+            call.arg(ask.limit)
+                .arg(ask.want)
+                .arg(ask.need.min(ask.want))
+                .arg(ask.at.end.saturating_add(KEEP_AFTER_END));
         }
         use std::sync::atomic::Ordering;
         let now_ms = crate::base::clock::unix_now_ms();
