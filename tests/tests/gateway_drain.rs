@@ -121,13 +121,17 @@ fn after_an_upgrade_hands_over_the_sockets_a_kept_alive_client_is_told_to_close(
     );
 }
 
-/// A stop: a connection idle when the shutdown began is left open through the grace period,
-/// and a request on it is answered (`Connection: close`), not met by a closed socket. pingora
-/// closed such connections the moment its shutdown began.
+/// A stop: a connection idle when the shutdown began is left open through the first half of
+/// the grace period, and a request on it is answered (`Connection: close`), not met by a closed
+/// socket; pingora closed such connections the moment its shutdown began. One that stays idle
+/// is closed at that half, and the process exits.
 #[test]
 fn a_request_on_a_connection_idle_when_the_stop_began_is_answered() {
     let f = Fixture::new(600, 100_000);
     let (gw, _backend, key, mut conn) = kept_alive(&f, 10);
+    let mut silent = connect(gw.addr);
+    let (status, _) = exchange(&mut silent, &key, false);
+    assert_eq!(status, 200);
     gw.process.signal(15); // SIGTERM
     wait_for_log(&gw, "Graceful shutdown started");
     // The shutdown has closed the listener (and, before, the idle connections just after it).
@@ -144,6 +148,19 @@ fn a_request_on_a_connection_idle_when_the_stop_began_is_answered() {
     let (status, head) = exchange(&mut conn, &key, true);
     assert_eq!(status, 201, "{head}");
     assert!(closes(&head), "a stopping gateway kept the client: {head}");
+    // The silent one is closed at half the grace period (5 s), well before the read's 10 s.
+    let mut rest = [0u8; 1];
+    match silent.read(&mut rest) {
+        Ok(0) => {}
+        Ok(n) => panic!("{n} bytes on an idle connection"),
+        Err(e) => assert!(
+            !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "the idle connection was left open: {e}"
+        ),
+    }
     assert_eq!(
         Process::wait_exit(gw.process, Duration::from_secs(30)),
         Some(0),

@@ -9,11 +9,16 @@
 //! its shutdown began, and kept the others alive through the five seconds an upgrade waits
 //! before that: the fleet soak saw a `createPet` reset exactly then. Now the gateway answers
 //! with `Connection: close` from the signal on (this flag, set by `ops::stop_signals`), and its
-//! idle connections stay open until the grace period ends ([`super::head_deadline`]'s
-//! `cleanup`), so only a connection unused through the whole drain is closed under its client.
+//! idle connections stay open for the first half of the grace period ([`window`];
+//! [`super::head_deadline`]'s `cleanup`), so only a connection unused through the whole drain is
+//! closed under its client. What the requests of that half need runs on through it: the key
+//! registry's sync (a revocation holds) and the top consumers' flush ([`drained`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+
+use pingora::server::ShutdownWatch;
 
 /// Whether this process is draining; shared by the stop signals' watch and the request path.
 #[derive(Clone, Debug, Default)]
@@ -29,6 +34,21 @@ impl Draining {
     pub fn begin(&self) -> bool {
         !self.0.swap(true, Ordering::Relaxed)
     }
+}
+
+/// How long after the shutdown begins requests on idle kept-alive connections are still taken:
+/// half the grace period, so that the last of them has the other half to finish.
+pub fn window(grace: Duration) -> Duration {
+    grace / 2
+}
+
+/// Resolves once the shutdown has begun and then `window` has passed: when no request starts
+/// any more, so work those requests need can end.
+pub async fn drained(mut shutdown: ShutdownWatch, window: Duration) {
+    if !*shutdown.borrow() {
+        let _ = shutdown.changed().await;
+    }
+    tokio::time::sleep(window).await;
 }
 
 #[cfg(test)]

@@ -340,10 +340,14 @@ impl ProxyHttp for Gateway {
 
     async fn response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_response: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        // A request in flight when the drain began closes its connection too.
+        if self.draining.is_on() {
+            session.set_keepalive(None);
+        }
         ctx.upstream_time = ctx.upstream_started.map(|t| t.elapsed());
         if let Some(spans) = &mut ctx.spans {
             spans.answered(upstream_response.status.as_u16());

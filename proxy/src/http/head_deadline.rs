@@ -36,6 +36,8 @@ use crate::base::metrics::METRICS;
 pub struct HeadDeadline<A> {
     inner: Arc<A>,
     limit: Duration,
+    /// How long after the shutdown begins idle kept-alive connections stay open (`cleanup`).
+    idle_open: Duration,
 }
 
 impl<A> HeadDeadline<A> {
@@ -43,7 +45,14 @@ impl<A> HeadDeadline<A> {
         HeadDeadline {
             inner: Arc::new(inner),
             limit,
+            idle_open: Duration::ZERO,
         }
+    }
+
+    /// Keeps idle kept-alive connections open for `drain` after the shutdown begins.
+    pub fn idle_open_for(mut self, drain: Duration) -> HeadDeadline<A> {
+        self.idle_open = drain;
+        self
     }
 }
 
@@ -63,11 +72,15 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for HeadDeadline<A> {
 
     /// pingora's cleanup, when its shutdown begins, closes every kept-alive connection that is
     /// idle: a request already on its way over one meets a closed socket, and a `POST` is lost
-    /// (`http::draining`). It is not passed on: an idle connection stays open until the grace
-    /// period ends, and a request on it is answered, with `Connection: close` (the shutdown and
-    /// the drain both say so); then the runtime's end closes what is still idle. HTTP/2 is
-    /// unaffected: its connections end by GOAWAY on the shutdown watch itself.
-    async fn cleanup(&self) {}
+    /// (`http::draining`). It is passed on only after `idle_open` (half the grace period): a
+    /// request on an idle connection meanwhile is answered, with `Connection: close` (the
+    /// shutdown and the drain both say so), and has the other half to finish before the
+    /// runtime's end cuts what is still running. HTTP/2 is unaffected: its connections end by
+    /// GOAWAY on the shutdown watch itself.
+    async fn cleanup(&self) {
+        tokio::time::sleep(self.idle_open).await;
+        self.inner.cleanup().await
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -23,7 +23,7 @@ use crate::events::queue::{FileOutput, Queue, SpoolOutput};
 use crate::events::usage::Meter;
 use crate::events::webhook::deliver::{self, DeliveryHandle};
 use crate::events::webhook::spool::Spool;
-use crate::http::draining::Draining;
+use crate::http::draining::{self, Draining};
 use crate::http::gateway::{self, Gateway};
 use crate::http::head_deadline::HeadDeadline;
 use crate::http::tls::{CertResolver, TlsError};
@@ -186,6 +186,7 @@ fn add_usage_upkeep(
         TopFlush {
             tally: Arc::clone(top),
             store: top_store(config, admin_store)?,
+            drain: drain_window(config),
         },
     ));
     if let Some(meter) = meter {
@@ -573,13 +574,16 @@ fn key_source(
     }
     server.add_service(background_service(
         "key registry",
-        RegistrySync(Arc::new(crate::keys::replica::Sync {
-            registry: Arc::clone(&registry),
-            snapshot: config.keys_file.clone(),
-            catalog: Arc::clone(catalog),
-            state: Arc::clone(&state),
-            compare_every: config.registry_compare_interval,
-        })),
+        RegistrySync(
+            Arc::new(crate::keys::replica::Sync {
+                registry: Arc::clone(&registry),
+                snapshot: config.keys_file.clone(),
+                catalog: Arc::clone(catalog),
+                state: Arc::clone(&state),
+                compare_every: config.registry_compare_interval,
+            }),
+            drain_window(config),
+        ),
     ));
     Ok((KeyStore::Registry(changes), Some(state)))
 }
@@ -596,7 +600,8 @@ fn proxy_service(
         HeadDeadline::new(
             pingora::proxy::http_proxy(&server.configuration, gateway),
             config.request_header_timeout,
-        ),
+        )
+        .idle_open_for(drain_window(config)),
     );
     let listen = config.listen.to_string();
     match certs {
@@ -732,19 +737,19 @@ impl BackgroundService for StoreProbe {
 }
 
 /// Runs the registry sync on a thread of its own (its calls block, with deadlines) until
-/// shutdown.
-struct RegistrySync(Arc<crate::keys::replica::Sync>);
+/// the shutdown's drain window has passed (requests taken meanwhile must see revocations).
+struct RegistrySync(Arc<crate::keys::replica::Sync>, Duration);
 
 #[async_trait]
 impl BackgroundService for RegistrySync {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+    async fn start(&self, shutdown: ShutdownWatch) {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let sync = Arc::clone(&self.0);
         let flag = Arc::clone(&stop);
         let worker = tokio::task::spawn_blocking(move || {
             sync.run(&|| flag.load(std::sync::atomic::Ordering::Relaxed))
         });
-        let _ = shutdown.changed().await;
+        draining::drained(shutdown, self.1).await;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = worker.await;
     }
@@ -887,16 +892,28 @@ impl BackgroundService for ExpiryNotices {
     }
 }
 
-/// Writes the top consumers' tally to the store once a second, and once more at a stop.
+/// Writes the top consumers' tally to the store once a second, and once more at a stop, once
+/// the shutdown's drain window has passed (the requests taken meanwhile count too).
 struct TopFlush {
     tally: Arc<TopTally>,
     store: Arc<dyn QuotaStore>,
+    drain: Duration,
 }
 
 #[async_trait]
 impl BackgroundService for TopFlush {
     async fn start(&self, shutdown: ShutdownWatch) {
-        crate::quota::top::run_flush(Arc::clone(&self.tally), Arc::clone(&self.store), shutdown)
-            .await
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let drained = async move {
+            draining::drained(shutdown, self.drain).await;
+            let _ = stop.send(true);
+        };
+        let (tally, store) = (Arc::clone(&self.tally), Arc::clone(&self.store));
+        tokio::join!(drained, crate::quota::top::run_flush(tally, store, stopped));
     }
+}
+
+/// How long after the shutdown begins requests on kept-alive connections are still taken.
+fn drain_window(config: &Config) -> Duration {
+    draining::window(Duration::from_secs(config.grace_period_secs))
 }

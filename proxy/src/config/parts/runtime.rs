@@ -49,7 +49,8 @@ const GRACE_PERIOD_SECS: Setting<u64> = Setting::new(
     Kind::Int,
     Preset::Value("10"),
     "after SIGTERM or SIGQUIT: the listeners close at once, in-flight requests get this long to \
-     finish, and kept-alive connections are answered with Connection: close until it ends",
+     finish, and kept-alive connections are answered with Connection: close, idle ones kept open \
+     for its first half",
     Value::int,
 );
 const SHUTDOWN_TIMEOUT_SECS: Setting<u64> = Setting::new(
