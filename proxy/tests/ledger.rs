@@ -238,6 +238,12 @@ async fn a_contested_instance_and_its_successor_grant_what_is_needed_not_the_hea
     assert_eq!(back.unwrap(), [10]);
     let g = l.grant("key_a", "ap", "g1", &[asked(minute, 9, 6)]).await;
     assert_eq!(units(g.unwrap()), [6]);
+    // Two instances in one call, each judged by its own predecessor: the day (never short)
+    // keeps the quarter, the next minute (its predecessor short) does not.
+    let day = Instance::at(Every::DAY, minute.end - 1);
+    let both = [asked(day, 31, 25), asked(next, 20, 12)];
+    let g = l.grant("key_a", "ap", "g2", &both).await;
+    assert_eq!(units(g.unwrap()), [31, 12]);
     // Another quota in the same minute is not contested by this one.
     let g = l.grant("key_b", "eu", "g1", &[asked(minute, 31, 25)]).await;
     assert_eq!(units(g.unwrap()), [31]);

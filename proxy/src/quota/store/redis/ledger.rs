@@ -135,7 +135,9 @@ const NO_REPLICAS_FOR_MS: u64 = 1_000;
 ///   wanted (the field `s`): the budget does not cover every region's asks, and a quarter more
 ///   than a region spends would be stranded there while another region is refused. A contested
 ///   instance grants at most what is needed. A key below its limit is never short, and keeps
-///   the quarter that spares it a call.
+///   the quarter that spares it a call. (A predecessor's hash is kept [`KEEP_AFTER_END`] past
+///   its end: a day contested yesterday is contested today only in its first hour, unless
+///   short again.)
 /// - Returns the units granted per instance; an error `NOREPLICAS`, granting nothing, while
 ///   fewer replicas than required are online and heard from within the last second (after a
 ///   failover, until the old primary is back as a replica; a replica cut off or hung, which
@@ -146,14 +148,14 @@ const NO_REPLICAS_FOR_MS: u64 = 1_000;
 ///   instance whose hash would already have expired by the global store's clock (a region's
 ///   clock far ahead or behind) is granted nothing: its grants would be forgotten at once.
 const GRANT: &str = r#"
-local region, id, need = ARGV[1], ARGV[2], tonumber(ARGV[3])
-if need > 0 then
+local region, id, replicas = ARGV[1], ARGV[2], tonumber(ARGV[3])
+if replicas > 0 then
   local online = 0
   for lag in string.gmatch(redis.call('INFO', 'replication'), 'state=online,offset=%d+,lag=(%d+)') do
     if tonumber(lag) <= 1 then online = online + 1 end
   end
-  if online < need then
-    return redis.error_reply('NOREPLICAS ' .. online .. ' of ' .. need .. ' replicas online: nothing granted')
+  if online < replicas then
+    return redis.error_reply('NOREPLICAS ' .. online .. ' of ' .. replicas .. ' replicas online: nothing granted')
   end
 end
 local g, r, n, mine = 'g:' .. region, 'r:' .. region, 'n:' .. region, ARGV[2] .. ' '
