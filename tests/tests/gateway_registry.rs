@@ -333,3 +333,25 @@ async fn the_key_lifecycle_holds_across_three_nodes() {
         assert_eq!(gw.status(&key).await, 401);
     }
 }
+
+/// A node that follows the registry stops at once with no grace period: the sync's worker
+/// thread is stopped when the runtime drops its service, which the runtime's end does before
+/// it waits for blocking threads (up to `shutdown_timeout_secs`). With the stop left to the
+/// service's own code, which that drop can cut short, the node waited out the whole timeout.
+#[test]
+fn a_node_following_the_registry_stops_at_once_with_no_grace_period() {
+    let f = Fixture::new(600, 100_000);
+    let redis = RedisServer::start();
+    let upstream = EchoUpstream::start();
+    let mut spec = node_spec(&f, upstream.addr, &redis, 0);
+    spec.extra += "grace_period_secs = 0\nshutdown_timeout_secs = 30\n";
+    let node = f.gateway(&spec);
+    let started = Instant::now();
+    let (code, log) = node.stop();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "stopped after {:?}, not at once:\n{log}",
+        started.elapsed()
+    );
+}

@@ -48,7 +48,9 @@ pub async fn drained(mut shutdown: ShutdownWatch, window: Duration) {
     if !*shutdown.borrow() {
         let _ = shutdown.changed().await;
     }
-    tokio::time::sleep(window).await;
+    if !window.is_zero() {
+        tokio::time::sleep(window).await;
+    }
 }
 
 #[cfg(test)]

@@ -743,15 +743,26 @@ struct RegistrySync(Arc<crate::keys::replica::Sync>, Duration);
 #[async_trait]
 impl BackgroundService for RegistrySync {
     async fn start(&self, shutdown: ShutdownWatch) {
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Set when this future ends or is dropped: the runtime's end drops it before waiting
+        // for the blocking worker (up to `shutdown_timeout_secs`), which must stop by then.
+        let stop = StopOnDrop(Arc::new(std::sync::atomic::AtomicBool::new(false)));
         let sync = Arc::clone(&self.0);
-        let flag = Arc::clone(&stop);
+        let flag = Arc::clone(&stop.0);
         let worker = tokio::task::spawn_blocking(move || {
             sync.run(&|| flag.load(std::sync::atomic::Ordering::Relaxed))
         });
         draining::drained(shutdown, self.1).await;
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        drop(stop);
         let _ = worker.await;
+    }
+}
+
+/// A stop flag set when dropped.
+struct StopOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -904,8 +915,10 @@ struct TopFlush {
 impl BackgroundService for TopFlush {
     async fn start(&self, shutdown: ShutdownWatch) {
         let (stop, stopped) = tokio::sync::watch::channel(false);
+        // A request taken on an idle connection at the window's very end is admitted a moment
+        // later (its store call's deadline): the last flush comes half a window after.
         let drained = async move {
-            draining::drained(shutdown, self.drain).await;
+            draining::drained(shutdown, self.drain + self.drain / 2).await;
             let _ = stop.send(true);
         };
         let (tally, store) = (Arc::clone(&self.tally), Arc::clone(&self.store));
