@@ -106,7 +106,7 @@ pub fn asks(
 }
 
 /// The region's recent rate, units a second: the highest of its windows' counts over the
-/// seconds their instance has run, [`LOW_SECS`] at least (or the whole window, if shorter). The
+/// seconds their instance has run, [`LOW_SECS`] at least (a quarter of the window, if less). The
 /// shortest window says most of the last moments (a day's count over its hours says little of a
 /// key that started sending a minute ago); the count is the cost at least, so a first request
 /// asks for itself. The floor keeps an instance's first requests from reading one request in
@@ -117,7 +117,7 @@ fn rate(limits: &Limits, seen: &Seen, cost: u64) -> f64 {
     let mut rate = 0f64;
     for (i, w) in limits.windows().iter().enumerate() {
         let start = w.every.start_of(w.every.index(seen.now));
-        let floor = LOW_SECS.min(w.every.secs_at(seen.now));
+        let floor = LOW_SECS.min(w.every.secs_at(seen.now) / 4).max(1);
         let ran = (seen.now.saturating_sub(start) + 1).max(floor);
         rate = rate.max(seen.counts[i].max(cost) as f64 / ran as f64);
     }
@@ -222,10 +222,15 @@ mod tests {
         // 1 unit over 15 s for the minute's 60 s, and the request itself: 5, not the 60 (need)
         // and 76 (want) of a unit a second.
         assert_eq!((minute.need, minute.want), (5, 6), "{a:?}");
-        // A window shorter than the floor is judged over its whole length.
-        let five = Limits::new(&[WindowLimit::new(Every::Secs(5), 10).unwrap()]).unwrap();
-        let a = asks(&five, &seen(start + 1, [2, 0], [2, 0]), 1, true, |_| false);
-        assert_eq!(a[0].need, (2.0f64 / 5.0 * 4.0).ceil() as u64 + 1, "{a:?}");
+        // A short window's floor is a quarter of it: 2 counted in the first 2 s of 8 are a unit
+        // a second (a floor of 8 s would read a quarter of that, and ask short each second).
+        let eight = Limits::new(&[WindowLimit::new(Every::Secs(8), 10).unwrap()]).unwrap();
+        let a = asks(&eight, &seen(start + 1, [2, 0], [2, 0]), 1, true, |_| false);
+        assert_eq!(
+            a[0].need,
+            7 + 1,
+            "1 a second for the 7 s left, and the cost: {a:?}"
+        );
     }
 
     #[test]
