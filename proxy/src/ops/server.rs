@@ -73,9 +73,24 @@ pub enum ServeError {
 /// Pingora retries a busy port for a long while before giving up; an operator who starts a
 /// second gateway on a taken port should hear about it at once instead.
 fn probe_listen(addr: SocketAddr, what: &'static str) -> Result<(), ServeError> {
-    std::net::TcpListener::bind(addr)
+    bound(addr)
         .map(drop)
         .map_err(|source| ServeError::Listen { addr, what, source })
+}
+
+/// A socket bound to `addr` and never listening (a taken port fails the bind): a probe that
+/// listened accepted connections for its moment, and a client polling the port (a test, a load
+/// balancer's TCP check) took the gateway for up while it still started, its next request
+/// refused.
+fn bound(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    Ok(socket)
 }
 
 /// Runs the gateway until `shutdown` asks it to stop. SIGTERM: stop accepting after the grace
@@ -929,4 +944,23 @@ impl BackgroundService for TopFlush {
 /// How long after the shutdown begins requests on kept-alive connections are still taken.
 fn drain_window(config: &Config) -> Duration {
     draining::window(Duration::from_secs(config.grace_period_secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The port probe finds a taken port and accepts no connection while it holds its own: a
+    /// listening probe let a client connect to a gateway that was not serving yet.
+    #[test]
+    fn the_port_probe_finds_a_taken_port_and_accepts_nothing() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        assert!(probe_listen(addr, "listen").is_err(), "a taken port");
+        drop(taken);
+        let probe = bound(addr).expect("a free port binds");
+        let connect = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500));
+        assert!(connect.is_err(), "the probe accepted a connection");
+        drop(probe);
+    }
 }
